@@ -1,0 +1,42 @@
+# llm-kernel-map — `make help` lists the targets.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+FIXTURE ?= fixtures/h200-llama3-8b-dense/trace.json.gz
+
+.PHONY: help venv install demo test test-fast lint golden bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+install: $(BIN)/python  ## install the tool (editable) into .venv
+	$(BIN)/pip install -q -e .
+
+demo: install  ## analyze a bundled real trace; writes reports/demo.json (+ reports/demo.html)
+	@mkdir -p reports
+	$(BIN)/llm-kernel-map analyze $(FIXTURE) --json reports/demo.json --html reports/demo.html
+
+test: $(BIN)/python  ## install test dependencies (incl. headless Chromium) and run every test
+	$(BIN)/pip install -q -e '.[test]'
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: browser tests will skip"
+	$(BIN)/python -m pytest
+
+test-fast: install  ## tests without the browser ones
+	$(BIN)/python -m pytest -m "not browser"
+
+lint: install  ## ruff lint + format check
+	$(BIN)/ruff check analyzer tests benchmarks
+	$(BIN)/ruff format --check analyzer tests benchmarks
+
+golden: install  ## regenerate the golden summaries under fixtures/*/expected
+	$(BIN)/python -m pytest tests/test_golden.py --update-golden
+
+bench: install  ## measure speed and memory on scaled traces (see benchmarks/README.md)
+	$(BIN)/python benchmarks/run.py
+
+clean:  ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

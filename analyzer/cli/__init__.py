@@ -1,0 +1,68 @@
+"""The ``llm-kernel-map`` (alias ``lkm``) command line: a click group, one module per subcommand.
+
+``main()`` returns the exit code: 0 ok, 1 only from ``gate`` (a regression), 2 for bad input or
+usage, always as one line on stderr and never a traceback (set LKM_DEBUG=1 to see one).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from analyzer import __version__
+from analyzer.errors import AnalyzerError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="llm-kernel-map")
+def cli() -> None:
+    """Map the GPU kernels of an LLM inference trace to pipeline stages, libraries and phases."""
+
+
+def _register() -> None:
+    from analyzer.cli import analyze, export, rules_cmd
+
+    cli.add_command(analyze.analyze)
+    cli.add_command(export.export)
+    cli.add_command(rules_cmd.rules)
+    for optional in ("report_cmd", "gate_cmd", "baseline_cmd", "capture_cmd"):
+        try:
+            mod = __import__(f"analyzer.cli.{optional}", fromlist=["command"])
+        except ModuleNotFoundError as e:
+            if e.name != f"analyzer.cli.{optional}":
+                raise
+            continue
+        cli.add_command(mod.command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit code instead of raising."""
+    try:
+        rv = cli.main(args=argv, prog_name="llm-kernel-map", standalone_mode=False)
+    except AnalyzerError as e:
+        click.echo(f"error: {e}", err=True)
+        return e.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 2
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        return 2
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        return 2
+    except Exception as e:  # a bug, not bad input: still one line unless debugging
+        if os.environ.get("LKM_DEBUG"):
+            raise
+        click.echo(f"internal error: {type(e).__name__}: {e} (rerun with LKM_DEBUG=1 for details)", err=True)
+        return 2
+    return rv if isinstance(rv, int) else 0
+
+
+def entry() -> None:
+    sys.exit(main())

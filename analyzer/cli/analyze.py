@@ -1,0 +1,56 @@
+"""``analyze``: print a one-screen summary; optionally write the JSON summary and the HTML report."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from analyzer.cli.common import make_options, run_analysis, shared_options
+from analyzer.output import write_json
+
+
+@click.command()
+@shared_options
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary (DESIGN §6) here.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the HTML report here.")
+@click.option("--top", default=10, show_default=True, help="Kernel groups listed in the text summary.")
+@click.option("--compare", is_flag=True, help="Analyse each input on its own and set them side by side.")
+def analyze(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, model: str | None,
+            settings: tuple[str, ...], json_path: str | None, html_path: str | None, top: int,
+            compare: bool) -> int:
+    """Analyse TRACE... as one run (ranks of one job, or prefill + decode traces of one workload).
+
+    A directory means every trace inside it. Prints inputs, GPU, wall and busy time, phases, time by
+    stage and provider, top kernels, unclassified kernels and findings.
+    """
+    from analyzer.report import text
+    from analyzer.summary import build_summary
+
+    options = make_options(rules, gpu, model, settings)
+    if compare:
+        from analyzer.compare import compare_summaries
+
+        summaries = [build_summary(run_analysis((t,), options)) for t in traces]
+        result: dict[str, Any] = compare_summaries(summaries)
+        text.render_compare(result, sys.stdout)
+        if json_path:
+            write_json(result, json_path)
+        if html_path:
+            from analyzer.report import html
+
+            html.write_compare_report(summaries, html_path)
+        return 0
+    analysis = run_analysis(traces, options)
+    summary = build_summary(analysis)
+    text.render(summary, sys.stdout, top=top)
+    if json_path:
+        write_json(summary, json_path)
+        click.echo(f"wrote {json_path}", err=True)
+    if html_path:
+        from analyzer.report import html
+
+        html.write_report(analysis, summary, html_path)
+        click.echo(f"wrote {html_path}", err=True)
+    return 0

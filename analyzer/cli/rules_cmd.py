@@ -1,0 +1,85 @@
+"""``rules``: list, explain, check and try the kernel rule table (rules/kernels.toml)."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer import rules as rules_mod
+from analyzer.errors import UsageError
+
+
+@click.group()
+def rules() -> None:
+    """Inspect the kernel classification rules (first match wins; spec in rules/README.md)."""
+
+
+def _ruleset(extra: tuple[str, ...]) -> rules_mod.RuleSet:
+    return rules_mod.load_rules(list(extra))
+
+
+@rules.command("list")
+@click.option("--rules", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Extra rule file first.")
+def list_rules(extra: tuple[str, ...]) -> int:
+    """One line per rule, in matching order: id, stage, provider, pattern."""
+    rs = _ruleset(extra)
+    for r in rs.rules:
+        click.echo(f"{r.id}  {r.stage:<16} {r.provider:<11} {r.pattern}")
+    click.echo(f"{len(rs.rules)} rules; unmatched names -> stage {rs.taxonomy.unclassified_stage}, "
+               f"provider {rs.taxonomy.unclassified_provider} ({rs.taxonomy.unclassified_rule_id})")
+    return 0
+
+
+@rules.command("explain")
+@click.argument("rule_id")
+@click.option("--rules", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Extra rule file first.")
+def explain(rule_id: str, extra: tuple[str, ...]) -> int:
+    """Everything about one rule: pattern, stage, provider, note, examples."""
+    rs = _ruleset(extra)
+    r = rs.rule(rule_id.upper())
+    if r is None:
+        raise UsageError(f"no rule {rule_id!r} (see `llm-kernel-map rules list`)")
+    if r.id != rule_id.upper():
+        click.echo(f"{rule_id} is retired; it is now {r.id}")
+    click.echo(f"{r.id}: stage {r.stage} ({rs.taxonomy.stage_category[r.stage]}), provider {r.provider}")
+    click.echo(f"  pattern: {r.pattern}" + (f"  flags: {r.flags}" if r.flags else ""))
+    click.echo(f"  source: {r.source}")
+    click.echo(f"  note: {r.note}")
+    for e in r.examples:
+        click.echo(f"  example: {e}")
+    for e in r.not_examples:
+        click.echo(f"  not: {e}")
+    return 0
+
+
+@rules.command("check")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+def check(file: str) -> int:
+    """Validate a user rule FILE together with the built-in table (schema, ReDoS, examples, shadowing)."""
+    rs = _ruleset((file,))
+    problems = rules_mod.check_ruleset(rs) if hasattr(rules_mod, "check_ruleset") else []
+    for p in problems:
+        click.echo(p)
+    if problems:
+        raise UsageError(f"{file}: {len(problems)} problem(s)")
+    n = sum(1 for r in rs.rules if r.source == str(file) or r.source.endswith(file))
+    click.echo(f"{file}: ok ({n} rules, taking precedence over {len(rs.rules) - n} built-in rules)")
+    return 0
+
+
+@rules.command("classify")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--rules", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Extra rule file first.")
+def classify(names: tuple[str, ...], extra: tuple[str, ...]) -> int:
+    """Classify kernel NAME... by name alone: normalized name, stage, provider, rule id, decoded fields."""
+    rs = _ruleset(extra)
+    for r in rules_mod.classify_names(list(names), rs):
+        click.echo(r["name"])
+        click.echo(f"  normalized: {r['norm_name']}")
+        click.echo(f"  stage: {r['stage']} ({r['category']})  provider: {r['provider']}  rule: {r['rule_id']}")
+        tile = [r.get(f"tile_{a}") for a in "mnk"]
+        if any(t is not None for t in tile):
+            click.echo("  tile: " + "x".join("?" if t is None else str(t) for t in tile))
+        if r.get("split_k") is not None:
+            click.echo(f"  split_k: {r['split_k']}")
+        click.echo(f"  group_key: {r['group_key']}")
+    return 0

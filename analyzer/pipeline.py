@@ -1,0 +1,87 @@
+"""The one data flow: paths -> readers -> Trace -> classify -> phases -> roofline -> findings.
+
+``load_inputs`` reads and joins the inputs of one run; ``analyze_trace`` runs every analysis on it
+and returns an :class:`Analysis` (the analysed kernels table plus what the summary needs). The CLI
+only wires options into these two calls; reporters and the gate consume the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from analyzer.model import Trace, concat_traces
+from analyzer.readers import expand_inputs, read_trace
+
+
+@dataclasses.dataclass
+class Options:
+    """What a user can set for one analysis (DESIGN §6 shared options)."""
+
+    rules: Sequence[str] = ()
+    gpu: str | None = None
+    model: str | None = None
+    settings: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Analysis:
+    """An analysed run: the kernels table with every analysis column, and its context."""
+
+    trace: Trace
+    kernels: pa.Table
+    steps: pa.Table | None = None
+    gpu: dict[str, Any] | None = None
+    model: Any = None
+    findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    annotations_found: list[str] = dataclasses.field(default_factory=list)
+    rules_sha256: str = ""
+
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def load_inputs(
+    paths: Sequence[str],
+    progress: ProgressFn | None = None,
+    byte_progress: Callable[[int, int], None] | None = None,
+) -> Trace:
+    """Read every input (directories expand to the traces inside) and join them as one run."""
+    files = expand_inputs(list(paths))
+    traces = []
+    for i, p in enumerate(files):
+        if progress:
+            progress(str(p), i, len(files))
+        traces.append(read_trace(p, progress=byte_progress))
+    trace = concat_traces(traces) if len(traces) > 1 else traces[0]
+    for i, m in enumerate(trace.inputs):
+        m.trace_id = i
+    return trace
+
+
+def analyze_trace(trace: Trace, options: Options | None = None) -> Analysis:
+    """Run classification, phases, roofline and findings on a loaded trace."""
+    from analyzer import classify, findings, phases, roofline
+
+    options = options or Options()
+    analysis = Analysis(trace=trace, kernels=trace.kernels, warnings=list(trace.warnings))
+    classify.run(analysis, options)
+    phases.run(analysis, options)
+    roofline.run(analysis, options)
+    findings.run(analysis, options)
+    return analysis
+
+
+def analyze_paths(
+    paths: Sequence[str], options: Options | None = None, progress: ProgressFn | None = None
+) -> Analysis:
+    return analyze_trace(load_inputs(paths, progress), options)
+
+
+def input_paths(analysis: Analysis) -> list[Path]:
+    return [Path(m.path) for m in analysis.trace.inputs]

@@ -1,0 +1,142 @@
+"""Format registry: ``read_trace(path)`` sniffs a file's format from its content and reads it.
+
+Every reader module exposes the same tiny protocol:
+
+* ``FORMAT``: the format's name (``kineto``, ``rocprof``, ``rocpd``, ``nsys``, ...);
+* ``READER_VERSION``: bumped whenever the reader's output changes (cache keys use it);
+* ``sniff(path, head) -> bool``: ``head`` is the first bytes of the file, gzip already undone;
+* ``read(path) -> Trace``: the canonical tables (DESIGN §2), already validated.
+
+Readers raise :class:`analyzer.errors.InputError` with one clear sentence for bad input.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib
+import os
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+from analyzer.errors import InputError
+from analyzer.model import Trace
+
+# Order matters only when two readers would accept the same bytes; the most specific goes first.
+_READER_MODULES = (
+    "analyzer.readers.kineto",
+    "analyzer.readers.rocprof",
+    "analyzer.readers.rocpd",
+    "analyzer.readers.nsys",
+)
+
+HEAD_BYTES = 64 * 1024
+
+
+def readers() -> list[ModuleType]:
+    """The reader modules that are installed, in sniffing order."""
+    mods = []
+    for name in _READER_MODULES:
+        try:
+            mods.append(importlib.import_module(name))
+        except ModuleNotFoundError as e:  # a reader not written yet
+            if e.name != name:
+                raise
+    return mods
+
+
+def supported_formats() -> list[str]:
+    return [m.FORMAT for m in readers()]
+
+
+def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
+    """First ``n`` bytes of a file, decompressed when it is gzip."""
+    with open(path, "rb") as f:
+        raw = f.read(n)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as g:
+                return g.read(n)
+        except (OSError, EOFError, zlib.error) as e:
+            raise InputError(f"{path}: corrupt gzip file ({e})") from None
+    return raw
+
+
+def sniff(path: str | os.PathLike[str]) -> ModuleType:
+    """The reader module for ``path``, chosen by content; InputError when none accepts it."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file")
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, expected a trace file")
+    if p.stat().st_size == 0:
+        raise InputError(f"{p}: empty file")
+    head = read_head(p)
+    if not head.strip():
+        raise InputError(f"{p}: empty file")
+    for mod in readers():
+        if mod.sniff(p, head):
+            return mod
+    raise InputError(
+        f"{p}: not a recognised trace format (supported: {', '.join(supported_formats())})"
+    )
+
+
+def read_trace(
+    path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None
+) -> Trace:
+    """Read one trace file of any supported format into a validated :class:`Trace`.
+
+    ``progress(done_bytes, total_bytes)`` is called while large files are read (readers that
+    stream; others call it never).
+    """
+    mod = sniff(path)
+    if progress is not None and getattr(mod, "STREAMS", False):
+        size = Path(path).stat().st_size
+        trace: Trace = mod.read(Path(path), progress=lambda done: progress(done, size))
+    else:
+        trace = mod.read(Path(path))
+    trace.validate()
+    return trace
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def expand_inputs(paths: list[str]) -> list[Path]:
+    """Expand directories into the trace files they hold (sorted); InputError when none is found."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = [
+                c for c in sorted(p.rglob("*")) if c.is_file() and _looks_like_trace(c)
+            ]
+            if not found:
+                raise InputError(f"{p}: directory holds no trace file")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def _looks_like_trace(p: Path) -> bool:
+    name = p.name.lower()
+    if (
+        name.startswith(".")
+        or name.endswith((".md", ".txt", ".py"))
+        or name == "meta.json"
+    ):
+        return False
+    try:
+        sniff(p)
+    except InputError:
+        return False
+    return True

@@ -1,0 +1,744 @@
+"""PyTorch profiler (Kineto) Chrome-trace JSON, plain or gzip, CUDA and ROCm builds -> Trace.
+
+Contract: every ``ph == "X"`` event of category ``kernel``, ``gpu_memcpy`` or ``gpu_memset`` becomes one
+row of ``kernels`` (times in absolute int64 ns, device ids 0-based, ROCm work-item grids converted to
+blocks); ``cpu_op``, ``cuda_runtime`` and ``cuda_driver`` events become ``host_ops``; ``user_annotation``
+and ``gpu_user_annotation`` events become ``annotations``. Nothing else is kept.
+
+The file is never decoded whole: the ``traceEvents`` array is cut into chunks at event boundaries and
+each chunk is decoded by a typed msgspec decoder that skips every field we do not need, then turned
+into Arrow columns before the next chunk is read. Peak memory is one chunk plus the columnar tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import gzip
+import io
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from analyzer.errors import InputError
+from analyzer.model import (
+    ANNOTATION_SCHEMA,
+    HOST_OP_SCHEMA,
+    KERNEL_SCHEMA,
+    InputMeta,
+    Trace,
+    table_from_columns,
+    unify,
+)
+
+FORMAT = "kineto"
+READER_VERSION = "1"
+STREAMS = True  # read() takes a progress callback
+
+CHUNK_BYTES = 32 << 20
+READ_BYTES = 16 << 20
+
+_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_HOST_CATS = {"cpu_op": "cpu_op", "cuda_runtime": "runtime", "cuda_driver": "driver"}
+_ANN_CATS = {"user_annotation": "cpu", "gpu_user_annotation": "gpu"}
+_GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch|^cuGraphLaunch")
+# hipExtModuleLaunchKernel records globalWorkSize (work-items) as "grid" (FORMATS §1.4).
+_WORKITEM_LAUNCH = "hipExtModuleLaunchKernel"
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_ARRAY_END = re.compile(rb"\}\s*\]")
+
+
+class _Args(msgspec.Struct):
+    # Integers are sometimes written as strings ("256", "0x0" on ROCm): accept both, coerce later.
+    external_id: int | str | None = msgspec.field(name="External id", default=None)
+    correlation: int | str | None = None
+    device: int | str | None = None
+    stream: int | str | None = None
+    grid: list[int] | None = None
+    block: list[int] | None = None
+    registers: int | str | None = msgspec.field(name="registers per thread", default=None)
+    shared_memory: int | str | None = msgspec.field(name="shared memory", default=None)
+    # Shapes stay raw JSON until we know which ops launched kernels (most never do).
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw())
+    input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw())
+    nbytes: int | str | None = msgspec.field(name="bytes", default=None)
+
+
+class _Event(msgspec.Struct):
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | str | None = None
+    dur: float | str | None = None
+    args: _Args | None = None
+
+
+_DECODER = msgspec.json.Decoder(list[_Event])
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """A JSON object with a ``traceEvents`` key, or a bare event list (old HTA files)."""
+    h = head.lstrip()
+    if h[:1] == b"{":
+        return b'"traceEvents"' in head or (
+            b'"schemaVersion"' in head and b"rocprofiler-sdk-tool" not in head
+        )
+    return h[:1] == b"[" and (b'"ph"' in head and b'"cat"' in head)
+
+
+def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
+    """Read one Kineto trace; ``progress`` is called with the bytes read so far."""
+    from analyzer.readers import file_sha256
+
+    builder = _Builder()
+    with _gc_paused():
+        meta_obj = _stream_events(path, builder, progress)
+        kernels, host_ops, annotations = builder.finish()
+    meta = _input_meta(path, meta_obj, _uses_hip(host_ops))
+    meta.sha256 = file_sha256(path)
+    kernels, host_ops, annotations, warnings = _post_process(
+        kernels, host_ops, annotations, meta, meta_obj
+    )
+    if kernels.num_rows == 0:
+        raise InputError(f"{path}: no GPU activity recorded (no kernel, memcpy or memset events)")
+    return Trace(kernels, host_ops, annotations, [meta], warnings)
+
+
+# --------------------------------------------------------------------------- byte stream -> events
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Decoding allocates millions of acyclic objects; the cyclic GC only slows it down."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _open(path: Path) -> io.BufferedIOBase:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def _read_block(f: io.BufferedIOBase, path: Path) -> bytes:
+    try:
+        return f.read(READ_BYTES)
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"{path}: corrupt or truncated gzip file ({e})") from None
+
+
+def _stream_events(
+    path: Path, builder: _Builder, progress: Callable[[int], None] | None
+) -> dict[str, Any]:
+    """Feed every event of ``path`` to ``builder``; return the top-level metadata object."""
+    with _open(path) as f:
+        buf = b""
+        total = 0
+        prefix = b""
+        # 1. find the start of the traceEvents array
+        while True:
+            block = _read_block(f, path)
+            total += len(block)
+            buf += block
+            m = _EVENTS_KEY.search(buf)
+            if m:
+                prefix, buf = buf[: m.start()], buf[m.end() :]
+                break
+            stripped = buf.lstrip()
+            if stripped[:1] == b"[":  # bare list of events
+                buf = stripped[1:]
+                prefix = None
+                break
+            if not block:
+                if not buf.strip():
+                    raise InputError(f"{path}: empty file")
+                _raise_not_trace(path, buf)
+            if len(buf) > (64 << 20):
+                raise InputError(f"{path}: no traceEvents array in the first 64 MB")
+        # 2. decode whole chunks of events as they arrive
+        eof = False
+        while True:
+            while len(buf) < CHUNK_BYTES and not eof:
+                block = _read_block(f, path)
+                total += len(block)
+                if progress:
+                    raw = getattr(f, "fileobj", None)  # gzip: report compressed bytes
+                    progress(raw.tell() if raw is not None else total)
+                if not block:
+                    eof = True
+                buf += block
+            if eof:
+                break
+            found = _decode_at_boundary(buf, CHUNK_BYTES // 2, path)
+            if found is None:
+                # no boundary yet: read more (a single huge event)
+                block = _read_block(f, path)
+                total += len(block)
+                if not block:
+                    eof = True
+                buf += block
+                continue
+            events, cut = found
+            builder.add(events)
+            del events
+            buf = buf[cut:].lstrip()
+            if buf[:1] == b",":
+                buf = buf[1:]
+        # 3. the rest: last events, "]", then the tail of the top-level object
+        tail = _decode_last(buf, builder, path)
+    if prefix is None:
+        return {}
+    try:
+        meta = orjson.loads(prefix + b'"traceEvents": []' + tail)
+    except orjson.JSONDecodeError:
+        raise InputError(f"{path}: not valid JSON (top-level object is malformed or truncated)") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: not a trace (top level is not an object)")
+    return meta
+
+
+def _decode_at_boundary(buf: bytes, start: int, path: Path) -> tuple[list[_Event], int] | None:
+    """Decode the events before the first whole-event boundary after ``start``.
+
+    A candidate boundary (``}`` ``,`` ``{``) inside a string or a nested object leaves the chunk
+    unbalanced, which the decoder reports at the very end of the chunk: then try the next one.
+    An error earlier in the chunk is real corruption. Returns None when no boundary is found.
+    """
+    pos = start
+    while True:
+        m = _BOUNDARY.search(buf, pos)
+        if m is None:
+            return None
+        cut = m.start() + 1
+        chunk = b"[" + buf[:cut] + b"]"
+        try:
+            return _DECODER.decode(chunk), cut
+        except msgspec.ValidationError as e:
+            raise InputError(f"{path}: event with unexpected field type ({e})") from None
+        except msgspec.DecodeError as e:
+            if not _error_at_end(str(e), len(chunk)):
+                raise InputError(f"{path}: not valid JSON in traceEvents ({e})") from None
+        pos = m.end() - 1
+
+
+_ERR_BYTE = re.compile(r"\(byte (\d+)\)")
+
+
+def _error_at_end(msg: str, size: int) -> bool:
+    if "truncated" in msg:
+        return True
+    m = _ERR_BYTE.search(msg)
+    return m is not None and int(m.group(1)) >= size - 2
+
+
+def _decode_last(buf: bytes, builder: _Builder, path: Path) -> bytes:
+    """Decode the final events; return what follows the array (the rest of the top object)."""
+    body = buf.lstrip()
+    if body[:1] == b"]":
+        return body[1:]
+    pos = 0
+    while True:
+        m = _ARRAY_END.search(body, pos)
+        if m is None:
+            raise InputError(f"{path}: truncated trace (traceEvents array never ends)")
+        chunk = b"[" + body[: m.start() + 1] + b"]"
+        try:
+            events = _DECODER.decode(chunk)
+        except msgspec.ValidationError as e:
+            raise InputError(f"{path}: event with unexpected field type ({e})") from None
+        except msgspec.DecodeError as e:
+            if not _error_at_end(str(e), len(chunk)):
+                raise InputError(f"{path}: not valid JSON in traceEvents ({e})") from None
+            pos = m.end()
+            continue
+        builder.add(events)
+        return body[m.end() :]
+
+
+def _raise_not_trace(path: Path, buf: bytes) -> None:
+    try:
+        obj = orjson.loads(buf)
+    except orjson.JSONDecodeError:
+        raise InputError(f"{path}: not JSON") from None
+    raise InputError(
+        f"{path}: JSON but not a PyTorch profiler trace (no traceEvents; top level is "
+        f"{type(obj).__name__})"
+    )
+
+
+# --------------------------------------------------------------------------- events -> columns
+
+
+class _Builder:
+    """Accumulates Arrow record batches chunk by chunk; Python objects die with each chunk."""
+
+    def __init__(self) -> None:
+        self.kernels: list[pa.Table] = []
+        self.host: list[pa.Table] = []
+        self.ann: list[pa.Table] = []
+
+    def add(self, events: list[_Event]) -> None:
+        gpu, host, ann = [], [], []
+        gpu_cats, host_cats = _GPU_CATS, _HOST_CATS
+        for e in events:
+            if e.ph != "X":
+                continue
+            c = e.cat
+            if c in host_cats:
+                host.append(e)
+            elif c in gpu_cats:
+                gpu.append(e)
+            elif c in _ANN_CATS:
+                ann.append(e)
+            elif c is not None and c.lower() != c:
+                lc = c.lower()  # early Kineto capitalised categories
+                if lc in gpu_cats:
+                    gpu.append(e)
+        if gpu:
+            self.kernels.append(_gpu_table(gpu))
+        if host:
+            self.host.append(_host_table(host))
+        if ann:
+            self.ann.append(_ann_table(ann))
+
+    def finish(self) -> tuple[pa.Table, pa.Table, pa.Table]:
+        def join(parts: list[pa.Table]) -> pa.Table | None:
+            if not parts:
+                return None
+            return pa.concat_tables(parts, promote_options="default").unify_dictionaries().combine_chunks()
+
+        return join(self.kernels), join(self.host), join(self.ann)
+
+
+def _int(v: Any) -> int | None:
+    """An integer field that may be written as a string or float; None when it is not a number."""
+    if type(v) is int:
+        return v
+    if isinstance(v, str):
+        try:
+            return int(v, 0)
+        except ValueError:
+            try:
+                f = float(v)
+            except ValueError:
+                return None
+            return int(f) if f.is_integer() else None
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return None
+
+
+def _ints(values: list[Any]) -> list[int | None]:
+    return [v if type(v) is int else _int(v) for v in values]
+
+
+def _num(v: Any) -> float:
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return np.nan
+    return np.nan
+
+
+def _us_to_ns(values: list[Any]) -> pa.Array:
+    try:
+        arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    except (ValueError, TypeError):
+        arr = np.array([_num(v) for v in values], dtype=np.float64)
+    mask = np.isnan(arr)
+    ns = np.rint(arr * 1000.0)
+    ns[mask] = 0
+    return pa.array(ns.astype(np.int64), mask=mask)
+
+
+def _dim(vals: list[list[int] | None], i: int) -> list[int | None]:
+    out: list[int | None] = []
+    for v in vals:
+        out.append(v[i] if v is not None and len(v) > i else None)
+    return out
+
+
+def _gpu_table(evs: list[_Event]) -> pa.Table:
+    args = [e.args or _EMPTY_ARGS for e in evs]
+    grids = [a.grid for a in args]
+    blocks = [a.block for a in args]
+    cols: dict[str, Any] = {
+        "name": [e.name or "" for e in evs],
+        "cat": [_GPU_CATS.get(e.cat or "", _GPU_CATS.get((e.cat or "").lower())) for e in evs],
+        "ts": _us_to_ns([e.ts for e in evs]),
+        "dur": _us_to_ns([e.dur for e in evs]),
+        "pid": _ints([e.pid for e in evs]),
+        "tid": _ints([e.tid for e in evs]),
+        "device": _ints([a.device for a in args]),
+        "stream": _ints([a.stream for a in args]),
+        "correlation": _ints([a.correlation for a in args]),
+        "external_id": _ints([a.external_id for a in args]),
+        "registers": _ints([a.registers for a in args]),
+        "shared_mem": _ints([a.shared_memory for a in args]),
+        "bytes": _ints([a.nbytes for a in args]),
+    }
+    for i, ax in enumerate("xyz"):
+        cols[f"grid_{ax}"] = _dim(grids, i)
+        cols[f"block_{ax}"] = _dim(blocks, i)
+    return _table(cols)
+
+
+_EMPTY_ARGS = _Args()
+
+
+def _host_table(evs: list[_Event]) -> pa.Table:
+    args = [e.args or _EMPTY_ARGS for e in evs]
+    cols = {
+        "name": [e.name or "" for e in evs],
+        "category": [_HOST_CATS[e.cat or ""] for e in evs],
+        "ts": _us_to_ns([e.ts for e in evs]),
+        "dur": _us_to_ns([e.dur for e in evs]),
+        "tid": _ints([e.tid for e in evs]),
+        "external_id": _ints([a.external_id for a in args]),
+        "correlation": _ints([a.correlation for a in args]),
+        "dims_raw": pa.array([bytes(a.input_dims) or None for a in args], pa.binary()),
+        "types_raw": pa.array([bytes(a.input_type) or None for a in args], pa.binary()),
+    }
+    return _table(cols)
+
+
+def _parse_shapes(
+    dims_raw: pa.Array, types_raw: pa.Array, wanted: np.ndarray
+) -> tuple[pa.Array, pa.Array]:
+    """Decode ``Input Dims`` / ``Input type`` of the rows flagged in ``wanted``; null elsewhere."""
+    n = len(dims_raw)
+    dims: list[list[list[int]] | None] = [None] * n
+    types: list[list[str] | None] = [None] * n
+    draw = dims_raw.to_pylist()
+    traw = types_raw.to_pylist()
+    for i in np.flatnonzero(wanted).tolist():
+        d, t = draw[i], traw[i]
+        if d is not None:
+            try:
+                dims[i] = _clean_dims(orjson.loads(d))
+            except orjson.JSONDecodeError:
+                dims[i] = None
+        if t is not None:
+            try:
+                types[i] = _clean_types(orjson.loads(t))
+            except orjson.JSONDecodeError:
+                types[i] = None
+    return pa.array(dims, pa.list_(pa.list_(pa.int64()))), pa.array(types, pa.list_(pa.string()))
+
+
+def _clean_dims(d: Any) -> list[list[int]] | None:
+    """Input Dims as list of int lists; TensorList entries (lists of lists) become their first."""
+    if not isinstance(d, list):
+        return None
+    out = []
+    for x in d:
+        if isinstance(x, list) and all(type(v) is int for v in x):
+            out.append(x)
+        elif isinstance(x, list) and x and isinstance(x[0], list):
+            first = x[0]
+            out.append(first if all(type(v) is int for v in first) else [])
+        else:
+            out.append([])
+    return out
+
+
+def _clean_types(t: Any) -> list[str] | None:
+    if not isinstance(t, list):
+        return None
+    return [x if isinstance(x, str) else str(x) for x in t]
+
+
+def _ann_table(evs: list[_Event]) -> pa.Table:
+    cols = {
+        "name": [e.name or "" for e in evs],
+        "side": [_ANN_CATS[e.cat or ""] for e in evs],
+        "ts": _us_to_ns([e.ts for e in evs]),
+        "dur": _us_to_ns([e.dur for e in evs]),
+    }
+    return _table(cols)
+
+
+def _table(cols: dict[str, Any]) -> pa.Table:
+    arrays = {}
+    for k, v in cols.items():
+        if isinstance(v, pa.Array):
+            arrays[k] = v
+        elif k in ("name", "category", "cat", "side"):
+            arrays[k] = pa.array(v, pa.string()).dictionary_encode()
+        else:
+            try:
+                arrays[k] = pa.array(v, pa.int64())
+            except (pa.ArrowInvalid, OverflowError, TypeError):
+                arrays[k] = pa.array([x if isinstance(x, int) and -(2**63) <= x < 2**63 else None for x in v], pa.int64())
+    return pa.table(arrays)
+
+
+# --------------------------------------------------------------------------- columns -> model
+
+
+def _post_process(
+    k: pa.Table | None,
+    h: pa.Table | None,
+    a: pa.Table | None,
+    meta: InputMeta,
+    meta_obj: dict[str, Any],
+) -> tuple[pa.Table, pa.Table, pa.Table, list[str]]:
+    warnings: list[str] = []
+    base = _base_ns(meta_obj)
+    rank = meta.rank
+    # host ops
+    if h is not None and h.num_rows:
+        h = h.unify_dictionaries().combine_chunks()
+        hdf = h.select(["name", "category"]).to_pandas()
+        linked = np.zeros(h.num_rows, bool)
+        if k is not None and k.num_rows:
+            ext = pa.compute.unique(k["external_id"].drop_null())
+            linked = pa.compute.is_in(h["external_id"], ext).to_numpy(zero_copy_only=False)
+            linked &= (hdf["category"].astype(str) == "cpu_op").to_numpy()
+        dims, types = _parse_shapes(
+            h["dims_raw"].combine_chunks(), h["types_raw"].combine_chunks(), linked
+        )
+        host_cols = {
+            "trace_id": np.zeros(len(hdf), np.int16),
+            "rank": np.full(len(hdf), rank, np.int16),
+            "name": hdf["name"].astype(str).tolist(),
+            "start_ns": _shift(h["ts"], base),
+            "dur_ns": _fill0(h["dur"]),
+            "external_id": h["external_id"],
+            "input_dims": dims,
+            "input_types": types,
+            "category": hdf["category"].astype(str).tolist(),
+            "tid": h["tid"],
+            "correlation": h["correlation"],
+        }
+        host = table_from_columns(host_cols, HOST_OP_SCHEMA)
+    else:
+        host = HOST_OP_SCHEMA.empty_table()
+    # annotations
+    if a is not None and a.num_rows:
+        start = _shift(a["ts"], base)
+        dur = _fill0(a["dur"]).to_numpy(zero_copy_only=False)
+        ann = table_from_columns(
+            {
+                "trace_id": np.zeros(a.num_rows, np.int16),
+                "rank": np.full(a.num_rows, rank, np.int16),
+                "name": a["name"].cast(pa.string()),
+                "start_ns": start,
+                "end_ns": pa.array(start.to_numpy(zero_copy_only=False) + dur),
+                "side": a["side"].cast(pa.string()),
+            },
+            ANNOTATION_SCHEMA,
+        )
+    else:
+        ann = ANNOTATION_SCHEMA.empty_table()
+    if k is None or k.num_rows == 0:
+        return KERNEL_SCHEMA.empty_table(), host, ann, warnings
+    n = k.num_rows
+    if k["ts"].null_count or k["dur"].null_count:
+        raise InputError(f"{meta.path}: GPU event without ts or dur")
+    if (k["dur"].to_numpy() < 0).any():
+        raise InputError(f"{meta.path}: GPU event with negative duration")
+    # device ids: CUDA writes 0-based ids; ROCm writes HSA node ids (2, 5, 9 ...) -> rank them
+    dev_raw = k["device"].to_numpy(zero_copy_only=False) if k["device"].null_count == 0 else None
+    if dev_raw is None:
+        pid = k["pid"].to_pandas()
+        devcol = k["device"].to_pandas().fillna(pid).fillna(0).astype("int64").to_numpy()
+    else:
+        devcol = dev_raw.astype(np.int64)
+    if meta.extra.get("rocm"):
+        uniq = np.unique(devcol)
+        devcol = np.searchsorted(uniq, devcol)
+    # launch linkage via correlation
+    launch_api, graph = _launch_info(k, host)
+    grid = {ax: k[f"grid_{ax}"].to_numpy(zero_copy_only=False) for ax in "xyz"}
+    block = {ax: k[f"block_{ax}"].to_numpy(zero_copy_only=False) for ax in "xyz"}
+    if meta.extra.get("rocm"):
+        wi = np.asarray([x == _WORKITEM_LAUNCH for x in launch_api.to_pylist()], dtype=bool)
+        if wi.any():
+            for ax in "xyz":
+                g = grid[ax].astype(np.float64)
+                b = block[ax].astype(np.float64)
+                ok = wi & ~np.isnan(g) & ~np.isnan(b) & (b > 0)
+                g[ok] = np.ceil(g[ok] / b[ok])
+                grid[ax] = g
+    kernel_cols = {
+        "trace_id": np.zeros(n, np.int16),
+        "rank": np.full(n, rank, np.int16),
+        "name": k["name"],
+        "norm_name": k["name"],
+        "kind": k["cat"].cast(pa.string()),
+        "start_ns": _shift(k["ts"], base),
+        "dur_ns": k["dur"],
+        "device": pa.array(devcol.astype(np.int16)),
+        "stream": k["stream"] if k["stream"].null_count < n else k["tid"],
+        "correlation": k["correlation"],
+        "launch_op_id": k["external_id"],
+        "graph_launch": graph,
+        "count": np.ones(n, np.int64),
+        "aggregate": np.zeros(n, bool),
+        "registers": k["registers"],
+        "shared_mem": k["shared_mem"],
+        "bytes_recorded": k["bytes"],
+        "launch_api": launch_api,
+    }
+    for ax in "xyz":
+        kernel_cols[f"grid_{ax}"] = _to_int32(grid[ax])
+        kernel_cols[f"block_{ax}"] = _to_int32(block[ax])
+    kernels = table_from_columns(kernel_cols, KERNEL_SCHEMA)
+    kernels = kernels.sort_by([("start_ns", "ascending")])
+    return kernels, host, ann, warnings
+
+
+def _to_int32(values: np.ndarray | pa.Array) -> pa.Array:
+    arr = np.asarray(values, dtype=np.float64)
+    mask = np.isnan(arr) | (arr > 2**31 - 1) | (arr < -(2**31))
+    arr = np.where(mask, 0, arr)
+    return pa.array(arr.astype(np.int32), mask=mask)
+
+
+def _fill0(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return pa.compute.fill_null(arr, 0)
+
+
+def _shift(col: pa.ChunkedArray | pa.Array, base: int) -> pa.Array:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not base:
+        return arr
+    return pa.compute.add(arr, pa.scalar(base, pa.int64()))
+
+
+def _base_ns(meta_obj: dict[str, Any]) -> int:
+    b = meta_obj.get("baseTimeNanoseconds")
+    return b if isinstance(b, int) and b > 0 else 0
+
+
+def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
+    """Name of the runtime/driver call with the same correlation, and whether it is a graph launch."""
+    n = k.num_rows
+    corr = k["correlation"]
+    if host.num_rows == 0 or corr.null_count == n:
+        return pa.nulls(n, pa.string()), pa.array(np.zeros(n, bool))
+    cats = host["category"].cast(pa.string())
+    is_launch = pa.compute.is_in(cats, pa.array(["runtime", "driver"]))
+    launches = host.filter(is_launch).select(["correlation", "name"])
+    launches = launches.filter(pa.compute.is_valid(launches["correlation"]))
+    if launches.num_rows == 0:
+        return pa.nulls(n, pa.string()), pa.array(np.zeros(n, bool))
+    ldf = launches.to_pandas().drop_duplicates("correlation", keep="first")
+    lookup = dict(zip(ldf["correlation"].tolist(), ldf["name"].astype(str).tolist(), strict=True))
+    names = [lookup.get(c) if c is not None else None for c in corr.to_pylist()]
+    graph = np.asarray([bool(x) and _GRAPH_LAUNCH.match(x) is not None for x in names], bool)
+    return pa.array(names, pa.string()), pa.array(graph)
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def _uses_hip(host: pa.Table | None) -> bool:
+    """ROCm builds keep CUDA category names but call HIP APIs (FORMATS §1.8)."""
+    if host is None or host.num_rows == 0:
+        return False
+    names = host["name"].combine_chunks()
+    dic = names.dictionary if isinstance(names, pa.DictionaryArray) else pa.compute.unique(names)
+    return bool(pa.compute.any(pa.compute.starts_with(dic, "hip")).as_py())
+
+
+def _input_meta(path: Path, m: dict[str, Any], hip_calls: bool = False) -> InputMeta:
+    meta = InputMeta(path=str(path), format=FORMAT, reader_version=READER_VERSION)
+    rocm = hip_calls or any(
+        k in m for k in ("roctracer_version", "hip_runtime_version", "hip_driver_version")
+    )
+    meta.extra["rocm"] = rocm
+    for key in (
+        "cuda_runtime_version",
+        "cuda_driver_version",
+        "cupti_version",
+        "hip_runtime_version",
+        "hip_driver_version",
+        "roctracer_version",
+    ):
+        if key in m and isinstance(m[key], (int, float, str)):
+            meta.versions[key] = str(m[key])
+    for key in ("record_shapes", "with_stack", "with_flops", "profile_memory", "trace_id", "traceName"):
+        if key in m and isinstance(m[key], (int, float, str)):
+            meta.extra[key] = m[key]
+    devs = m.get("deviceProperties")
+    if isinstance(devs, list):
+        meta.devices = [d for d in devs if isinstance(d, dict)]
+    if meta.devices:
+        d0 = meta.devices[0]
+        name = d0.get("name")
+        meta.gpu_name = name if isinstance(name, str) else None
+        major, minor = d0.get("computeMajor"), d0.get("computeMinor")
+        if isinstance(major, int) and isinstance(minor, int):
+            meta.arch = _arch(rocm, major, minor)
+        sms = d0.get("numSms")
+        meta.sm_count = sms if isinstance(sms, int) else None
+        mem = d0.get("totalGlobalMem")
+        meta.total_memory = mem if isinstance(mem, int) else None
+    dist = m.get("distributedInfo")
+    if isinstance(dist, dict):
+        r, ws = dist.get("rank"), dist.get("world_size")
+        meta.rank = r if isinstance(r, int) and 0 <= r < 2**15 else 0
+        meta.world_size = ws if isinstance(ws, int) and ws > 0 else 1
+        if isinstance(dist.get("backend"), str):
+            meta.extra["dist_backend"] = dist["backend"]
+        if isinstance(dist.get("nccl_version"), str):
+            meta.versions["nccl"] = dist["nccl_version"]
+    else:
+        r = _rank_from_name(path.name)
+        if r is not None:
+            meta.rank = r
+    return meta
+
+
+# Kineto on ROCm reports gfx major/minor without the stepping digit (observed: MI250 9/0,
+# MI300X 9/4, MI350X 9/5); the full gfx names of the shipping parts.
+_ROCM_ARCH = {(9, 0): "gfx90a", (9, 4): "gfx942", (9, 5): "gfx950", (12, 0): "gfx1201", (11, 0): "gfx1100"}
+
+
+def _arch(rocm: bool, major: int, minor: int) -> str:
+    if rocm:
+        return _ROCM_ARCH.get((major, minor), f"gfx{major}{minor:x}")
+    return f"sm_{major}{minor}"
+
+
+_RANK_PATTERNS = (re.compile(r"-TP-(\d{1,4})"), re.compile(r"rank[_-]?(\d{1,4})", re.I))
+
+
+def _rank_from_name(name: str) -> int | None:
+    for pat in _RANK_PATTERNS:
+        m = pat.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def iter_raw_events(path: Path) -> Iterator[dict[str, Any]]:
+    """All events of a (small) trace as plain dicts; for tests and tools, not for analysis."""
+    with _open(path) as f:
+        data = f.read()
+    obj = orjson.loads(data)
+    yield from obj["traceEvents"] if isinstance(obj, dict) else obj

@@ -1,0 +1,284 @@
+"""The versioned result object (DESIGN §6): a JSON-ready dict built from an :class:`Analysis`.
+
+Contract: pure function of the analysed tables; all times in integer ns, shares as fractions 0..1;
+keys of the DESIGN §6 skeleton are always present (empty when a capability has nothing to say).
+Every number here is recomputable from the kernels table: tests do exactly that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer import timeline
+from analyzer.pipeline import Analysis
+
+FORMAT_VERSION = 1
+PHASES = ("prefill", "decode", "mixed", "unknown")
+TOP_KERNELS = 15
+
+
+def kernels_frame(analysis: Analysis) -> pd.DataFrame:
+    """The analysed kernels as pandas, dictionary columns as plain strings."""
+    df = analysis.kernels.to_pandas()
+    for c in df.columns:
+        if isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = df[c].astype(str)
+    return df
+
+
+def build_summary(analysis: Analysis) -> dict[str, Any]:
+    df = kernels_frame(analysis)
+    total = int(df["dur_ns"].sum())
+    return {
+        "format_version": FORMAT_VERSION,
+        "inputs": [
+            {
+                "trace_id": m.trace_id,
+                "path": m.path,
+                "sha256": m.sha256,
+                "format": m.format,
+                "reader_version": m.reader_version,
+                "rank": m.rank,
+                "world_size": m.world_size,
+                "gpu_name": m.gpu_name,
+                "arch": m.arch,
+            }
+            for m in analysis.trace.inputs
+        ],
+        "rules_sha256": analysis.rules_sha256,
+        "gpu": analysis.gpu or {"name": None, "arch": None, "peaks": {}},
+        "model": getattr(analysis.model, "name", None),
+        "annotations": analysis.annotations_found,
+        "totals": totals(df),
+        "phases": {p: phase_summary(df, analysis, p) for p in PHASES if (df["phase"] == p).any()},
+        "stages": stage_rows(df, total),
+        "providers": provider_rows(df, total),
+        "groups": group_rows(df),
+        "top_kernels": top_kernels(df, total),
+        "unclassified": unclassified(df, total),
+        "steps": step_rows(analysis),
+        "findings": analysis.findings,
+        "warnings": analysis.warnings,
+    }
+
+
+def _timed(df: pd.DataFrame) -> pd.DataFrame:
+    return df[~df["aggregate"]] if "aggregate" in df else df
+
+
+def totals(df: pd.DataFrame) -> dict[str, Any]:
+    """Wall (span of GPU activity), busy (union of activity) and idle share per device, summed."""
+    timed = _timed(df)
+    wall = busy = span_sum = 0
+    for _, g in timed.groupby(["trace_id", "device"], sort=True):
+        s = g["start_ns"].to_numpy(np.int64)
+        e = s + g["dur_ns"].to_numpy(np.int64)
+        sp = timeline.span_ns(s, e)
+        wall = max(wall, sp)
+        span_sum += sp
+        busy += timeline.busy_ns(s, e)
+    return {
+        "wall_ns": int(wall),
+        "kernel_ns": int(df["dur_ns"].sum()),
+        "busy_ns": int(busy),
+        "idle_fraction": float(1 - busy / span_sum) if span_sum else 0.0,
+        "kernels": int(df["count"].sum()),
+        "aggregate_rows": int(df["aggregate"].sum()) if "aggregate" in df else 0,
+    }
+
+
+def _pct(values: pd.Series | np.ndarray, q: float) -> int:
+    return int(np.percentile(np.asarray(values, np.float64), q)) if len(values) else 0
+
+
+def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str, Any]:
+    from analyzer.rules import category_labels
+
+    sub = df[df["phase"] == phase]
+    kernel_ns = int(sub["dur_ns"].sum())
+    steps = analysis.steps
+    st = steps[steps["phase"] == phase] if steps is not None and len(steps) else None
+    step_ns = st["dur_ns"].to_numpy() if st is not None else np.empty(0)
+    tokens = None
+    if st is not None and len(st) and st["tokens"].notna().any():
+        tokens = int(st["tokens"].fillna(0).sum())
+    idle = None
+    if st is not None and len(st):
+        span = int(st["dur_ns"].sum())
+        busy = int(st["busy_ns"].sum())
+        idle = float(1 - busy / span) if span else 0.0
+    labels = category_labels()
+    prof = []
+    for cat, g in sub.groupby("category", sort=False):
+        t = int(g["dur_ns"].sum())
+        prof.append(
+            {
+                "category": cat,
+                "label": labels.get(cat, cat),
+                "time_ns": t,
+                "share": t / kernel_ns if kernel_ns else 0.0,
+                "bound": _dominant_bound(g),
+            }
+        )
+    prof.sort(key=lambda r: (-r["time_ns"], r["category"]))
+    return {
+        "steps": int(len(step_ns)),
+        "kernel_ns": kernel_ns,
+        "step_ns": {
+            "p50": _pct(step_ns, 50),
+            "p90": _pct(step_ns, 90),
+            "p99": _pct(step_ns, 99),
+            "mean": int(step_ns.mean()) if len(step_ns) else 0,
+            "total": int(step_ns.sum()) if len(step_ns) else 0,
+        },
+        "tokens": tokens,
+        "idle_fraction": idle,
+        "profile": prof,
+    }
+
+
+def _dominant_bound(g: pd.DataFrame) -> str | None:
+    """The bound that holds for most of this group's time (None before the roofline ran)."""
+    if "bound" not in g or g["bound"].isna().all():
+        return None
+    t = g.groupby("bound")["dur_ns"].sum()
+    t = t.drop(labels=[b for b in ("unknown", "invalid") if b in t.index], errors="ignore")
+    if t.empty:
+        return "unknown"
+    return str(t.idxmax())
+
+
+def stage_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
+    rows = []
+    for (phase, stage, provider), g in df.groupby(["phase", "stage", "provider"], sort=True):
+        t = int(g["dur_ns"].sum())
+        rows.append(
+            {
+                "phase": phase,
+                "stage": stage,
+                "category": str(g["category"].iloc[0]),
+                "provider": provider,
+                "time_ns": t,
+                "share": t / total if total else 0.0,
+                "count": int(g["count"].sum()),
+            }
+        )
+    rows.sort(key=lambda r: (-r["time_ns"], r["phase"], r["stage"], r["provider"]))
+    return rows
+
+
+def provider_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
+    rows = []
+    for provider, g in df.groupby("provider", sort=True):
+        t = int(g["dur_ns"].sum())
+        rows.append({"provider": provider, "time_ns": t, "share": t / total if total else 0.0,
+                     "count": int(g["count"].sum())})
+    rows.sort(key=lambda r: (-r["time_ns"], r["provider"]))
+    return rows
+
+
+def _none_if_nan(v: Any) -> Any:
+    if v is None:
+        return None
+    try:
+        if np.isnan(v):
+            return None
+    except TypeError:
+        return v
+    return float(v)
+
+
+def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = []
+    keys = ["group_key", "phase", "stage", "provider"]
+    for (gk, phase, stage, provider), g in df.groupby(keys, sort=True):
+        t = int(g["dur_ns"].sum())
+        flops = g["flops"].sum(min_count=1) if "flops" in g else np.nan
+        nbytes = g["bytes"].sum(min_count=1) if "bytes" in g else np.nan
+        rows.append(
+            {
+                "group_key": gk,
+                "phase": phase,
+                "stage": stage,
+                "provider": provider,
+                "count": int(g["count"].sum()),
+                "time_ns": t,
+                "flops": _none_if_nan(flops),
+                "bytes": _none_if_nan(nbytes),
+                "achieved_tflops": _none_if_nan(flops / t / 1e3) if t and not pd.isna(flops) else None,
+                "achieved_tbps": _none_if_nan(nbytes / t / 1e3) if t and not pd.isna(nbytes) else None,
+                "bound": _dominant_bound(g),
+            }
+        )
+    rows.sort(key=lambda r: (-r["time_ns"], r["group_key"], r["phase"]))
+    return rows
+
+
+def top_kernels(df: pd.DataFrame, total: int, n: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    rows = []
+    for gk, g in df.groupby("group_key", sort=False):
+        t = int(g["dur_ns"].sum())
+        first = g.iloc[0]
+        rows.append(
+            {
+                "group_key": gk,
+                "norm_name": first["norm_name"],
+                "stage": first["stage"],
+                "provider": first["provider"],
+                "rule_id": first["rule_id"],
+                "phases": sorted(set(g["phase"])),
+                "count": int(g["count"].sum()),
+                "time_ns": t,
+                "share": t / total if total else 0.0,
+                "mean_ns": int(t / max(int(g["count"].sum()), 1)),
+                "tile": _tile(first),
+                "split_k": None if pd.isna(first.get("split_k")) else int(first["split_k"]),
+            }
+        )
+    rows.sort(key=lambda r: (-r["time_ns"], r["group_key"]))
+    return rows[:n]
+
+
+def _tile(row: pd.Series) -> str | None:
+    vals = [row.get(f"tile_{a}") for a in "mnk"]
+    if all(v is None or pd.isna(v) for v in vals):
+        return None
+    return "x".join("?" if v is None or pd.isna(v) else str(int(v)) for v in vals)
+
+
+def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
+    sub = df[df["stage"] == "other"]
+    rows = []
+    for name, g in sub.groupby("norm_name", sort=False):
+        t = int(g["dur_ns"].sum())
+        rows.append({"norm_name": name, "count": int(g["count"].sum()), "time_ns": t,
+                     "share": t / total if total else 0.0})
+    rows.sort(key=lambda r: (-r["time_ns"], r["norm_name"]))
+    return rows
+
+
+def step_rows(analysis: Analysis) -> list[dict[str, Any]]:
+    st = analysis.steps
+    if st is None or len(st) == 0:
+        return []
+    out = []
+    for r in st.itertuples(index=False):
+        out.append(
+            {
+                "step": int(r.step),
+                "phase": r.phase,
+                "start_ns": int(r.start_ns),
+                "dur_ns": int(r.dur_ns),
+                "busy_ns": int(r.busy_ns),
+                "kernel_ns": int(r.kernel_ns),
+                "kernels": int(r.kernels),
+                "tokens": None if pd.isna(r.tokens) else int(r.tokens),
+                "rank": int(r.rank),
+                "trace_id": int(r.trace_id),
+                "source": r.source,
+            }
+        )
+    return out

@@ -1,0 +1,59 @@
+"""Interval arithmetic on the GPU timeline: busy time (union of activity) and idle gaps.
+
+Pure numpy functions over start/end arrays in ns; no tables, no I/O.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def merge_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of ``[start, end)`` intervals as sorted, disjoint (start, end) arrays."""
+    if len(start) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    order = np.argsort(start, kind="stable")
+    s = np.asarray(start, np.int64)[order]
+    e = np.asarray(end, np.int64)[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
+def busy_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """Nanoseconds covered by at least one interval."""
+    ms, me = merge_intervals(start, end)
+    return int((me - ms).sum())
+
+
+def span_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """From the first start to the last end (0 when empty)."""
+    if len(start) == 0:
+        return 0
+    return int(np.max(end) - np.min(start))
+
+
+def busy_within(
+    start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """Busy ns of the union of intervals clipped to each window ``[lo[i], hi[i])``."""
+    ms, me = merge_intervals(start, end)
+    if len(ms) == 0:
+        return np.zeros(len(lo), np.int64)
+    # cumulative busy time up to t: sum of full intervals ending before t + partial one
+    cum = np.concatenate([[0], np.cumsum(me - ms)])
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(ms, t, side="right")  # intervals starting at or before t
+        full = cum[np.maximum(i - 1, 0)]
+        last_s = ms[np.maximum(i - 1, 0)]
+        last_e = me[np.maximum(i - 1, 0)]
+        part = np.clip(t - last_s, 0, last_e - last_s)
+        return np.where(i > 0, full + part, 0)
+
+    lo = np.asarray(lo, np.int64)
+    hi = np.asarray(hi, np.int64)
+    return covered(hi) - covered(lo)

@@ -1,0 +1,207 @@
+"""Kineto reader: numbers equal an independent stdlib reading of the same JSON; bad input fails cleanly."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzer import timeline
+from analyzer.errors import InputError
+from analyzer.readers import read_trace, sniff
+from analyzer.readers import kineto
+from tests import rawtrace
+from tests.conftest import H200_TRACES, SHARED, shared, shared_kineto_traces
+
+ALL_KINETO = [pytest.param(p, id=p.parent.name + "/" + p.name) for p in H200_TRACES] + [
+    pytest.param(SHARED / rel, id=rel) for rel in shared_kineto_traces()
+]
+
+
+@pytest.mark.parametrize("path", ALL_KINETO)
+def test_kernel_count_and_time_match_raw_json(path: Path) -> None:
+    # GIVEN a real Kineto trace and an independent reading of its JSON
+    obj = rawtrace.load(path)
+    events = rawtrace.gpu_events(obj)
+    if not events:
+        with pytest.raises(InputError, match="no GPU activity"):
+            read_trace(path)
+        return
+    # WHEN the reader reads it
+    trace = read_trace(path)
+    trace.validate()
+    k = trace.kernels
+    # THEN kernel count, total time and kinds agree exactly
+    assert k.num_rows == len(events)
+    assert trace.kernel_ns == sum(rawtrace.ns(e["dur"]) for e in events)
+    kinds = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+    want = sorted(kinds[e["cat"].lower()] for e in events)
+    assert sorted(k["kind"].to_pylist()) == want
+    # absolute start times: baseTimeNanoseconds + ts
+    base = obj.get("baseTimeNanoseconds", 0) or 0
+    assert int(np.min(k["start_ns"].to_numpy())) == base + min(rawtrace.ns(e["ts"]) for e in events)
+
+
+@pytest.mark.parametrize("path", ALL_KINETO)
+def test_per_stream_busy_time_matches_raw_json(path: Path) -> None:
+    obj = rawtrace.load(path)
+    events = rawtrace.gpu_events(obj)
+    if not events:
+        pytest.skip("trace without GPU activity")
+    want = sorted(rawtrace.stream_busy(events).values())
+    df = read_trace(path).kernels.to_pandas()
+    got = []
+    for _, g in df.groupby(["device", "stream"], dropna=False):
+        s = g["start_ns"].to_numpy(np.int64)
+        got.append(timeline.busy_ns(s, s + g["dur_ns"].to_numpy(np.int64)))
+    assert sorted(got) == want
+
+
+def test_h200_metadata_and_links() -> None:
+    trace = read_trace(H200_TRACES[0])
+    m = trace.inputs[0]
+    assert (m.format, m.gpu_name, m.arch, m.sm_count) == ("kineto", "NVIDIA H200", "sm_90", 132)
+    assert m.total_memory == 150109880320
+    k = trace.kernels
+    # every kernel of an eager HF run is linked to its launch call and its host op
+    assert k["correlation"].null_count == 0
+    assert k["launch_api"].null_count < k.num_rows * 0.01
+    linked = set(k["launch_op_id"].drop_null().to_pylist())
+    ops = trace.host_ops.to_pandas()
+    cpu = ops[ops["category"] == "cpu_op"]
+    assert linked <= set(cpu["external_id"].dropna().astype(int))
+    # shapes are decoded for the ops that launched kernels
+    mm = cpu[(cpu["name"] == "aten::mm") & cpu["input_dims"].notna()]
+    assert len(mm) > 0 and all(len(d) == 2 for d in mm["input_dims"])
+
+
+def test_tp2_graph_replay_and_rank() -> None:
+    trace = read_trace(H200_TRACES[3])
+    assert trace.inputs[0].rank == 1 and trace.inputs[0].world_size == 2
+    k = trace.kernels.to_pandas()
+    graph = k[k["graph_launch"]]
+    assert len(graph) > 10000
+    assert set(graph["launch_api"].astype(str)) == {"cudaGraphLaunch"}
+    # many kernels share one graph launch correlation
+    assert graph.groupby("correlation").size().max() > 100
+
+
+def test_rocm_devices_and_workitem_grids() -> None:
+    path = shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz")
+    raw = rawtrace.gpu_events(rawtrace.load(path))
+    assert {e["args"]["device"] for e in raw} != {0}  # HSA node ids in the raw trace
+    trace = read_trace(path)
+    assert trace.inputs[0].arch == "gfx942"
+    assert set(trace.kernels["device"].to_pylist()) == {0}
+    k = trace.kernels.to_pandas()
+    # hipBLASLt via hipExtModuleLaunchKernel: grid in work-items -> work-groups
+    tensile = k[k["name"].astype(str).str.startswith("Cijk_") & (k["launch_api"] == "hipExtModuleLaunchKernel")]
+    assert len(tensile) > 0
+    raw_by_corr = {e["args"]["correlation"]: e for e in raw}
+    for r in tensile.itertuples():
+        e = raw_by_corr[r.correlation]
+        assert r.grid_x == -(-e["args"]["grid"][0] // e["args"]["block"][0])
+
+
+def test_mi250_without_rocm_metadata_is_still_rocm() -> None:
+    trace = read_trace(shared("mi250-hta-minitoy/mi250_minitoy_train_ROCm6_2_kineto.json.gz"))
+    assert trace.inputs[0].arch == "gfx90a"
+    assert set(trace.kernels["device"].to_pylist()) == {0}
+
+
+def test_chunked_reading_equals_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN tiny chunks so the events array is cut hundreds of times
+    whole = read_trace(H200_TRACES[1]).kernels
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto, "READ_BYTES", 16 << 10)
+    chunked = read_trace(H200_TRACES[1]).kernels
+    assert chunked.equals(whole)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _write(tmp: Path, name: str, data: bytes) -> Path:
+    p = tmp / name
+    p.write_bytes(data)
+    return p
+
+
+@pytest.mark.parametrize(
+    "name,data,msg",
+    [
+        ("empty.json", b"", "empty file"),
+        ("blank.json", b"  \n ", "empty file"),
+        ("text.json", b"hello, world", "not a recognised trace format"),
+        ("other.json", b'{"a": 1, "b": [1, 2]}', "not a recognised trace format"),
+        ("nogpu.json", b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}',
+         "no GPU activity"),
+        ("trunc.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2},',
+         "truncated"),
+        ("badtype.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "args": {"grid": "x"}}]}',
+         "unexpected field type"),
+        ("negdur.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": -2}]}',
+         "negative"),
+    ],
+)
+def test_bad_input_is_one_clear_error(tmp_path: Path, name: str, data: bytes, msg: str) -> None:
+    p = _write(tmp_path, name, data)
+    with pytest.raises(InputError, match=msg):
+        read_trace(p)
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    data = H200_TRACES[1].read_bytes()
+    p = _write(tmp_path, "cut.json.gz", data[: len(data) // 2])
+    with pytest.raises(InputError, match="gzip|truncated"):
+        read_trace(p)
+
+
+def test_directory_and_missing(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="directory"):
+        sniff(tmp_path)
+    with pytest.raises(InputError, match="no such file"):
+        sniff(tmp_path / "nope.json")
+
+
+# --------------------------------------------------------------------------- properties
+
+_SMALL = rawtrace.load(H200_TRACES[1])
+_EVENTS = _SMALL["traceEvents"][:400]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    drop=st.lists(st.integers(0, len(_EVENTS) - 1), max_size=30),
+    mutate=st.lists(st.tuples(st.integers(0, len(_EVENTS) - 1),
+                              st.sampled_from(["ts", "dur", "args", "cat", "name", "pid", "ph"]),
+                              st.one_of(st.none(), st.integers(-5, 10**12), st.text(max_size=5),
+                                        st.floats(allow_nan=False), st.lists(st.integers(), max_size=3))),
+                    max_size=10),
+    cut=st.one_of(st.none(), st.integers(1, 20000)),
+)
+def test_reader_never_crashes_on_mutated_traces(tmp_path_factory: pytest.TempPathFactory, drop: list[int],
+                                                mutate: list[tuple[int, str, object]], cut: int | None) -> None:
+    events = [dict(e) for i, e in enumerate(_EVENTS) if i not in set(drop)]
+    for i, key, val in mutate:
+        if i < len(events):
+            events[i][key] = val
+    data = json.dumps({"traceEvents": events, "baseTimeNanoseconds": 1}).encode()
+    if cut is not None:
+        data = data[:cut]
+    p = tmp_path_factory.mktemp("mut") / "t.json.gz"
+    p.write_bytes(gzip.compress(data))
+    try:
+        trace = read_trace(p)
+    except InputError:
+        return
+    # whatever was read is a valid trace and never loses a kernel it accepted
+    trace.validate()
+    gpu = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+           and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    assert trace.kernels.num_rows == len(gpu)
