@@ -116,9 +116,8 @@ def expand_inputs(paths: list[str]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = [
-                c for c in sorted(p.rglob("*")) if c.is_file() and _looks_like_trace(c)
-            ]
+            found = [c for c in sorted(p.rglob("*")) if c.is_file() and _looks_like_trace(c)]
+            found = _drop_companions(found)
             if not found:
                 raise InputError(f"{p}: directory holds no trace file")
             out.extend(found)
@@ -129,14 +128,35 @@ def expand_inputs(paths: list[str]) -> list[Path]:
 
 def _looks_like_trace(p: Path) -> bool:
     name = p.name.lower()
-    if (
-        name.startswith(".")
-        or name.endswith((".md", ".txt", ".py"))
-        or name == "meta.json"
-    ):
+    if name.startswith(".") or name.endswith((".md", ".txt", ".py")) or name == "meta.json":
         return False
     try:
         sniff(p)
     except InputError:
         return False
     return True
+
+
+# Profilers write the same run in several files; reading them all would count the work twice.
+_V1_PREFERENCE = ("results.csv", "results.db", "results.json", "results.stats.csv")
+_V3_COMPANIONS = ("_memory_copy_trace.csv", "_marker_api_trace.csv", "_agent_info.csv", "_kernel_stats.csv")
+
+
+def _drop_companions(files: list[Path]) -> list[Path]:
+    """Keep one file per rocprof run: v1's per-launch CSV over its .db/.json/.stats twins, and a
+    v3 kernel trace over the copy/marker/agent files it reads itself."""
+    names = {f.parent / f.name for f in files}
+    out = []
+    for f in files:
+        if f.name in _V1_PREFERENCE:
+            better = [f.parent / b for b in _V1_PREFERENCE[: _V1_PREFERENCE.index(f.name)]]
+            if any(b in names for b in better):
+                continue
+        if f.name.endswith(_V3_COMPANIONS):
+            stem = f.name
+            for suffix in _V3_COMPANIONS:
+                stem = stem.removesuffix(suffix)
+            if f.parent / f"{stem}_kernel_trace.csv" in names:
+                continue
+        out.append(f)
+    return out

@@ -90,6 +90,8 @@ _DECODER = msgspec.json.Decoder(list[_Event])
 def sniff(path: Path, head: bytes) -> bool:
     """A JSON object with a ``traceEvents`` key, or a bare event list (old HTA files)."""
     h = head.lstrip()
+    if b'"BeginNs"' in head:  # rocprof v1 results.json: Chrome trace written by rocprof, not Kineto
+        return False
     if h[:1] == b"{":
         return b'"traceEvents"' in head or (
             b'"schemaVersion"' in head and b"rocprofiler-sdk-tool" not in head
