@@ -43,7 +43,7 @@ GEMM_STAGES = frozenset(GEMM_ROLES + ("gemm",))
 ATTENTION = frozenset({"flash_attention", "paged_attention", "mla_attention"})
 ATTN_AUX = frozenset({"attention_reduce"})
 # Kernels whose stage the structure may refine: generic framework kernels only.
-GENERIC = frozenset({"elementwise"})
+GENERIC = frozenset({"elementwise", "residual_add"})  # a bare ATen add is only a guess
 SAMPLING_LIKE = frozenset({"sampling", "moe_topk"})
 NEUTRAL = frozenset({"communication", "memcpy", "memset", "other", "quantize"})
 
@@ -60,9 +60,9 @@ def run(analysis: Analysis, options: Options) -> None:
 def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.Table:
     """Add the classification columns (DESIGN §2) to ``kernels``."""
     cols = classify_by_name(kernels, ruleset)
-    op_names = launching_op_names(kernels, host_ops)
+    op_names, op_dims = launching_ops(kernels, host_ops)
     stage = cols["stage"]
-    apply_op_hints(stage, op_names)
+    apply_op_hints(stage, op_names, op_dims)
     order = np.lexsort((kernels["start_ns"].to_numpy(zero_copy_only=False),
                         kernels["device"].to_numpy(zero_copy_only=False),
                         kernels["trace_id"].to_numpy(zero_copy_only=False)))
@@ -150,32 +150,50 @@ def op_hint_table() -> dict[str, str]:
     return out
 
 
-def launching_op_names(kernels: pa.Table, host_ops: pa.Table) -> list[str | None]:
-    """Name of the innermost cpu_op that launched each kernel (via External id), else None."""
+def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | None], list[Any]]:
+    """Name and input shapes of the innermost cpu_op that launched each kernel (External id)."""
     n = kernels.num_rows
     if host_ops.num_rows == 0:
-        return [None] * n
+        return [None] * n, [None] * n
     ops = host_ops.filter(pc.equal(host_ops["category"].cast(pa.string()), "cpu_op"))
     ops = ops.filter(pc.is_valid(ops["external_id"]))
     if ops.num_rows == 0:
-        return [None] * n
-    # several rows (trace_id, external id): keep the innermost = latest start for each id
-    df = ops.select(["trace_id", "external_id", "name", "start_ns"]).to_pandas()
+        return [None] * n, [None] * n
+    # several rows per (trace_id, external id): keep the innermost = latest start
+    df = ops.select(["trace_id", "external_id", "name", "start_ns", "input_dims"]).to_pandas()
     df["name"] = df["name"].astype(str)
     df = df.sort_values("start_ns").drop_duplicates(["trace_id", "external_id"], keep="last")
-    lookup = dict(zip(zip(df["trace_id"].tolist(), df["external_id"].tolist(), strict=True),
-                      df["name"].tolist(), strict=True))
+    keys = list(zip(df["trace_id"].tolist(), df["external_id"].tolist(), strict=True))
+    names = dict(zip(keys, df["name"].tolist(), strict=True))
+    dims = dict(zip(keys, df["input_dims"].tolist(), strict=True))
     tid = kernels["trace_id"].to_pylist()
     ext = kernels["launch_op_id"].to_pylist()
-    return [lookup.get((t, e)) if e is not None else None for t, e in zip(tid, ext, strict=True)]
+    out_n = [names.get((t, e)) if e is not None else None for t, e in zip(tid, ext, strict=True)]
+    out_d = [dims.get((t, e)) if e is not None else None for t, e in zip(tid, ext, strict=True)]
+    return out_n, out_d
 
 
-def apply_op_hints(stage: list[str], op_names: Sequence[str | None]) -> None:
+_GATHER_OPS = ("aten::gather", "aten::take_along_dim", "aten::index_select", "aten::embedding")
+
+
+def _is_embedding_lookup(op: str, dims: Any) -> bool:
+    """A gather from a [vocab, hidden] table: many more rows than columns, and a vocabulary's rows."""
+    if op not in _GATHER_OPS or dims is None or len(dims) == 0:
+        return False
+    table = dims[0]
+    return table is not None and len(table) == 2 and table[0] >= 8192 and table[0] >= 4 * table[1]
+
+
+def apply_op_hints(stage: list[str], op_names: Sequence[str | None], op_dims: Sequence[Any] | None = None) -> None:
     table = op_hint_table()
     for i, op in enumerate(op_names):
         if op is not None and stage[i] in GENERIC:
+            if op_dims is not None and _is_embedding_lookup(op, op_dims[i]):
+                stage[i] = "embedding"
+                continue
             s = table.get(op)
-            if s is not None:
+            if s is not None and (s != "embedding" or op_dims is None or op_dims[i] is None
+                                  or _is_embedding_lookup(op, op_dims[i])):
                 stage[i] = s
 
 
@@ -206,6 +224,14 @@ def _is_reduce(name: str) -> bool:
     return "splitkreduce" in n or "reduce_kernel" in n and "gemm" in n
 
 
+_NORM_WORDS = ("rsqrt", "MeanOps", "layer_norm", "rms_norm", "rmsnorm", "RMSNorm", "Rmsnorm")
+_MOE_ROUTING = frozenset({"moe_topk", "moe_sort"})
+
+
+def _norm_like(stage: str, name: str) -> bool:
+    return stage == "norm" or any(w in name for w in _NORM_WORDS)
+
+
 def walk_sequence(
     seq: np.ndarray,
     stage: list[str],
@@ -214,180 +240,210 @@ def walk_sequence(
     launch: np.ndarray,
     layer: np.ndarray,
 ) -> None:
-    """Assign GEMM roles, layers and region stages along one device's time-ordered kernels."""
-    st = [stage[r] for r in seq.tolist()]
-    n = len(st)
-    is_attn = np.array([s in ATTENTION for s in st], bool)
-    # next anchor after each position: what follows decides a GEMM's role
-    nxt = [""] * (n + 1)
+    """Assign GEMM roles, layers and region stages along one device's time-ordered kernels.
+
+    Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store),
+    ``attn`` (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm),
+    ``mlp_in`` (between gate/up GEMMs and the down GEMM: activation), ``mlp_out`` (after the down
+    GEMM: residual add, next input norm), ``moe`` / ``moe_experts`` (routing, expert GEMMs), ``tail``
+    (after the LM head: sampling). A GEMM's role follows from its region and what comes next.
+    """
+    rows = seq.tolist()
+    n = len(rows)
+    st = [stage[r] for r in rows]
+    nm = [norm[r] for r in rows]
+    normish = [_norm_like(st[p], nm[p]) for p in range(n)]
+    ops = _gemm_ops(seq, stage, norm, launch)
+    # next anchor after each position (skipping GEMMs and generic kernels)
+    nxt: list[str] = [""] * (n + 1)
+    # whether a GEMM comes after this position before the next norm / attention / routing kernel
+    gemm_ahead = [False] * (n + 1)
+    # the first anchor or GEMM after this position ("gemm" when a GEMM comes first)
+    nxt_or_gemm: list[str] = [""] * (n + 1)
     for p in range(n - 1, -1, -1):
         s = st[p]
-        if s in ATTENTION or s in SAMPLING_LIKE or s in ("embedding", "activation", "moe_topk", "moe_sort",
-                                                        "moe_expert_gemm"):
+        if s in ATTENTION or s in SAMPLING_LIKE or s in ("embedding", "moe_sort", "moe_expert_gemm"):
             nxt[p] = s
-        elif s in GEMM_STAGES:
-            nxt[p] = "gemm:" + nxt[p + 1]
+            nxt_or_gemm[p] = s
         else:
             nxt[p] = nxt[p + 1]
-    ops = _gemm_ops(seq, stage, norm, launch)
-    op_at = {}
-    for i, (a, b) in enumerate(ops):
-        for p in range(a, b + 1):
-            op_at[p] = i
-    # state machine over positions
-    region = "pre"  # pre | attn_in | attn_out | mlp_in | mlp_out | moe | tail
+            nxt_or_gemm[p] = "gemm" if s in GEMM_STAGES else nxt_or_gemm[p + 1]
+        if s in GEMM_STAGES:
+            gemm_ahead[p] = True
+        elif normish[p] or s in ATTENTION or s in _MOE_ROUTING or s == "embedding":
+            gemm_ahead[p] = False
+        else:
+            gemm_ahead[p] = gemm_ahead[p + 1]
+    op_start = {a: b for a, b in ops}
+    region = "pre"
     layer_no = -1
-    since_attn = 0  # GEMM ops since the last attention
-    moe = False
+    norm_seen = False
     region_of = [""] * n
     layer_of = np.full(n, -1, np.int64)
     p = 0
     while p < n:
         s = st[p]
-        if s == "embedding":
-            region, layer_no, moe = "pre", -1, False
-        if s in GEMM_STAGES and p in op_at:
-            a, b = ops[op_at[p]]
-            follow = _strip_gemm(nxt[b + 1] if b + 1 <= n else "")
-            role = _role(region, follow, since_attn, moe)
-            if role == "qkv_gemm" and region not in ("attn_in",):
-                layer_no += 1
-                region = "attn_in"
-            elif role == "o_gemm":
-                region = "attn_out"
-            elif role == "gate_up_gemm":
-                region = "mlp_in"
-            elif role == "down_gemm":
-                region = "mlp_out"
-            elif role == "moe_gate_gemm":
-                region, moe = "moe", True
-            elif role == "lm_head_gemm":
-                region = "tail"
-            since_attn += 1
-            for q in range(a, b + 1):
-                r = seq[q]
-                if stage[r] in GEMM_STAGES:
-                    stage[r] = role
+        if p in op_start:
+            b = op_start[p]
+            follow = nxt[b + 1]
+            routing_next = nxt_or_gemm[b + 1] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
+            role, region, layer_no = _role(region, follow, gemm_ahead[b + 1], norm_seen, layer_no, routing_next)
+            norm_seen = False
+            for q in range(p, b + 1):
+                if stage[rows[q]] in GEMM_STAGES:
+                    stage[rows[q]] = role
                 region_of[q] = region
-                layer_of[q] = layer_no if role != "lm_head_gemm" else -1
+                layer_of[q] = -1 if region in ("pre", "tail") else layer_no
             p = b + 1
             continue
-        if s in ATTENTION:
-            region, since_attn = "attn", 0
-        elif s == "activation" and region in ("mlp_in", "attn_out"):
-            region = "mlp_act"
-        elif s in ("moe_expert_gemm",):
-            region, moe = "moe_experts", True
-        elif s in ("moe_topk", "moe_sort") and region in ("moe", "attn_out", "mlp_in"):
-            region, moe = "moe", True
-        elif s == "sampling" and region in ("moe",):
-            stage[seq[p]] = "moe_topk"
-        elif s == "sampling":
-            region = "tail"
+        if s == "embedding":
+            region, layer_no, norm_seen = "pre", -1, False
+        elif s in ATTENTION:
+            region, norm_seen = "attn", False
+        elif s in _MOE_ROUTING and region in ("attn_out", "mlp_in", "moe"):
+            region = "moe"
+        elif s == "sampling" and region == "moe":
+            stage[rows[p]] = "moe_topk"
+        elif s == "moe_expert_gemm":
+            region = "moe_experts"
+        elif normish[p]:
+            norm_seen = True
         region_of[p] = region
-        layer_of[p] = layer_no if region not in ("pre", "tail") else -1
+        layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
-    _label_generic(seq, stage, op_names, region_of, layer_of)
-    # layers: generic kernels between the end of one layer and the next layer's QKV GEMM belong
-    # to the next layer (its input norm)
+    _label_generic(seq, stage, op_names, region_of)
     for q in range(n):
-        layer[seq[q]] = layer_of[q]
-    _shift_prologue_to_next_layer(seq, stage, region_of, layer)
+        layer[rows[q]] = layer_of[q]
+    _shift_prologue_to_next_layer(seq, stage, layer)
 
 
-def _strip_gemm(s: str) -> str:
-    while s.startswith("gemm:"):
-        s = s[5:]
-    return s
-
-
-def _role(region: str, follow: str, since_attn: int, moe: bool) -> str:
-    """Role of a GEMM from where we are and which anchor comes next."""
+def _role(region: str, follow: str, gemm_ahead: bool, norm_seen: bool, layer_no: int,
+          routing_next: bool = False) -> tuple[str, str, int]:
+    """(role, new region, layer number) of a GEMM from where we are and what comes next."""
     if region == "attn":
-        return "o_gemm"
-    if region in ("pre", "mlp_out", "moe_experts", "moe_done", "tail", "attn_in") and follow in ATTENTION:
-        return "qkv_gemm"
-    if region in ("mlp_out", "moe_experts", "moe_done", "pre") and follow in ("sampling", ""):
-        return "lm_head_gemm"
-    if region in ("attn_out",):
-        if follow in ("moe_topk", "sampling", "moe_sort"):
-            return "moe_gate_gemm"
-        if follow in ("moe_expert_gemm",):
-            return "moe_gate_gemm"
-        return "gate_up_gemm"
-    if region == "mlp_in":
-        return "gate_up_gemm"
-    if region == "mlp_act":
-        return "down_gemm"
-    if region in ("moe", "moe_experts"):
-        return "moe_expert_gemm"
-    if follow in ATTENTION:
-        return "qkv_gemm"
-    return "gemm"
+        return "o_gemm", "attn_out", layer_no
+    if region == "attn_in":
+        return "qkv_gemm", "attn_in", layer_no
+    if region in ("attn_out", "mlp_in"):
+        if region == "attn_out" and routing_next:
+            return "moe_gate_gemm", "moe", layer_no
+        if gemm_ahead:
+            return "gate_up_gemm", "mlp_in", layer_no
+        return "down_gemm", "mlp_out", layer_no
+    if region == "moe":
+        return "moe_expert_gemm", "moe_experts", layer_no
+    if region == "moe_experts" and not norm_seen:
+        return "moe_expert_gemm", "moe_experts", layer_no
+    # pre, mlp_out, moe_experts (after a norm), tail
+    if norm_seen and follow in ATTENTION:
+        return "qkv_gemm", "attn_in", layer_no + 1
+    if norm_seen and follow in ("sampling", "embedding", ""):
+        return "lm_head_gemm", "tail", layer_no
+    return "gemm", region, layer_no
 
 
 # Region -> stage for generic kernels found there.
 _REGION_STAGE = {
     "attn_in": "rope",
     "attn_out": "norm",
-    "mlp_act": "activation",
+    "mlp_in": "activation",
     "mlp_out": "norm",
     "moe": "moe_sort",
     "moe_experts": "moe_accumulate",
     "tail": "sampling",
 }
-_ADDS = ("add", "CUDAFunctor_add", "AddFunctor")
 _KV_OPS = ("aten::cat", "aten::copy_", "aten::index_copy_", "aten::index_put_", "aten::slice_scatter")
+_NORM_OPS = {"aten::rsqrt", "aten::mean", "aten::pow", "aten::var_mean", "aten::native_layer_norm"}
 
 
-def _label_generic(
-    seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], region_of: list[str], layer_of: np.ndarray
-) -> None:
-    n = len(seq)
+def _label_generic(seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], region_of: list[str]) -> None:
+    rows = seq.tolist()
+    n = len(rows)
     p = 0
     while p < n:
         reg = region_of[p]
         q = p
         while q < n and region_of[q] == reg:
             q += 1
-        run = [i for i in range(p, q) if stage[seq[i]] in GENERIC]
+        run = [i for i in range(p, q) if stage[rows[i]] in GENERIC]
+        if run and reg == "pre":
+            _label_first_norm(rows, run, p, q, stage)
         if run and reg in _REGION_STAGE:
             target = _REGION_STAGE[reg]
+            if reg == "moe_experts":
+                _label_moe_block(rows, run, p, q, stage, op_names)
+                p = q
+                continue
             if reg in ("attn_out", "mlp_out"):
-                # residual add first, then the norm of the next block
-                first = seq[run[0]]
-                if _is_add(first, op_names):
-                    stage[first] = "residual_add"
-                    run = run[1:]
+                # the residual add opens the block, the input norm of the next block follows
+                add = next((i for i in run if _is_add(rows[i], op_names)), None)
+                if add is not None:
+                    stage[rows[add]] = "residual_add"
+                    run = [i for i in run if i > add]
                 if reg == "mlp_out":
-                    # a norm region only exists when a norm-like kernel is present
-                    target = "norm" if _has_norm_signal(seq, run, op_names) else "elementwise"
+                    target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
             if reg == "attn_in":
-                # trailing cat/copy before attention = KV-cache update (HF DynamicCache)
                 tail = []
-                for i in reversed(run):
-                    if _is_kv_update(seq[i], op_names):
+                for i in reversed(run):  # trailing cat/copy before attention = KV-cache update
+                    if _is_kv_update(rows[i], op_names):
                         tail.append(i)
                     else:
                         break
                 for i in tail:
-                    stage[seq[i]] = "kv_cache_store"
+                    stage[rows[i]] = "kv_cache_store"
                 run = [i for i in run if i not in set(tail)]
             for i in run:
-                stage[seq[i]] = target
+                stage[rows[i]] = target
         p = q
 
 
+def _label_first_norm(rows: list[int], run: list[int], lo: int, hi: int, stage: list[str]) -> None:
+    """Before the first layer: the generic kernels of the trailing norm (input norm of layer 0)."""
+    norms = [i for i in range(lo, hi) if stage[rows[i]] == "norm"]
+    if not norms:
+        return
+    start = norms[0]
+    while start - 1 >= lo and stage[rows[start - 1]] in GENERIC:
+        start -= 1
+        if start <= norms[0] - 2:
+            break
+    for i in run:
+        if i >= start:
+            stage[rows[i]] = "norm"
+
+
+def _label_moe_block(rows: list[int], run: list[int], lo: int, hi: int, stage: list[str],
+                     op_names: Sequence[str | None]) -> None:
+    """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm."""
+    gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
+    last = gemms[-1] if gemms else lo - 1
+    after = [i for i in run if i > last]
+    add = next((i for i in after if _is_add(rows[i], op_names) and _has_norm_after(rows, i, hi, stage)), None)
+    for i in run:
+        if i < last:
+            stage[rows[i]] = "moe_sort"
+        elif add is None or i < add:
+            stage[rows[i]] = "moe_accumulate"
+        elif i == add:
+            stage[rows[i]] = "residual_add"
+        else:
+            stage[rows[i]] = "norm"
+
+
 def _is_add(r: int, op_names: Sequence[str | None]) -> bool:
-    op = op_names[r]
-    return op in ("aten::add", "aten::add_") if op else False
+    return op_names[r] in ("aten::add", "aten::add_")
 
 
-def _has_norm_signal(seq: np.ndarray, run: list[int], op_names: Sequence[str | None]) -> bool:
-    ops = {op_names[seq[i]] for i in run}
-    if ops & {"aten::rsqrt", "aten::mean", "aten::pow", "aten::var_mean", "aten::native_layer_norm"}:
+def _has_norm_after(rows: list[int], add: int, end: int, stage: list[str]) -> bool:
+    return any(stage[rows[i]] == "norm" for i in range(add + 1, end))
+
+
+def _has_norm_signal(rows: list[int], run: list[int], op_names: Sequence[str | None], stage: list[str],
+                     lo: int, hi: int) -> bool:
+    if any(stage[rows[i]] == "norm" for i in range(lo, hi)):
         return True
-    return bool(run) and all(op is None for op in ops)
+    ops = {op_names[rows[i]] for i in run}
+    return bool(ops & _NORM_OPS)
 
 
 def _is_kv_update(r: int, op_names: Sequence[str | None]) -> bool:
@@ -395,17 +451,15 @@ def _is_kv_update(r: int, op_names: Sequence[str | None]) -> bool:
     return op in _KV_OPS if op else False
 
 
-def _shift_prologue_to_next_layer(seq: np.ndarray, stage: list[str], region_of: list[str], layer: np.ndarray) -> None:
+def _shift_prologue_to_next_layer(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> None:
     """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one."""
-    n = len(seq)
-    for q in range(n):
-        r = seq[q]
-        if stage[r] == "qkv_gemm" and (q == 0 or stage[seq[q - 1]] != "qkv_gemm"):
-            L = layer[r]
+    rows = seq.tolist()
+    for q in range(len(rows)):
+        r = rows[q]
+        if stage[r] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm"):
             k = q - 1
-            while k >= 0 and stage[seq[k]] in ("norm", "residual_add", "elementwise", "quantize"):
-                if layer[seq[k]] != L:
-                    layer[seq[k]] = L
+            while k >= 0 and stage[rows[k]] in ("norm", "elementwise", "quantize"):
+                layer[rows[k]] = layer[r]
                 k -= 1
 
 

@@ -95,7 +95,9 @@ def parse_annotation(name: str) -> tuple[str, str | None, int | None] | None:
         phase = _phase_of(a, g)
         tokens = _int(g.get("tokens"))
         if tokens is None and g.get("q") and g.get("bs"):
-            tokens = _int(g["q"])
+            tokens = int(g["q"]) * int(g["bs"])
+        if tokens is None and phase == "decode":
+            tokens = _int(g.get("bs"))  # one new token per sequence
         return a["id"], phase, tokens
     return None
 
@@ -149,7 +151,7 @@ def step_annotations(annotations: pa.Table) -> tuple[list[StepAnnotation], list[
         engines.add(eng)
         r = df.iloc[i]
         out.append(StepAnnotation(int(r.start_ns), int(r.end_ns), str(r.side), phase or "unknown", tokens, name,
-                                  int(r.trace_id), int(r.rank), capture=phase is None))
+                                  int(r["trace_id"]), int(r["rank"]), capture=phase is None))
     return out, sorted(engines)
 
 
@@ -333,7 +335,8 @@ def _steps_from_structure(
     step: np.ndarray, phase: list[str], tokens: list[int | None], tid: int,
 ) -> list[dict[str, Any]]:
     stages = df.loc[idx, "stage"].to_numpy().astype(str)
-    starts = forward_starts(stages)
+    starts = _graph_launch_start(forward_starts(stages), df.loc[idx, "corr"].to_numpy(),
+                                 kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx])
     source = "forward"
     if len(starts) == 0:
         starts = _gap_starts(df.loc[idx, "start"].to_numpy(np.int64), df.loc[idx, "dur"].to_numpy(np.int64))
@@ -365,6 +368,18 @@ def _steps_from_structure(
             hi = int((k_start[seg] + df.loc[seg, "dur"].to_numpy(np.int64)).max())
         rows.append(_step_row(tid, df, seg, s, labels[s], lo, hi, toks[s], source))
     return rows
+
+
+def _graph_launch_start(starts: np.ndarray, corr: np.ndarray, graph: np.ndarray) -> np.ndarray:
+    """A forward replayed from a CUDA/HIP graph begins with the graph's first kernel (position ids,
+    buffer fills ... come before the embedding), so move each start back to it."""
+    out = []
+    for s in starts.tolist():
+        if graph[s]:
+            while s > 0 and graph[s - 1] and corr[s - 1] == corr[s]:
+                s -= 1
+        out.append(s)
+    return np.unique(np.asarray(out, np.int64))
 
 
 def _gap_starts(start: np.ndarray, dur: np.ndarray) -> np.ndarray:

@@ -1,10 +1,36 @@
-"""Roofline: FLOPs and bytes per kernel, achieved rates and what bounds each kernel (DESIGN §5)."""
+"""Roofline: FLOPs and bytes per kernel, achieved rates, and what bounds each kernel (DESIGN §5).
+
+Contract (pure over the analysed tables, the GPU spec and an optional model architecture):
+
+* **GPU**: ``--gpu`` if given, else detected from the first input's metadata (name, arch, SM/CU
+  count and memory together). An unknown GPU leaves rates computed but bounds ``unknown``.
+* **FLOPs / bytes**: from the launching host op's input shapes and dtypes when recorded
+  (``flops_source = shapes``): GEMMs (mm, addmm, bmm, linear, matmul, scaled/grouped mm), SDPA and
+  flash attention, and memory-bound ops (norm pieces, RoPE, activation, KV-cache writes, embedding,
+  sampling, copies) as compulsory bytes (inputs read once, output written once). The numbers of an
+  op go to its longest kernel; its helper kernels (split-K reduce, sort passes) keep null numbers.
+  Without shapes, GEMM roles and attention get numbers from the model architecture (``--model``)
+  and the step's token count (``flops_source = model``). Otherwise null (``none``).
+* **Rates**: achieved TFLOP/s = flops / dur, TB/s = bytes / dur, intensity = flops / bytes,
+  ``pct_of_peak`` = achieved FLOP/s over the roof at that intensity (min(peak, intensity x BW)), or
+  achieved TB/s over peak BW when there are no FLOPs. ``bound``: ``compute`` / ``memory`` by the
+  ridge point, ``latency`` when a short kernel reaches under 10% of its roof, ``invalid`` when a
+  rate exceeds a peak (a data error: warned, never printed as fact), ``unknown`` without numbers
+  or without a known GPU.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzer import architectures, hardware
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -19,17 +45,274 @@ COLUMNS = {
     "intensity": pa.float64(),
     "bound": pa.string(),
 }
+LATENCY_NS = 10_000  # a kernel shorter than this that reaches < LATENCY_PCT of its roof
+LATENCY_PCT = 0.10
+
+_DTYPE_BYTES = {
+    "c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "long int": 8,
+    "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2, "c10::complex<float>": 8,
+}
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+            "aten::_scaled_mm", "aten::_grouped_mm", "aten::_scaled_grouped_mm"}
+ATTN_OPS = {"aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention",
+            "aten::_scaled_dot_product_efficient_attention", "aten::_flash_attention_forward",
+            "aten::_efficient_attention_forward", "aten::_cudnn_attention_forward",
+            "aten::scaled_dot_product_attention"}
+# gathers / selections whose output size depends on index tensors not recorded in Input Dims
+NO_OUTPUT_SIZE_OPS = {"aten::index", "aten::gather", "aten::nonzero", "aten::masked_select", "aten::take",
+                      "aten::index_put_", "aten::scatter", "aten::scatter_add_", "aten::index_add_"}
+# ops whose kernels move data without meaningful arithmetic: bytes = inputs + output, flops = numel
+COPY_OPS = {"aten::copy_", "aten::cat", "aten::index_select", "aten::embedding", "aten::index",
+            "aten::clone", "aten::contiguous", "aten::index_copy_", "aten::index_put_", "aten::_to_copy"}
+
+
+# --------------------------------------------------------------------------- entry point
 
 
 def run(analysis: Analysis, options: Options) -> None:
+    spec, reason = resolve_gpu(analysis, options.gpu)
+    analysis.gpu = gpu_summary(spec, reason)
+    if spec is None:
+        analysis.warnings.append(f"GPU not known to rules/hardware.toml ({reason}): times only, no bounds "
+                                 "(use --gpu NAME)")
+    model = None
+    if options.model:
+        model = architectures.load_model(options.model)
+        analysis.model = model
+    flops, nbytes, source, dtype = kernel_work(analysis.kernels, analysis.trace.host_ops, model,
+                                               world_size=max(m.world_size for m in analysis.trace.inputs))
+    cols = rates(analysis.kernels["dur_ns"].to_numpy(zero_copy_only=False), flops, nbytes, dtype, spec)
+    cols["flops_source"] = source
     k = analysis.kernels
-    n = k.num_rows
     for name, typ in COLUMNS.items():
-        if name == "flops_source":
-            arr = pa.array(["none"] * n, typ)
-        elif name == "bound":
-            arr = pa.array(["unknown"] * n, typ)
-        else:
-            arr = pa.nulls(n, typ)
-        k = k.append_column(name, arr) if name not in k.column_names else k
+        arr = pa.array(cols[name], typ, from_pandas=True)
+        k = (k.set_column(k.schema.get_field_index(name), name, arr) if name in k.column_names
+             else k.append_column(name, arr))
     analysis.kernels = k
+    invalid = np.asarray(cols["bound"]) == "invalid"
+    if invalid.any():
+        names = pd.Series(k["norm_name"].to_pylist())[invalid].value_counts()
+        top = "; ".join(f"{n[:60]} (x{c})" for n, c in names.head(3).items())
+        analysis.warnings.append(f"{int(invalid.sum())} kernels exceed a peak of {spec.name if spec else '?'} "
+                                 f"(bound=invalid, rates not trusted): {top}")
+
+
+def resolve_gpu(analysis: Analysis, override: str | None) -> tuple[hardware.GpuSpec | None, str]:
+    if override:
+        spec = hardware.find_gpu(override)
+        if spec is None:
+            from analyzer.errors import UsageError
+
+            known = ", ".join(sorted(hardware.load_hardware()))
+            raise UsageError(f"--gpu {override!r} is not in rules/hardware.toml (known: {known})")
+        return spec, f"--gpu {override}"
+    m = analysis.trace.inputs[0]
+    return hardware.detect_gpu(m.gpu_name, m.arch, m.sm_count, m.total_memory)
+
+
+def gpu_summary(spec: hardware.GpuSpec | None, reason: str) -> dict[str, Any]:
+    if spec is None:
+        return {"name": None, "arch": None, "peaks": {}, "reason": reason}
+    peaks = {f"{d}_tflops": v for d, v in spec.peaks.items()}
+    peaks["hbm_tbps"] = spec.hbm_tbps
+    return {"name": spec.name, "key": spec.key, "arch": spec.arch, "peaks": peaks,
+            "measured": dict(spec.measured), "source": spec.source, "reason": reason}
+
+
+# --------------------------------------------------------------------------- work per kernel
+
+
+def _bytes_of(dtype: str | None) -> float:
+    return float(_DTYPE_BYTES.get(dtype or "", 2))
+
+
+def _numel(shape: Sequence[int] | None) -> int:
+    return int(math.prod(shape)) if shape else 0
+
+
+def op_work(name: str, dims: list[list[int]] | None, types: list[str] | None) -> tuple[float, float, str] | None:
+    """(flops, bytes, dtype) of one host op from its recorded shapes; None when not derivable."""
+    if not dims:
+        return None
+    types = types or []
+    tensors = [(d, types[i] if i < len(types) else "") for i, d in enumerate(dims) if d]
+    if not tensors:
+        return None
+    dt = next((t for _, t in tensors if t in _DTYPE_BYTES and t not in ("long int", "int", "bool")), "c10::BFloat16")
+    b = _bytes_of(dt)
+    dtype = hardware.normalize_dtype(dt) or "bf16"
+    if name in GEMM_OPS:
+        g = _gemm(name, [d for d, _ in tensors])
+        if g is None:
+            return None
+        batch, m, k, n = g
+        flops = 2.0 * batch * m * k * n
+        nbytes = b * batch * (m * k + n * m) + _weight_bytes(name, tensors, batch, k, n, b)
+        return flops, nbytes, dtype
+    if name in ATTN_OPS:
+        if len(tensors) < 3 or len(tensors[0][0]) != 4:
+            return None
+        (bq, hq, sq, d), (_, hk, sk, _) = tensors[0][0], tensors[1][0]
+        dv = tensors[2][0][-1]
+        causal = 0.5 if sq == sk and sq > 1 else 1.0
+        flops = 2.0 * bq * hq * sq * sk * (d + dv) * causal
+        nbytes = b * (bq * hq * sq * d + 2 * bq * hk * sk * d + bq * hq * sq * dv)
+        return flops, nbytes, dtype
+    if name in NO_OUTPUT_SIZE_OPS:
+        return None  # the output size is not in the inputs' shapes
+    # memory-bound ops: inputs read once + output written once (output ~ largest input)
+    sizes = [_numel(d) * _bytes_of(t) for d, t in tensors]
+    largest = max(sizes)
+    if name in COPY_OPS and name in ("aten::index_select", "aten::embedding"):
+        # gathers read only the selected rows: output = index count x row size
+        w, idx = tensors[0][0], tensors[1][0] if len(tensors) > 1 else [1]
+        row = _numel(w[1:]) * _bytes_of(tensors[0][1])
+        return 0.0, 2.0 * _numel(idx) * row + _numel(idx) * 8, dtype
+    numel = max(_numel(d) for d, _ in tensors)
+    if name.endswith("_"):
+        # in-place / out= style (copy_, add_, fill_): the first tensor is the output, written once
+        return float(numel), float(sum(sizes)), dtype
+    return float(numel), float(sum(sizes) + largest), dtype
+
+
+def _gemm(name: str, d: list[list[int]]) -> tuple[int, int, int, int] | None:
+    """(batch, M, K, N) of a GEMM op from its input shapes."""
+    try:
+        if name in ("aten::mm", "aten::_scaled_mm") and len(d[0]) == 2 and len(d[1]) == 2:
+            return 1, d[0][0], d[0][1], d[1][1]
+        if name == "aten::addmm" and len(d) >= 3:
+            a, w = d[-2], d[-1]
+            return 1, a[0], a[1], w[1]
+        if name in ("aten::bmm",) and len(d[0]) == 3:
+            return d[0][0], d[0][1], d[0][2], d[1][2]
+        if name == "aten::baddbmm" and len(d) >= 3:
+            return d[1][0], d[1][1], d[1][2], d[2][2]
+        if name == "aten::linear" and len(d[1]) == 2:
+            m = _numel(d[0][:-1])
+            return 1, m, d[0][-1], d[1][0]
+        if name == "aten::matmul" and len(d) >= 2:
+            a, w = d[0], d[1]
+            if len(w) == 2:
+                return 1, _numel(a[:-1]), a[-1], w[-1]
+            if len(a) == len(w) and len(a) >= 3:
+                return _numel(a[:-2]), a[-2], a[-1], w[-1]
+    except (IndexError, TypeError):
+        return None
+    return None
+
+
+def _weight_bytes(name: str, tensors: list[tuple[list[int], str]], batch: int, k: int, n: int, b: float) -> float:
+    """Bytes of the B operand (the weights of a linear layer)."""
+    return b * batch * k * n
+
+
+def kernel_work(
+    kernels: pa.Table, host_ops: pa.Table, model: architectures.ModelArch | None, world_size: int = 1
+) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """Per kernel: flops, bytes (NaN when unknown), flops_source and dtype."""
+    n = kernels.num_rows
+    flops = np.full(n, np.nan)
+    nbytes = np.full(n, np.nan)
+    source = ["none"] * n
+    dtype = ["bf16"] * n
+    kdf = pd.DataFrame({
+        "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
+        "ext": kernels["launch_op_id"].to_pandas(),
+        "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False),
+        "kind": kernels["kind"].to_pandas(),
+    })
+    # 1. shapes
+    if host_ops.num_rows:
+        ops = host_ops.filter(pc.and_(pc.equal(host_ops["category"].cast(pa.string()), "cpu_op"),
+                                      pc.is_valid(host_ops["input_dims"])))
+        if ops.num_rows:
+            odf = ops.select(["trace_id", "external_id", "name", "input_dims", "input_types", "start_ns"]).to_pandas()
+            odf["name"] = odf["name"].astype(str)
+            odf = odf.sort_values("start_ns").drop_duplicates(["trace_id", "external_id"], keep="last")
+            work = {}
+            for t, e, name, d, ty in zip(odf["trace_id"], odf["external_id"], odf["name"], odf["input_dims"],
+                                         odf["input_types"], strict=True):
+                w = op_work(name, [list(x) for x in d] if d is not None else None,
+                            list(ty) if ty is not None else None)
+                if w is not None:
+                    work[(int(t), int(e))] = w
+            linked = kdf[kdf["ext"].notna() & (kdf["kind"] == "kernel")]
+            # the longest kernel of each op carries the op's numbers
+            lead = linked.sort_values("dur", ascending=False).drop_duplicates(["trace_id", "ext"])
+            for i, t, e in zip(lead.index, lead["trace_id"], lead["ext"], strict=True):
+                w = work.get((int(t), int(e)))
+                if w is not None:
+                    flops[i], nbytes[i], dtype[i] = w
+                    source[i] = "shapes"
+    # 2. model architecture for the rest
+    if model is not None:
+        _model_work(kernels, model, world_size, flops, nbytes, source)
+    return flops, nbytes, source, dtype
+
+
+def _model_work(kernels: pa.Table, model: architectures.ModelArch, tp: int, flops: np.ndarray,
+                nbytes: np.ndarray, source: list[str]) -> None:
+    if "tokens" not in kernels.column_names:
+        return
+    stage = kernels["stage"].to_pylist()
+    tokens = kernels["tokens"].to_pylist()
+    shapes = model.gemm_shapes()
+    wb = 2.0
+    for i, s in enumerate(stage):
+        if source[i] != "none" or tokens[i] is None:
+            continue
+        t = float(tokens[i])
+        if s in shapes and s != "gemm":
+            k_in, n_out = shapes[s]
+            shard = tp if s != "lm_head_gemm" or tp > 1 else 1
+            w = k_in * n_out / shard
+            flops[i] = 2.0 * t * w
+            nbytes[i] = wb * (w + t * (k_in + n_out / shard))
+            source[i] = "model"
+        elif s == "moe_expert_gemm" and model.is_moe:
+            e_in, e_out = model.hidden_size, model.expert_intermediate_size
+            routed = t * model.num_experts_per_tok
+            active = min(model.num_experts, routed)
+            w = 3 * e_in * e_out  # gate, up, down of each active expert
+            flops[i] = 2.0 * routed * w
+            nbytes[i] = wb * (active * w + routed * (e_in + e_out) * 2)
+            source[i] = "model"
+
+
+# --------------------------------------------------------------------------- rates and bounds
+
+
+def rates(dur_ns: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, dtype: list[str],
+          spec: hardware.GpuSpec | None) -> dict[str, Any]:
+    dur = np.asarray(dur_ns, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tflops = np.where(dur > 0, flops / dur / 1e3, np.nan)  # flop/ns = GFLOP/s; /1e3 -> TFLOP/s
+        tbps = np.where(dur > 0, nbytes / dur / 1e3, np.nan)  # byte/ns = GB/s; /1e3 -> TB/s
+        intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
+    n = len(dur)
+    pct = np.full(n, np.nan)
+    bound = np.array(["unknown"] * n, dtype=object)
+    if spec is not None:
+        bw = spec.hbm_tbps
+        peaks = {d: hardware.peak_tflops(spec, d) for d in set(dtype)}
+        for i in range(n):
+            if np.isnan(tbps[i]) and np.isnan(tflops[i]):
+                continue
+            peak = peaks.get(dtype[i]) or hardware.peak_tflops(spec, "bf16")
+            if (not np.isnan(tflops[i]) and peak and tflops[i] > peak) or (not np.isnan(tbps[i]) and tbps[i] > bw):
+                bound[i] = "invalid"
+                continue
+            if flops[i] > 0 and peak:
+                roof = min(peak, intensity[i] * bw) if not np.isnan(intensity[i]) else peak
+                pct[i] = tflops[i] / roof if roof > 0 else np.nan
+                ridge = peak / bw
+                kind = "compute" if intensity[i] >= ridge else "memory"
+            else:
+                pct[i] = tbps[i] / bw
+                kind = "memory"
+            bound[i] = "latency" if (dur[i] < LATENCY_NS and pct[i] < LATENCY_PCT) else kind
+    tflops = np.where(bound == "invalid", np.nan, tflops)
+    tbps = np.where(bound == "invalid", np.nan, tbps)
+    return {"flops": flops, "bytes": nbytes, "achieved_tflops": tflops, "achieved_tbps": tbps,
+            "pct_of_peak": pct, "intensity": intensity, "bound": bound.tolist()}

@@ -1,0 +1,639 @@
+"""Load and validate the kernel rule table (rules/kernels.toml) and the closed vocabularies (rules/taxonomy.toml).
+
+Contract (spec: rules/README.md):
+
+* The taxonomy defines the stages, their categories and labels, and the providers, once. Every rule and
+  every user rule file may only use those words.
+* Rules are an ordered list; the first rule whose pattern is found (``re.search``, unanchored) in the
+  normalized name or in the raw name wins. No rule matching is an explicit result, not an error: stage
+  ``other``, provider ``unknown``, rule_id ``UNCLASSIFIED``.
+* User rule files (``--rules extra.toml``) are loaded in the order given and go before the built-in table.
+* Loading validates everything and raises :class:`analyzer.errors.InputError` with one line naming the file
+  and the rule id: unknown keys, bad ids, duplicate ids, unknown stage/provider, patterns that do not
+  compile, are too long or may backtrack catastrophically (nested quantifiers, ambiguous alternation under
+  a repeat, backreferences), examples that miss their own rule and not_examples that hit it.
+
+Classification is pure: :func:`classify_names` maps unique names to their classification; callers map the
+result back onto the (much longer) kernel table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import re
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from analyzer.errors import InputError
+from analyzer.names import decode_name, group_key, normalize_name
+
+try:  # Python >= 3.11 moved the regex parser to re._parser
+    import re._constants as _sre_c
+    import re._parser as _sre_parse
+except ImportError:  # pragma: no cover - Python < 3.11
+    import sre_constants as _sre_c  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+__all__ = [
+    "MAX_PATTERN_LENGTH",
+    "Match",
+    "Rule",
+    "RuleSet",
+    "Taxonomy",
+    "category_labels",
+    "classify_names",
+    "default_rules",
+    "load_rules",
+    "load_taxonomy",
+    "redos_problem",
+]
+
+RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+KERNELS_TOML = RULES_DIR / "kernels.toml"
+TAXONOMY_TOML = RULES_DIR / "taxonomy.toml"
+
+MAX_PATTERN_LENGTH = 600
+_ID_RE = re.compile(r"^[A-Z]{3}\d{3}$")
+_RULE_KEYS = {"id", "pattern", "flags", "stage", "provider", "examples", "not_examples", "note"}
+_REQUIRED_KEYS = ("id", "pattern", "stage", "provider", "examples", "note")
+_FLAG_LETTERS = {"i": re.IGNORECASE}
+
+
+# --- data types -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Taxonomy:
+    """The closed vocabularies: stage -> category, category -> label, providers, the unclassified result."""
+
+    stage_category: dict[str, str]
+    category_labels: dict[str, str]
+    providers: tuple[str, ...]
+    unclassified_stage: str
+    unclassified_provider: str
+    unclassified_rule_id: str
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return tuple(self.stage_category)
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        return tuple(self.category_labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One row of the rule table."""
+
+    id: str
+    pattern: str
+    regex: re.Pattern[str]
+    stage: str
+    provider: str
+    examples: tuple[str, ...]
+    not_examples: tuple[str, ...]
+    note: str
+    flags: str = ""
+    source: str = ""
+    # literals of which at least one must occur in a name the pattern can match (a pure speed-up)
+    literals: tuple[str, ...] | None = None
+
+    def _found(self, text: str) -> bool:
+        if self.literals is not None and not any(lit in text for lit in self.literals):
+            return False
+        return self.regex.search(text) is not None
+
+    def hits(self, norm_name: str, raw_name: str = "") -> bool:
+        """Whether the pattern is found in the normalized name or (when it differs) the raw name."""
+        if self._found(norm_name):
+            return True
+        return bool(raw_name) and raw_name != norm_name and self._found(raw_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """The classification of one kernel name."""
+
+    stage: str
+    category: str
+    provider: str
+    rule_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleSet:
+    """An ordered, validated rule list with its taxonomy. ``match`` is total and deterministic."""
+
+    rules: tuple[Rule, ...]
+    taxonomy: Taxonomy
+    aliases: dict[str, str]
+    sha256: str
+    sources: tuple[str, ...]
+
+    def match(self, norm_name: str, raw_name: str = "") -> Match:
+        """First rule that hits ``norm_name`` (or ``raw_name``) wins; none -> the unclassified result."""
+        rule = self.first_rule(norm_name, raw_name)
+        if rule is not None:
+            return Match(rule.stage, self.taxonomy.stage_category[rule.stage], rule.provider, rule.id)
+        tx = self.taxonomy
+        return Match(
+            tx.unclassified_stage,
+            tx.stage_category[tx.unclassified_stage],
+            tx.unclassified_provider,
+            tx.unclassified_rule_id,
+        )
+
+    def first_rule(self, norm_name: str, raw_name: str = "") -> Rule | None:
+        """The first rule that hits, or None. Same result as ``Rule.hits`` in order, inlined for speed."""
+        texts = (norm_name, raw_name) if raw_name and raw_name != norm_name else (norm_name,)
+        for rule in self.rules:
+            lits = rule.literals
+            for text in texts:
+                if lits is not None:
+                    for lit in lits:
+                        if lit in text:
+                            break
+                    else:
+                        continue
+                if rule.regex.search(text) is not None:
+                    return rule
+        return None
+
+    def rule(self, rule_id: str) -> Rule | None:
+        """The rule with this id, following aliases of retired ids; None when unknown."""
+        seen: set[str] = set()
+        while rule_id in self.aliases and rule_id not in seen:
+            seen.add(rule_id)
+            rule_id = self.aliases[rule_id]
+        for r in self.rules:
+            if r.id == rule_id:
+                return r
+        return None
+
+
+# --- ReDoS guard ----------------------------------------------------------------------------------------
+
+_REPEATS = {_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT}
+if hasattr(_sre_c, "POSSESSIVE_REPEAT"):
+    _REPEATS.add(_sre_c.POSSESSIVE_REPEAT)
+_ATOMIC = getattr(_sre_c, "ATOMIC_GROUP", None)
+_ALL = None  # "any character" in first-character sets
+_SMALL_RANGE = 512
+
+
+def _items(sub: Any) -> list[tuple[Any, Any]]:
+    return list(sub.data) if hasattr(sub, "data") else list(sub)
+
+
+def _scoped_icase(op: Any, av: Any) -> bool:
+    """Whether a group turns IGNORECASE on for its content, as in ``(?i:...)``."""
+    return op is _sre_c.SUBPATTERN and bool(av[1] & re.IGNORECASE)
+
+
+def _first_chars(sub: Any, icase: bool) -> tuple[frozenset[int] | None, bool]:
+    """First-character set of a subpattern (None = any) and whether it can match the empty string."""
+    acc: set[int] = set()
+    for op, av in _items(sub):
+        if op is _sre_c.AT or op in (_sre_c.ASSERT, _sre_c.ASSERT_NOT):
+            continue
+        if op is _sre_c.LITERAL:
+            acc.add(av)
+            if icase:
+                ch = chr(av)
+                acc.update(ord(c) for c in (ch.lower(), ch.upper()) if len(c) == 1)
+            return frozenset(acc), False
+        if op is _sre_c.IN:
+            chars: set[int] = set()
+            for iop, iav in av:
+                if iop is _sre_c.LITERAL:
+                    chars.add(iav)
+                elif iop is _sre_c.RANGE and iav[1] - iav[0] <= _SMALL_RANGE:
+                    chars.update(range(iav[0], iav[1] + 1))
+                else:  # NEGATE, CATEGORY, huge ranges: be conservative
+                    return _ALL, False
+            if icase:
+                chars |= {
+                    ord(c) for ch in list(chars) for c in (chr(ch).lower(), chr(ch).upper()) if len(c) == 1
+                }
+            return frozenset(acc | chars), False
+        if op is _sre_c.SUBPATTERN or (_ATOMIC is not None and op is _ATOMIC):
+            inner = av[-1] if op is _sre_c.SUBPATTERN else av
+            f, nullable = _first_chars(inner, icase or _scoped_icase(op, av))
+            if f is _ALL:
+                return _ALL, False
+            acc |= f
+            if not nullable:
+                return frozenset(acc), False
+            continue
+        if op is _sre_c.BRANCH:
+            nullable_any = False
+            for alt in av[1]:
+                f, nullable = _first_chars(alt, icase)
+                if f is _ALL:
+                    return _ALL, False
+                acc |= f
+                nullable_any = nullable_any or nullable
+            if not nullable_any:
+                return frozenset(acc), False
+            continue
+        if op in _REPEATS:
+            lo, _hi, inner = av
+            f, nullable = _first_chars(inner, icase)
+            if f is _ALL:
+                return _ALL, False
+            acc |= f
+            if lo > 0 and not nullable:
+                return frozenset(acc), False
+            continue
+        return _ALL, False  # ANY, NOT_LITERAL, CATEGORY, GROUPREF ...
+    return frozenset(acc), True
+
+
+def _repeat_body_problem(sub: Any, icase: bool) -> str | None:
+    """Inside a repeat that can iterate: no quantifiers at all, and alternatives with disjoint first chars."""
+    for op, av in _items(sub):
+        if op in _REPEATS:
+            return "nested quantifier (a quantified item inside a repeated group)"
+        if op is _sre_c.SUBPATTERN or (_ATOMIC is not None and op is _ATOMIC):
+            inner = av[-1] if op is _sre_c.SUBPATTERN else av
+            if p := _repeat_body_problem(inner, icase or _scoped_icase(op, av)):
+                return p
+        elif op is _sre_c.BRANCH:
+            firsts = []
+            for alt in av[1]:
+                f, nullable = _first_chars(alt, icase)
+                if nullable:
+                    return "alternative that can match empty inside a repeated group"
+                firsts.append(f)
+                if p := _repeat_body_problem(alt, icase):
+                    return p
+            for i, a in enumerate(firsts):
+                for b in firsts[i + 1 :]:
+                    if a is _ALL or b is _ALL or a & b:
+                        return "overlapping alternatives inside a repeated group"
+        elif op in (_sre_c.ASSERT, _sre_c.ASSERT_NOT):
+            if p := _repeat_body_problem(av[1], icase):
+                return p
+    return None
+
+
+def _walk_problem(sub: Any, icase: bool) -> str | None:
+    for op, av in _items(sub):
+        if op in (_sre_c.GROUPREF, _sre_c.GROUPREF_EXISTS):
+            return "backreference"
+        if op in _REPEATS:
+            _lo, hi, inner = av
+            if hi > 1:
+                if p := _repeat_body_problem(inner, icase):
+                    return p
+            if p := _walk_problem(inner, icase):
+                return p
+        elif op is _sre_c.SUBPATTERN or (_ATOMIC is not None and op is _ATOMIC):
+            inner = av[-1] if op is _sre_c.SUBPATTERN else av
+            if p := _walk_problem(inner, icase or _scoped_icase(op, av)):
+                return p
+        elif op is _sre_c.BRANCH:
+            for alt in av[1]:
+                if p := _walk_problem(alt, icase):
+                    return p
+        elif op in (_sre_c.ASSERT, _sre_c.ASSERT_NOT):
+            if p := _walk_problem(av[1], icase):
+                return p
+    return None
+
+
+def redos_problem(pattern: str, flags: int = 0) -> str | None:
+    """Why ``pattern`` could backtrack catastrophically, or None when it passes the structural check.
+
+    Conservative by design: rejects any quantifier inside a group that itself repeats (``(a+)+``,
+    ``(.*)*``, ``(?:a?b)+``), alternatives under a repeat whose first characters overlap or that can match
+    empty (``(x|x)*``, ``(a|ab)+``), backreferences, and patterns longer than ``MAX_PATTERN_LENGTH``.
+    """
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        return f"pattern longer than {MAX_PATTERN_LENGTH} characters"
+    try:
+        parsed = _sre_parse.parse(pattern, flags)
+    except re.error as e:
+        return f"does not compile: {e}"
+    state_flags = getattr(getattr(parsed, "state", None), "flags", 0)
+    return _walk_problem(parsed, bool((flags | state_flags) & re.IGNORECASE))
+
+
+# --- literal prefilter -----------------------------------------------------------------------------------
+
+_MIN_LITERAL = 3
+
+
+def _necessary_literals(sub: Any) -> tuple[str, ...] | None:
+    """A set of literals of which every match of ``sub`` contains at least one, or None.
+
+    Candidates are runs of consecutive literal characters, mandatory groups, and alternations whose every
+    branch has a candidate (their union); the candidate whose shortest literal is longest wins.
+    """
+    candidates: list[tuple[str, ...]] = []
+    run: list[str] = []
+
+    def flush() -> None:
+        if run:
+            candidates.append(("".join(run),))
+            run.clear()
+
+    for op, av in _items(sub):
+        if op is _sre_c.LITERAL:
+            run.append(chr(av))
+            continue
+        flush()
+        inner: tuple[str, ...] | None = None
+        if op is _sre_c.SUBPATTERN:
+            # literals under a scoped (?i:...) may match in any case: no prefilter from them
+            inner = None if _scoped_icase(op, av) else _necessary_literals(av[-1])
+        elif op is _sre_c.BRANCH:
+            alts = [_necessary_literals(alt) for alt in av[1]]
+            if all(alts):
+                inner = tuple(dict.fromkeys(lit for alt in alts if alt for lit in alt))
+        elif op in _REPEATS and av[0] >= 1:
+            inner = _necessary_literals(av[2])
+        if inner:
+            candidates.append(inner)
+    flush()
+    best = max(candidates, key=lambda c: min(len(x) for x in c), default=None)
+    if best is None or min(len(x) for x in best) < _MIN_LITERAL:
+        return None
+    return best
+
+
+def required_literals(pattern: str, flags: int = 0) -> tuple[str, ...] | None:
+    """Literals of which a match must contain at least one (None when no useful set exists).
+
+    Used only to skip regex searches that cannot succeed, so it must never be wrong: with IGNORECASE, or
+    when some way of matching needs no literal of at least three characters, there is no prefilter.
+    """
+    try:
+        parsed = _sre_parse.parse(pattern, flags)
+    except re.error:
+        return None
+    state_flags = getattr(getattr(parsed, "state", None), "flags", 0)
+    if (flags | state_flags) & re.IGNORECASE:
+        return None
+    return _necessary_literals(parsed)
+
+
+# --- loading --------------------------------------------------------------------------------------------
+
+
+def _read_toml(path: Path) -> tuple[dict[str, Any], bytes]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read rule file: {e.strerror or e}") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8")), raw
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: invalid TOML: {' '.join(str(e).split())}") from None
+
+
+def _parse_taxonomy(doc: dict[str, Any], path: Path) -> Taxonomy:
+    def fail(msg: str) -> InputError:
+        return InputError(f"{path}: taxonomy: {msg}")
+
+    cats = doc.get("category")
+    if not isinstance(cats, list) or not cats:
+        raise fail("needs a non-empty [[category]] list")
+    stage_category: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    for c in cats:
+        if not isinstance(c, dict) or not {"id", "label", "stages"} <= c.keys():
+            raise fail("every [[category]] needs id, label and stages")
+        cid, label, stages = c["id"], c["label"], c["stages"]
+        if (
+            not isinstance(cid, str)
+            or not isinstance(label, str)
+            or not isinstance(stages, list)
+            or not stages
+        ):
+            raise fail(f"category {cid!r}: id and label must be strings, stages a non-empty list")
+        if cid in labels:
+            raise fail(f"category {cid!r} defined twice")
+        labels[cid] = label
+        for s in stages:
+            if not isinstance(s, str) or s in stage_category:
+                raise fail(f"stage {s!r} is not a string or belongs to two categories")
+            stage_category[s] = cid
+    providers = doc.get("providers")
+    if not isinstance(providers, list) or not all(isinstance(p, str) for p in providers) or not providers:
+        raise fail("providers must be a non-empty list of strings")
+    if len(set(providers)) != len(providers):
+        raise fail("providers lists a name twice")
+    unc = doc.get("unclassified")
+    if not isinstance(unc, dict) or not {"stage", "provider", "rule_id"} <= unc.keys():
+        raise fail("needs [unclassified] with stage, provider and rule_id")
+    if unc["stage"] not in stage_category or unc["provider"] not in providers:
+        raise fail("[unclassified] stage / provider must be in the vocabularies")
+    return Taxonomy(
+        stage_category=stage_category,
+        category_labels=labels,
+        providers=tuple(providers),
+        unclassified_stage=unc["stage"],
+        unclassified_provider=unc["provider"],
+        unclassified_rule_id=str(unc["rule_id"]),
+    )
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> Rule:
+    rid = entry.get("id") if isinstance(entry, dict) else None
+    label = f"rule {rid}" if isinstance(rid, str) else f"rule #{index + 1}"
+
+    def fail(msg: str) -> InputError:
+        return InputError(f"{path}: {label}: {msg}")
+
+    if not isinstance(entry, dict):
+        raise fail("must be a table")
+    unknown = sorted(set(entry) - _RULE_KEYS)
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(unknown)}")
+    missing = [k for k in _REQUIRED_KEYS if k not in entry]
+    if missing:
+        raise fail(f"missing key(s) {', '.join(missing)}")
+    if not isinstance(rid, str) or not _ID_RE.match(rid):
+        raise fail("id must be three capital letters and three digits, e.g. ATT001")
+    for key in ("pattern", "stage", "provider", "note"):
+        if not isinstance(entry[key], str) or not entry[key].strip():
+            raise fail(f"{key} must be a non-empty string")
+    if entry["stage"] not in taxonomy.stage_category:
+        raise fail(f"unknown stage {entry['stage']!r} (rules/taxonomy.toml)")
+    if entry["provider"] not in taxonomy.providers:
+        raise fail(f"unknown provider {entry['provider']!r} (rules/taxonomy.toml)")
+    if not _str_list(entry["examples"]) or not entry["examples"]:
+        raise fail("examples must be a non-empty list of kernel names")
+    not_examples = entry.get("not_examples", [])
+    if not _str_list(not_examples):
+        raise fail("not_examples must be a list of kernel names")
+    flag_text = entry.get("flags", "")
+    if not isinstance(flag_text, str) or set(flag_text) - set(_FLAG_LETTERS):
+        raise fail(f"flags may only contain {''.join(sorted(_FLAG_LETTERS))}")
+    flags = 0
+    for letter in flag_text:
+        flags |= _FLAG_LETTERS[letter]
+    pattern = entry["pattern"]
+    if problem := redos_problem(pattern, flags):
+        raise fail(f"pattern rejected: {problem}")
+    try:
+        regex = re.compile(pattern, flags)
+    except re.error as e:  # pragma: no cover - redos_problem parses first
+        raise fail(f"pattern does not compile: {e}") from None
+    rule = Rule(
+        id=rid,
+        pattern=pattern,
+        regex=regex,
+        stage=entry["stage"],
+        provider=entry["provider"],
+        examples=tuple(entry["examples"]),
+        not_examples=tuple(not_examples),
+        note=" ".join(entry["note"].split()),
+        flags=flag_text,
+        source=str(path),
+        literals=required_literals(pattern, flags),
+    )
+    for ex in rule.examples:
+        if not rule.hits(normalize_name(ex), ex):
+            raise fail(f"example does not match its own pattern: {ex[:120]!r}")
+    for ex in rule.not_examples:
+        if rule.hits(normalize_name(ex), ex):
+            raise fail(f"not_example matches the pattern: {ex[:120]!r}")
+    return rule
+
+
+def _parse_rule_file(
+    path: Path, doc: dict[str, Any], taxonomy: Taxonomy
+) -> tuple[list[Rule], dict[str, str]]:
+    allowed = {"format_version", "rule", "aliases"}
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise InputError(f"{path}: unknown top-level key(s) {', '.join(unknown)}")
+    version = doc.get("format_version", 1)
+    if version != 1:
+        raise InputError(f"{path}: unsupported format_version {version!r} (this analyzer reads 1)")
+    entries = doc.get("rule", [])
+    if not isinstance(entries, list):
+        raise InputError(f"{path}: rules must be an array of tables ([[rule]])")
+    rules = [_parse_rule(e, i, path, taxonomy) for i, e in enumerate(entries)]
+    aliases = doc.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise InputError(f"{path}: [aliases] maps retired ids to current ids (strings)")
+    for old in aliases:
+        if not _ID_RE.match(old):
+            raise InputError(f"{path}: alias {old}: retired id must look like ATT001")
+    return rules, dict(aliases)
+
+
+def load_taxonomy(path: str | Path = TAXONOMY_TOML) -> Taxonomy:
+    """Read and validate rules/taxonomy.toml."""
+    p = Path(path)
+    doc, _ = _read_toml(p)
+    if doc.get("format_version", 1) != 1:
+        raise InputError(f"{p}: unsupported format_version {doc.get('format_version')!r}")
+    return _parse_taxonomy(doc, p)
+
+
+def load_rules(
+    extra_files: Iterable[str | Path] = (),
+    *,
+    kernels_file: str | Path = KERNELS_TOML,
+    taxonomy_file: str | Path = TAXONOMY_TOML,
+) -> RuleSet:
+    """Load the built-in rule table, with ``extra_files`` (user rules) first, in the order given."""
+    tax_path = Path(taxonomy_file)
+    tax_doc, tax_bytes = _read_toml(tax_path)
+    if tax_doc.get("format_version", 1) != 1:
+        raise InputError(f"{tax_path}: unsupported format_version {tax_doc.get('format_version')!r}")
+    taxonomy = _parse_taxonomy(tax_doc, tax_path)
+    digest = hashlib.sha256()
+    digest.update(tax_bytes)
+    paths = [Path(p) for p in extra_files] + [Path(kernels_file)]
+    rules: list[Rule] = []
+    aliases: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for path in paths:
+        doc, raw = _read_toml(path)
+        digest.update(b"\0" + raw)
+        file_rules, file_aliases = _parse_rule_file(path, doc, taxonomy)
+        for r in file_rules:
+            if r.id in seen:
+                raise InputError(f"{path}: rule {r.id}: id already used in {seen[r.id]}")
+            seen[r.id] = str(path)
+        rules.extend(file_rules)
+        aliases.update(file_aliases)
+    for old, new in aliases.items():
+        if old in seen:
+            raise InputError(f"{seen[old]}: rule {old}: id is retired (listed in [aliases]); use a new id")
+        if new not in seen and new not in aliases:
+            raise InputError(f"{paths[-1]}: alias {old}: points to unknown rule {new}")
+    return RuleSet(
+        rules=tuple(rules),
+        taxonomy=taxonomy,
+        aliases=aliases,
+        sha256=digest.hexdigest(),
+        sources=tuple(str(p) for p in paths),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def default_rules() -> RuleSet:
+    """The built-in rule table (cached)."""
+    return load_rules()
+
+
+@functools.lru_cache(maxsize=1)
+def _default_taxonomy() -> Taxonomy:
+    return load_taxonomy()
+
+
+def category_labels() -> dict[str, str]:
+    """Category id -> display label, in display order."""
+    return dict(_default_taxonomy().category_labels)
+
+
+# --- classification -------------------------------------------------------------------------------------
+
+
+def classify_names(names: Sequence[str], ruleset: RuleSet | None = None) -> list[dict[str, Any]]:
+    """Classify each unique name once (first-seen order).
+
+    Returns one dict per unique input name with keys ``name``, ``norm_name``, ``stage``, ``category``,
+    ``provider``, ``rule_id``, ``tile_m``, ``tile_n``, ``tile_k``, ``split_k`` and ``group_key``.
+    """
+    rs = ruleset if ruleset is not None else default_rules()
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            continue
+        seen.add(name)
+        norm = normalize_name(name)
+        m = rs.match(norm, name)
+        dec = decode_name(norm)
+        out.append(
+            {
+                "name": name,
+                "norm_name": norm,
+                "stage": m.stage,
+                "category": m.category,
+                "provider": m.provider,
+                "rule_id": m.rule_id,
+                "tile_m": dec["tile_m"],
+                "tile_n": dec["tile_n"],
+                "tile_k": dec["tile_k"],
+                "split_k": dec["split_k"],
+                "group_key": group_key(norm, dec),
+            }
+        )
+    return out
