@@ -254,7 +254,7 @@ def _steps_from_annotations(
     # prefer GPU-side ranges when the engine wrote both sides
     gpu = [a for a in anns if a.side == "gpu"]
     use = gpu if gpu else anns
-    use = sorted(use, key=lambda a: a.start_ns)
+    use = merge_nested(sorted(use, key=lambda a: a.start_ns))
     for a, b in zip(use, use[1:], strict=False):
         if b.start_ns < a.end_ns:
             warnings.append(f"trace {tid}: overlapping step annotations {a.name!r} and {b.name!r}")
@@ -284,6 +284,29 @@ def _steps_from_annotations(
         hi_t = max(int(ke.max()), a.end_ns) if use is gpu else int(ke.max())
         rows.append(_step_row(tid, df, members, s, a.phase, lo_t, hi_t, a.tokens, "annotation:" + a.name[:60]))
     return rows
+
+
+def merge_nested(anns: list[StepAnnotation]) -> list[StepAnnotation]:
+    """Engines and patches often annotate one step twice (``execute_...`` around ``step[...]``):
+    annotations that mostly overlap are one step, with the outer range and whichever tokens and
+    phase are known."""
+    out: list[StepAnnotation] = []
+    for a in anns:
+        if out:
+            b = out[-1]
+            inter = min(a.end_ns, b.end_ns) - max(a.start_ns, b.start_ns)
+            shorter = max(min(a.end_ns - a.start_ns, b.end_ns - b.start_ns), 1)
+            if inter >= 0.5 * shorter:
+                phase = b.phase if b.phase != "unknown" else a.phase
+                if "unknown" not in (a.phase, b.phase) and a.phase != b.phase:
+                    phase = "mixed"
+                out[-1] = dataclasses.replace(
+                    b, start_ns=min(a.start_ns, b.start_ns), end_ns=max(a.end_ns, b.end_ns), phase=phase,
+                    tokens=b.tokens if b.tokens is not None else a.tokens,
+                    name=b.name if len(b.name) <= len(a.name) else a.name)
+                continue
+        out.append(a)
+    return out
 
 
 def _step_row(tid: int, df: pd.DataFrame, members: np.ndarray, s: int, ph: str, lo: int, hi: int,

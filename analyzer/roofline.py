@@ -159,8 +159,10 @@ def op_work(name: str, dims: list[list[int]] | None, types: list[str] | None) ->
         flops = 2.0 * bq * hq * sq * sk * (d + dv) * causal
         nbytes = b * (bq * hq * sq * d + 2 * bq * hk * sk * d + bq * hq * sq * dv)
         return flops, nbytes, dtype
-    if name in NO_OUTPUT_SIZE_OPS:
-        return None  # the output size is not in the inputs' shapes
+    if name in NO_OUTPUT_SIZE_OPS or not name.startswith("aten::"):
+        # the output size is not in the inputs' shapes; custom ops (aiter::, sgl_kernel::, vllm::)
+        # often pass whole buffers (a KV-cache pool) of which the kernel touches a slice
+        return None
     # memory-bound ops: inputs read once + output written once (output ~ largest input)
     sizes = [_numel(d) * _bytes_of(t) for d, t in tensors]
     largest = max(sizes)
