@@ -466,13 +466,6 @@ def _shift_prologue_to_next_layer(seq: np.ndarray, stage: list[str], layer: np.n
 # --------------------------------------------------------------------------- 4. roles from shapes
 
 
-@dataclasses.dataclass(frozen=True)
-class LayerDims:
-    hidden: int
-    vocab: int | None = None
-    experts: int | None = None
-
-
 def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, int] | None:
     """(K, N) of a recorded GEMM op from its input shapes; None when not a GEMM we can read."""
     if not op_name or not dims:
@@ -493,48 +486,54 @@ def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, 
     return None
 
 
-def gemm_roles_from_shapes(
-    kernels: pa.Table, host_ops: pa.Table, dims: LayerDims
-) -> list[str | None]:
-    """Role per kernel from its op's (K, N) against the layer dimensions; None if not decidable.
+def gemm_roles_from_shapes(kernels: pa.Table, host_ops: pa.Table, arch: Any, tp: int = 1) -> list[str | None]:
+    """Role per kernel from its op's (K, N) checked against the layer dimensions; None if undecidable.
 
-    Rules: N == vocab -> lm_head; K == hidden and N == experts -> moe_gate; N == hidden and
-    K != hidden -> down (K = intermediate) unless K is the attention width (o); K == hidden and
-    N < hidden -> qkv (k/v or fused GQA); K == hidden and N > hidden: fused QKV when N is below
-    2*hidden, else gate/up. The q-vs-o tie (both hidden x hidden in Llama) is broken by whether the
-    op's input is the attention output, which shapes alone cannot tell: such kernels get None.
+    ``arch`` is an :class:`analyzer.architectures.ModelArch`; with tensor parallelism each rank holds
+    1/tp of the column-parallel outputs (QKV, gate/up, LM head) and of the row-parallel inputs (O,
+    down). When two roles share a shape (Llama's q_proj and o_proj are both hidden x hidden) the
+    kernel gets None: shapes alone cannot tell them apart.
     """
-    ops = host_ops.filter(pc.equal(host_ops["category"].cast(pa.string()), "cpu_op"))
-    ops = ops.filter(pc.is_valid(ops["external_id"]))
-    df = ops.select(["trace_id", "external_id", "name", "input_dims", "start_ns"]).to_pandas()
-    df["name"] = df["name"].astype(str)
-    df = df.sort_values("start_ns").drop_duplicates(["trace_id", "external_id"], keep="last")
-    lookup = {
-        (t, e): (n, d) for t, e, n, d in zip(df["trace_id"], df["external_id"], df["name"], df["input_dims"], strict=True)
-    }
+    h = arch.hidden_size
+    q, kv = arch.q_dim // tp, arch.kv_dim // tp
+    inter = arch.intermediate_size // tp
+    shapes: dict[tuple[int, int], set[str]] = {}
+
+    def add(k_in: int, n_out: int, role: str) -> None:
+        shapes.setdefault((k_in, n_out), set()).add(role)
+
+    for n_out in {q, kv, q + 2 * kv}:
+        add(h, n_out, "qkv_gemm")
+    add(q, h, "o_gemm")
+    if arch.is_moe:
+        add(h, arch.num_experts, "moe_gate_gemm")
+        e = arch.expert_intermediate_size
+        for n_out in (e, 2 * e):
+            add(h, n_out, "moe_expert_gemm")
+        add(e, h, "moe_expert_gemm")
+    if not arch.is_moe or arch.dense_layers:
+        for n_out in (inter, 2 * inter):
+            add(h, n_out, "gate_up_gemm")
+        add(inter, h, "down_gemm")
+    for v in {arch.vocab_size, arch.vocab_size // tp}:
+        add(h, v, "lm_head_gemm")
+    names, dims = launching_ops(kernels, host_ops)
     out: list[str | None] = []
-    H = dims.hidden
-    for t, e in zip(kernels["trace_id"].to_pylist(), kernels["launch_op_id"].to_pylist(), strict=True):
-        hit = lookup.get((t, e)) if e is not None else None
-        shape = gemm_shape(hit[0], [list(x) for x in hit[1]] if hit and hit[1] is not None else None) if hit else None
-        if shape is None:
-            out.append(None)
-            continue
-        K, N = shape
-        if dims.vocab and N == dims.vocab or dims.vocab and N * 2 == dims.vocab and K == H:
-            out.append("lm_head_gemm")
-        elif dims.experts and K == H and N == dims.experts:
-            out.append("moe_gate_gemm")
-        elif K == H and N == H:
-            out.append(None)  # q_proj or o_proj
-        elif N == H:
-            out.append("down_gemm" if K > H else "o_gemm")
-        elif K == H and N < H:
-            out.append("qkv_gemm")
-        elif K == H and N < 2 * H:
-            out.append("qkv_gemm")
-        elif K == H:
-            out.append("gate_up_gemm")
-        else:
-            out.append(None)
+    for name, d in zip(names, dims, strict=True):
+        shape = gemm_shape(name, [list(x) for x in d] if d is not None else None)
+        roles = shapes.get(shape) if shape else None
+        if shape and roles is None and name in ("aten::bmm", "aten::baddbmm") and d is not None:
+            roles = _bmm_expert_roles(d, arch)
+        out.append(next(iter(roles)) if roles and len(roles) == 1 else None)
     return out
+
+
+def _bmm_expert_roles(d: Any, arch: Any) -> set[str] | None:
+    """HF eager MoE multiplies gathered expert weights [E, out, in] by tokens [E, in, n]."""
+    if not arch.is_moe or len(d) < 2 or len(d[0]) != 3:
+        return None
+    e = arch.expert_intermediate_size
+    out_f, in_f = d[0][1], d[0][2]
+    if (in_f, out_f) in {(arch.hidden_size, e), (arch.hidden_size, 2 * e), (e, arch.hidden_size)}:
+        return {"moe_expert_gemm"}
+    return None

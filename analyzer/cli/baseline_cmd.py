@@ -1,0 +1,50 @@
+"""``baseline``: save the per-step times of a run as the reference the ``gate`` compares against."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import orjson
+
+from analyzer.cli.common import make_options, run_analysis, shared_options
+from analyzer.output import output_file
+
+
+def dumps(obj: object) -> bytes:
+    """A baseline as stable, diffable JSON (sorted by construction, two-space indent)."""
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+@click.command("baseline")
+@shared_options
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Where to write the baseline JSON ('-' for stdout), e.g. fixtures/NAME/baseline.json.")
+@click.option("--top-share", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Keep the kernel groups that cover this share of each phase's time by name; the rest "
+                   "as hashes.")
+def command(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, model: str | None,
+            settings: tuple[str, ...], output: str, top_share: float) -> int:
+    """Analyse TRACE... as one run and write its baseline for `llm-kernel-map gate`.
+
+    The baseline keeps, per phase, stage (phase x stage) and top kernel group, the per-step median
+    and mean kernel time (and per token where token counts are known), the step-time distribution,
+    the inputs' sha256, the rules' sha256 and what must match for a comparison (GPU, layers seen,
+    GEMM roles, ranks, tokens and batch per step). Commit it next to the fixture trace.
+    """
+    from analyzer.baseline import build_baseline
+
+    analysis = run_analysis(traces, make_options(rules, gpu, model, settings))
+    obj = build_baseline(analysis, top_share=top_share)
+    data = dumps(obj)
+    if output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        with output_file(output, "wb") as f:
+            f.write(data)
+    parts = [f"{p} {e['steps']} step{'s' if e['steps'] != 1 else ''}" for p, e in obj["phases"].items()]
+    n_stages, n_groups = len(obj["stages"]), len(obj["groups"])
+    click.echo(f"wrote {output if output != '-' else 'baseline'}: {', '.join(parts) or 'no steps'}; "
+               f"{n_stages} stage rows, {n_groups} kernel groups", err=True)
+    return 0

@@ -1,0 +1,424 @@
+"""HTML report: one self-contained page per analysis (or per ``--compare``), assembled from the
+summary's tables and the figures of :mod:`analyzer.report.figures`.
+
+Contract: the page works offline (plotly.js embedded once unless ``cdn``), needs no eval, and treats
+every trace-derived string as untrusted: table cells go through ``html.escape``, figure text through
+``figures.ftext``, and the figures' JSON sits in a ``<script type="application/json">`` with ``<``,
+``>`` and ``&`` written as ``\\u003c`` ... so it cannot close the script.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import string
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from analyzer import __version__
+from analyzer.report import figures
+from analyzer.report.text import PHASE_ORDER, fmt_ns, fmt_pct
+
+CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
+NAME_CELL = 140
+
+PAGE = string.Template("""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="llm-kernel-map $version">
+<title>$title</title>
+<style>$style</style>
+$plotly
+</head>
+<body>
+<main>
+$body
+</main>
+<script type="application/json" id="lkm-figures">$figures</script>
+<script>$boot</script>
+</body>
+</html>
+""")
+
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d1d1f;margin:0;background:#f6f7f9}
+main{max-width:1280px;margin:0 auto;padding:16px 24px 48px}
+h1{font-size:22px;margin:8px 0 2px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+h3{font-size:15px;margin:16px 0 6px}.sub{color:#666;margin:0 0 8px}
+nav a{margin-right:12px;color:#0b63c5;text-decoration:none}
+table{border-collapse:collapse;background:#fff;margin:6px 0 12px;font-size:13px}
+th,td{border:1px solid #e1e4e8;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f0f2f5;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.name{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;word-break:break-all;max-width:640px}
+.grid{display:flex;flex-wrap:wrap;gap:16px}.fig{background:#fff;border:1px solid #e1e4e8;margin:8px 0;min-height:120px}
+.card{background:#fff;border:1px solid #e1e4e8;border-left:4px solid #999;padding:8px 12px;margin:10px 0}
+.card.critical{border-left-color:#c62828}.card.warning{border-left-color:#ef8f00}.card.info{border-left-color:#1e88e5}
+.sev{font-weight:600;text-transform:uppercase;font-size:11px;margin-right:6px}
+.kv td:first-child{color:#555;white-space:nowrap}.note{color:#555}.warn li{color:#8a5300}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
+"""
+
+BOOT = """(function () {
+  var figs = JSON.parse(document.getElementById("lkm-figures").textContent);
+  var ids = Object.keys(figs);
+  if (typeof Plotly === "undefined") {
+    ids.forEach(function (id) {
+      document.getElementById(id).textContent = "plotly.js did not load: the figures need it (open the report online or rebuild it without --cdn).";
+    });
+    return;
+  }
+  ids.forEach(function (id) {
+    Plotly.newPlot(id, figs[id].data, figs[id].layout, {responsive: true, displaylogo: false});
+  });
+})();"""
+
+
+class Markup(str):
+    """HTML built here from escaped parts: table cells pass it through unescaped."""
+
+
+def esc(value: Any) -> str:
+    """Escape for HTML text and attributes; ``None`` shows as a dash."""
+    if isinstance(value, Markup):
+        return value
+    return "-" if value is None else html.escape(str(value), quote=True)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], num: Iterable[int] = (), name: Iterable[int] = ()) -> str:
+    """A table; every cell escaped unless it is :class:`Markup`. ``num``/``name``: column classes."""
+    num, name = set(num), set(name)
+    out = ["<table><thead><tr>", *(f"<th>{esc(h)}</th>" for h in headers), "</tr></thead><tbody>"]
+    for r in rows:
+        out.append("<tr>")
+        for i, c in enumerate(r):
+            cls = ' class="num"' if i in num else ' class="name"' if i in name else ""
+            out.append(f"<td{cls}>{esc(c)}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def name_cell(name: Any, width: int = NAME_CELL) -> Markup:
+    """A long kernel name: the first ``width`` characters, the whole name folded out below."""
+    s = " ".join(str(name).split())
+    if len(s) <= width:
+        return Markup(esc(s))
+    return Markup(f"<details><summary>{esc(s[: width - 3])}...</summary>{esc(s)}</details>")
+
+
+class Page:
+    """Sections and figures of one page, in order; ``html()`` assembles them."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.parts: list[str] = []
+        self.figs: list[tuple[str, go.Figure]] = []
+        self.nav: list[tuple[str, str]] = []
+
+    def add(self, *parts: str) -> None:
+        self.parts.extend(parts)
+
+    def section(self, anchor: str, title: str) -> None:
+        self.nav.append((anchor, title))
+        self.add(f'<h2 id="{anchor}">{esc(title)}</h2>')
+
+    def figure(self, fig: go.Figure | None, missing: str = "") -> None:
+        if fig is None:
+            if missing:
+                self.add(f'<p class="note">{esc(missing)}</p>')
+            return
+        fid = f"fig-{len(self.figs) + 1}"
+        self.figs.append((fid, fig))
+        self.add(f'<div class="fig" id="{fid}"></div>')
+
+    def html(self, cdn: bool = False, subtitle: str = "") -> str:
+        nav = " ".join(f'<a href="#{a}">{esc(t)}</a>' for a, t in self.nav)
+        head = f"<h1>{esc(self.title)}</h1>" + (f'<p class="sub">{esc(subtitle)}</p>' if subtitle else "")
+        body = "\n".join([head, f"<nav>{nav}</nav>", *self.parts])
+        figs = "{" + ",".join(f'"{fid}":{figures.figure_json(f)}' for fid, f in self.figs) + "}"
+        return PAGE.substitute(version=esc(__version__), title=esc(self.title), style=STYLE, plotly=plotly_tag(cdn),
+                               body=body, figures=figs, boot=BOOT)  # fmt: skip
+
+
+def plotly_tag(cdn: bool) -> str:
+    """plotly.js: one embedded copy (default, works offline) or a link to the CDN."""
+    from plotly.offline import get_plotlyjs
+    from plotly.offline.offline import get_plotlyjs_version
+
+    if cdn:
+        return f'<script src="{esc(CDN_URL.format(version=get_plotlyjs_version()))}" charset="utf-8"></script>'
+    js = get_plotlyjs()
+    if "</script" in js.lower():  # never seen; guards the page structure if plotly.js ever contains it
+        js = js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
+    return f'<script>window.PlotlyConfig = {{MathJaxConfig: "local"}};</script>\n<script charset="utf-8">{js}</script>'
+
+
+def _ordered(phases: dict[str, Any]) -> list[str]:
+    return [p for p in PHASE_ORDER if p in phases] + sorted(p for p in phases if p not in PHASE_ORDER)
+
+
+# --------------------------------------------------------------------------- analysis page
+
+
+def render_report(analysis: Any, summary: dict[str, Any], cdn: bool = False) -> str:
+    """The whole page for one analysis, as text. ``analysis.kernels`` feeds only the timeline."""
+    page = Page("llm-kernel-map report")
+    _header(page, summary)
+    _phases(page, summary)
+    _stages(page, summary)
+    page.section("timeline", "Timeline")
+    page.add('<p class="note">The first prefill step and the first two decode steps, one row per GPU stream; '
+             "consecutive kernels of one stage are merged into one bar when a step has too many to draw "
+             f"(at most {figures.TIMELINE_MAX_BARS:,} bars).</p>")  # fmt: skip
+    page.figure(figures.timeline(analysis.kernels, summary.get("steps") or []), "No timed kernels to draw.")
+    _roofline(page, summary)
+    _top(page, summary)
+    _findings(page, summary)
+    _unclassified(page, summary)
+    _warnings(page, summary.get("warnings") or [])
+    names = ", ".join(os.path.basename(str(i["path"])) for i in summary.get("inputs", []))
+    return page.html(cdn, subtitle=f"{names} | llm-kernel-map {__version__}, summary format "
+                              f"{summary.get('format_version')}, rules {str(summary.get('rules_sha256') or '')[:12]}")
+
+
+def write_report(analysis: Any, summary: dict[str, Any], path: str | os.PathLike[str], cdn: bool = False) -> None:
+    """Write the report page to ``path`` (a half-written file is removed on error)."""
+    from analyzer.output import output_file
+
+    text = render_report(analysis, summary, cdn)
+    with output_file(path, "w") as f:
+        f.write(text)
+
+
+def _gpu_html(gpu: dict[str, Any]) -> str:
+    if not gpu.get("name"):
+        return f"<p><b>GPU:</b> unknown GPU ({esc(gpu.get('reason') or 'not detected')}): times only, no roofline.</p>"
+    peaks = gpu.get("peaks") or {}
+    shown = [(k, peaks[k]) for k in ("bf16_tflops", "fp16_tflops", "fp8_tflops", "fp32_tflops", "hbm_tbps") if k in peaks]
+    arch = f" ({esc(gpu['arch'])})" if gpu.get("arch") else ""
+    out = f"<p><b>GPU:</b> {esc(gpu['name'])}{arch}</p>"
+    if shown:
+        out += table([k for k, _ in shown], [[f"{v:g}" for _, v in shown]], num=range(len(shown)))
+    if gpu.get("reason"):
+        out += f'<p class="note">detected: {esc(gpu["reason"])}</p>'
+    if gpu.get("source"):
+        out += f'<p class="note">peaks from: {esc(gpu["source"])}</p>'
+    return out
+
+
+def _header(page: Page, s: dict[str, Any]) -> None:
+    page.section("inputs", "Inputs")
+    rows = [[i["trace_id"], Markup(f"<code>{esc(i['path'])}</code>"), i.get("format"),
+             f"{i.get('rank', 0)}/{i.get('world_size', 1)}", i.get("gpu_name"), i.get("arch"),
+             Markup(f'<code title="{esc(i.get("sha256"))}">{esc(str(i.get("sha256") or "")[:12])}</code>')]
+            for i in s.get("inputs", [])]  # fmt: skip
+    page.add(table(["trace", "path", "format", "rank/world", "GPU (trace)", "arch", "sha256"], rows, num=[0]))
+    anns = s.get("annotations") or []
+    page.add(f"<p><b>Engine annotations found:</b> {esc(', '.join(map(str, anns))) if anns else 'none (steps and phases from the kernels themselves)'}</p>")
+    page.add(_gpu_html(s.get("gpu") or {}))
+    if s.get("model"):
+        page.add(f"<p><b>Model:</b> {esc(s['model'])}</p>")
+    t = s.get("totals") or {}
+    page.add(table(["wall", "GPU busy", "GPU idle", "kernel time", "GPU activities"],
+                   [[fmt_ns(t.get("wall_ns")), fmt_ns(t.get("busy_ns")), fmt_pct(t.get("idle_fraction")),
+                     fmt_ns(t.get("kernel_ns")), f"{t.get('kernels', 0):,}"]], num=range(5)))  # fmt: skip
+    if t.get("aggregate_rows"):
+        page.add(f'<p class="note">{t["aggregate_rows"]:,} rows are totals only (no timeline): phases, steps and '
+                 "the timeline skip them.</p>")  # fmt: skip
+
+
+def _phases(page: Page, s: dict[str, Any]) -> None:
+    phases = s.get("phases") or {}
+    page.section("phases", "Phases")
+    if not phases:
+        page.add('<p class="note">No phases.</p>')
+        return
+    rows = []
+    for p in _ordered(phases):
+        ph = phases[p]
+        st, idle = ph.get("step_ns") or {}, ph.get("idle_fraction")
+        rows.append([p, ph.get("steps", 0), fmt_ns(ph.get("kernel_ns")), fmt_ns(st.get("p50")), fmt_ns(st.get("p90")),
+                     fmt_ns(st.get("p99")), "-" if ph.get("tokens") is None else f"{ph['tokens']:,}",
+                     fmt_pct(None if idle is None else 1 - idle), fmt_pct(idle)])  # fmt: skip
+    page.add(table(["phase", "steps", "kernel time", "step p50", "step p90", "step p99", "tokens", "GPU busy",
+                    "GPU idle"], rows, num=range(1, 9)))  # fmt: skip
+    page.add("<h3>Profile template per phase</h3>", '<div class="grid">')
+    for p in _ordered(phases):
+        prof = phases[p].get("profile") or []
+        rows = [[r["label"], fmt_pct(r["share"]), fmt_ns(r["time_ns"]), r.get("bound") or "-"] for r in prof]
+        page.add(f"<div><h3>{esc(p)}</h3>", table(["Category", "Time%", "time", "Bound-by"], rows, num=[1, 2]), "</div>")
+    page.add("</div>")
+
+
+def _stages(page: Page, s: dict[str, Any]) -> None:
+    page.section("stages", "Stages and providers")
+    for p in _ordered(s.get("phases") or {}):
+        page.figure(figures.stage_breakdown(s, p))
+    rows = [[r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"] for r in s.get("providers", [])]
+    page.add("<h3>Time by provider (all phases)</h3>", table(["provider", "time", "share", "count"], rows, num=[1, 2, 3]))
+
+
+def _roofline(page: Page, s: dict[str, Any]) -> None:
+    page.section("roofline", "Roofline")
+    drawn = 0
+    for p in _ordered(s.get("phases") or {}):
+        groups = [g for g in s.get("groups", []) if g["phase"] == p]
+        fig = figures.roofline(s, p)
+        if fig is not None:
+            drawn += 1
+            page.figure(fig)
+        no_flops = [g for g in groups if not g.get("flops") or not g.get("bytes")]
+        invalid = [g for g in groups if g.get("bound") == "invalid"]
+        total = sum(g["time_ns"] for g in groups) or 1
+        notes = []
+        if no_flops and fig is not None:
+            notes.append(f"{len(no_flops)} groups ({fmt_pct(sum(g['time_ns'] for g in no_flops) / total)} of {p} "
+                         "time) have no FLOP/byte count and are not drawn")  # fmt: skip
+        if invalid:
+            notes.append(f"{len(invalid)} groups are left out because their numbers exceed a peak (a data error)")
+        if notes:
+            page.add(f'<p class="note">{esc("; ".join(notes))}.</p>')
+    if not drawn:
+        page.add('<p class="note">No kernel group has FLOPs and bytes (no shapes recorded and no --model): '
+                 "nothing to place on a roofline.</p>")  # fmt: skip
+
+
+def _top(page: Page, s: dict[str, Any]) -> None:
+    page.section("top", "Top kernels")
+    rows = []
+    for n, r in enumerate(s.get("top_kernels", []), start=1):
+        rows.append([n, fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", fmt_ns(r.get("mean_ns")),
+                     r["stage"], r["provider"], "/".join(r.get("phases") or []), r.get("rule_id"), r.get("tile"),
+                     r.get("split_k"), name_cell(r["norm_name"])])  # fmt: skip
+    page.add(table(["#", "share", "time", "count", "mean", "stage", "provider", "phases", "rule", "tile", "split_k",
+                    "kernel"], rows, num=[0, 1, 2, 3, 4, 10], name=[11]))  # fmt: skip
+
+
+def _value(key: str, v: Any) -> Any:
+    if isinstance(v, dict):
+        return Markup(_kv(v))
+    if isinstance(v, list | tuple):
+        return ", ".join(map(str, v))
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, int | float) and key.endswith("_ns"):
+        return f"{fmt_ns(v)} ({v:,.0f} ns)"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return v
+
+
+def _kv(d: dict[str, Any]) -> str:
+    rows = [[k, _value(str(k), v)] for k, v in d.items()]
+    return table(["evidence", "value"], rows).replace("<table>", '<table class="kv">', 1)
+
+
+def _findings(page: Page, s: dict[str, Any]) -> None:
+    fs = s.get("findings") or []
+    page.section("findings", f"Findings ({len(fs)})")
+    if not fs:
+        page.add('<p class="note">No findings.</p>')
+    for f in fs:
+        sev = str(f.get("severity") or "info")
+        cls = sev if sev in ("critical", "warning", "info") else "info"
+        parts = [f'<div class="card {cls}"><div><span class="sev">{esc(sev)}</span><b>{esc(f.get("id"))}</b> '
+                 f"{esc(f.get('phase') or '')}: {esc(f.get('title'))}</div>"]  # fmt: skip
+        if f.get("evidence"):
+            parts.append(_kv(f["evidence"]))
+        keys = f.get("group_keys") or []
+        if keys:
+            items = "".join(f"<li><code>{esc(k)}</code></li>" for k in keys)
+            parts.append(f"<details><summary>{len(keys)} kernel groups</summary><ul>{items}</ul></details>")
+        if f.get("suggestion"):
+            parts.append(f"<p><b>Suggestion:</b> {esc(f['suggestion'])}</p>")
+        page.add("".join(parts) + "</div>")
+
+
+def _unclassified(page: Page, s: dict[str, Any]) -> None:
+    rows = s.get("unclassified") or []
+    share = sum(r["share"] for r in rows)
+    page.section("unclassified", "Unclassified kernels")
+    page.add(f"<p>{fmt_pct(share)} of kernel time in {len(rows)} kernel names matched no rule (stage other).</p>")
+    if rows:
+        page.add(table(["share", "time", "count", "kernel"],
+                       [[fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", name_cell(r["norm_name"])]
+                        for r in rows[:100]], num=[0, 1, 2], name=[3]))  # fmt: skip
+        if len(rows) > 100:
+            page.add(f'<p class="note">... {len(rows) - 100} more in the JSON summary.</p>')
+
+
+def _warnings(page: Page, warnings: list[str]) -> None:
+    page.section("warnings", f"Warnings ({len(warnings)})")
+    if warnings:
+        page.add('<ul class="warn">' + "".join(f"<li>{esc(w)}</li>" for w in warnings) + "</ul>")
+    else:
+        page.add('<p class="note">None.</p>')
+
+
+# --------------------------------------------------------------------------- compare page
+
+
+def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) -> str:
+    """The side-by-side page of ``--compare`` (ratios over the first input, A)."""
+    from analyzer.compare import compare_summaries
+
+    r = compare_summaries(summaries)
+    ins = r["inputs"]
+    keys = [i["key"] for i in ins]
+    page = Page("llm-kernel-map comparison")
+    page.section("inputs", "Inputs")
+    rows = []
+    for i in ins:
+        g = i["gpu"]
+        gpu = g.get("name") or f"unknown GPU ({g.get('reason') or 'not detected'})"
+        paths = Markup("<br>".join(f"<code>{esc(p)}</code>" for p in i["paths"]))
+        t = i["totals"]
+        rows.append([i["key"], i["label"], gpu, g.get("arch"), ", ".join(i["formats"]), paths, fmt_ns(t.get("wall_ns")),
+                     fmt_ns(t.get("busy_ns")), fmt_pct(t.get("idle_fraction")), fmt_ns(t.get("kernel_ns")),
+                     f"{t.get('kernels', 0):,}"])  # fmt: skip
+    page.add(table(["", "label", "GPU", "arch", "format", "paths", "wall", "GPU busy", "idle", "kernel time",
+                    "kernels"], rows, num=range(6, 11)))  # fmt: skip
+    ratio_heads = [f"{k}/{keys[0]}" for k in keys[1:]]
+
+    def ratios(values: list[float | None]) -> list[str]:
+        return ["-" if v is None else f"{v:.2f}x" for v in values[1:]]
+
+    page.section("phases", "Phases")
+    rows = []
+    for p in r["phases"]:
+        rows.append([p["phase"], "kernel time", *map(fmt_ns, p["kernel_ns"]), *ratios(p["kernel_ratio"])])
+        if any(p["steps"]):
+            rows.append([p["phase"], "step p50", *[fmt_ns(v) if n else "-" for v, n in zip(p["step_p50_ns"], p["steps"], strict=True)],
+                         *ratios(p["step_p50_ratio"])])  # fmt: skip
+        rows.append([p["phase"], "steps", *p["steps"], *["" for _ in ratio_heads]])
+    page.add(table(["phase", "metric", *keys, *ratio_heads], rows, num=range(2, 2 + 2 * len(keys))))
+    for p in r["phases"]:
+        ph = p["phase"]
+        page.section(f"phase-{ph}", f"{ph}: categories and stages")
+        page.figure(figures.compare_categories(r, ph))
+        cats = [c for c in r["categories"] if c["phase"] == ph]
+        page.add(table(["Category", *[f"{k} time" for k in keys], *[f"{k} share" for k in keys], *ratio_heads],
+                       [[c["label"], *map(fmt_ns, c["time_ns"]), *map(fmt_pct, c["share"]), *ratios(c["ratio"])]
+                        for c in cats], num=range(1, 1 + 3 * len(keys))))  # fmt: skip
+        stages = [c for c in r["stages"] if c["phase"] == ph]
+        page.add(table(["stage", *[f"{k} time" for k in keys], *[f"{k} providers" for k in keys], *ratio_heads],
+                       [[c["stage"], *map(fmt_ns, c["time_ns"]), *["+".join(pr) or "-" for pr in c["providers"]],
+                         *ratios(c["ratio"])] for c in stages],
+                       num=[*range(1, 1 + len(keys)), *range(1 + 2 * len(keys), 1 + 3 * len(keys))]))  # fmt: skip
+    warnings = [f"{i['key']}: {w}" for i, s in zip(ins, summaries, strict=True) for w in s.get("warnings") or []]
+    _warnings(page, warnings)
+    return page.html(cdn, subtitle=f"{len(ins)} inputs analysed separately; ratios over input {keys[0]} | "
+                              f"llm-kernel-map {__version__}")  # fmt: skip
+
+
+def write_compare_report(summaries: list[dict[str, Any]], path: str | os.PathLike[str], cdn: bool = False) -> None:
+    """Write the side-by-side page of ``summaries`` to ``path``."""
+    from analyzer.output import output_file
+
+    text = render_compare_report(summaries, cdn)
+    with output_file(path, "w") as f:
+        f.write(text)

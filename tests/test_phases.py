@@ -1,0 +1,142 @@
+"""Phases: the analyser's own prefill/decode split against ground-truth labels, and annotations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from analyzer import phases
+from analyzer.model import ANNOTATION_SCHEMA, table_from_columns
+from analyzer.pipeline import analyze_trace, load_inputs
+from tests import gt
+from tests.conftest import H200_TRACES, shared
+
+
+@pytest.mark.parametrize("path", H200_TRACES, ids=lambda p: p.parent.name + "/" + p.name)
+def test_split_matches_ground_truth(path) -> None:
+    # GIVEN an H200 trace with its gt_phase labels removed before analysis
+    trace, labels = gt.strip_labels(load_inputs([str(path)]))
+    assert labels.num_rows > 0
+    a = analyze_trace(trace)
+    k = a.kernels
+    want, want_step = gt.labelled_phases(k, labels)
+    got = np.array(k["phase"].to_pylist(), dtype=object)
+    dur = k["dur_ns"].to_numpy()
+    labelled = want != None  # noqa: E711 - object array
+    # THEN >= 99.5% of labelled kernel time has the labelled phase
+    match = dur[labelled & (got == want)].sum() / dur[labelled].sum()
+    assert match >= 0.995, match
+    # and every labelled step boundary has an analyser step boundary within one kernel
+    order = np.argsort(k["start_ns"].to_numpy(), kind="stable")
+    ws, gs = want_step[order], k["step"].to_numpy(zero_copy_only=False)[order]
+    want_b = [i for i in np.flatnonzero(np.diff(ws) != 0) + 1 if ws[i] >= 0]
+    got_b = set((np.flatnonzero(np.diff(gs) != 0) + 1).tolist())
+    tol = 2 if "tp2" in str(path) else 1  # see test_tp2_boundaries_off_by_at_most_two_kernels
+    missed = [b for b in want_b if not (set(range(b - tol, b + tol + 1)) & got_b)]
+    assert not missed, missed
+    # one analyser step per labelled forward
+    assert a.steps["step"].nunique() == labels.num_rows
+
+
+def test_tp2_boundaries_off_by_at_most_two_kernels() -> None:
+    # The TP engine fills two static input buffers (eager) right before replaying the decode graph;
+    # nothing on the GPU tells them from the previous step's bookkeeping, so the boundary lands
+    # on the graph launch, two kernels after the labelled one. Pin that down.
+    trace, labels = gt.strip_labels(load_inputs([str(H200_TRACES[2])]))
+    a = analyze_trace(trace)
+    k = a.kernels
+    _, want_step = gt.labelled_phases(k, labels)
+    order = np.argsort(k["start_ns"].to_numpy(), kind="stable")
+    ws, gs = want_step[order], k["step"].to_numpy(zero_copy_only=False)[order]
+    want_b = [i for i in np.flatnonzero(np.diff(ws) != 0) + 1 if ws[i] >= 0]
+    got_b = np.flatnonzero(np.diff(gs) != 0) + 1
+    assert all(np.min(np.abs(got_b - b)) <= 2 for b in want_b)
+
+
+def test_phase_summary_numbers() -> None:
+    from analyzer.summary import build_summary
+
+    trace, _ = gt.strip_labels(load_inputs([str(H200_TRACES[0])]))
+    s = build_summary(analyze_trace(trace))
+    pre, dec = s["phases"]["prefill"], s["phases"]["decode"]
+    assert (pre["steps"], dec["steps"]) == (1, 23)
+    assert pre["tokens"] == 4 * 512 and dec["tokens"] == 23 * 4
+    # decode step p50 is the inter-token latency: recompute from the steps list
+    d = sorted(x["dur_ns"] for x in s["steps"] if x["phase"] == "decode")
+    assert dec["step_ns"]["p50"] == int(np.percentile(d, 50))
+    shares = sum(r["share"] for r in dec["profile"])
+    assert shares == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "name,expect",
+    [
+        ("step[EXTEND bs=15 toks=15360]", ("sglang", "prefill", 15360)),
+        ("step[DECODE bs=32]", ("sglang", "decode", 32)),
+        ("step[MIXED bs=8 toks=300]", ("sglang", "mixed", 300)),
+        ("execute_15360_context_15(sq15360sk15360sqsq15360sqsk15360)_generation_0(sq0sk0sqsq0sqsk0)",
+         ("vllm-detailed", "prefill", 15360)),
+        ("execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk7000sqsq1sqsk7000)", ("vllm-detailed", "decode", 32)),
+        ("execute_40_context_1(sq8sk8)_generation_32(sq32sk900)", ("vllm-detailed", "mixed", 40)),
+        ("execute_new_4_cached_0", ("vllm", "prefill", None)),
+        ("execute_new_0_cached_16", ("vllm", "decode", None)),
+        ("execute_new_2_cached_6", ("vllm", "mixed", None)),
+        ("prefill[bs=4]", ("atom", "prefill", None)),
+        ("decode[bs=64]", ("atom", "decode", None)),
+        ("lkm::step phase=prefill q=512 bs=4 kv=512", ("lkm", "prefill", 2048)),
+        ("lkm::step phase=decode q=1 bs=4 kv=513", ("lkm", "decode", 4)),
+        ("decode_step", ("range", "decode", None)),
+        ("capture_32_DECODE", ("graph-capture", None, None)),
+    ],
+)
+def test_engine_annotations(name: str, expect: tuple) -> None:
+    assert phases.parse_annotation(name) == expect
+
+
+@pytest.mark.parametrize("name", ["ProfilerStep#3", "aten::mm", "gt_phase::prefill::q512", "nccl:all_reduce",
+                                  "my_decoder_block"])
+def test_not_step_annotations(name: str) -> None:
+    assert phases.parse_annotation(name) is None
+
+
+def test_sglang_annotated_steps_are_used_exactly() -> None:
+    paths = [shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz"),
+             shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_decode.json.gz")]
+    a = analyze_trace(load_inputs([str(p) for p in paths]))
+    k = a.kernels.to_pandas()
+    assert set(a.annotations_found) >= {"sglang"}
+    # every kernel launched inside the annotated step gets its phase: 100% consistent
+    assert set(k.loc[k["trace_id"] == 0, "phase"]) == {"prefill"}
+    assert set(k.loc[k["trace_id"] == 1, "phase"]) == {"decode"}
+    st = a.steps
+    assert list(st["tokens"]) == [15360, 32]
+
+
+def _ann(rows: list[tuple[str, int, int, str]]) -> pa.Table:
+    return table_from_columns({
+        "trace_id": [0] * len(rows), "rank": [0] * len(rows), "name": [r[0] for r in rows],
+        "start_ns": [r[1] for r in rows], "end_ns": [r[2] for r in rows], "side": [r[3] for r in rows]},
+        ANNOTATION_SCHEMA)
+
+
+def test_bad_annotations_warn_and_never_drop_kernels() -> None:
+    trace, _ = gt.strip_labels(load_inputs([str(H200_TRACES[1])]))
+    k = trace.kernels
+    t0 = int(k["start_ns"][0].as_py())
+    t1 = int(k["start_ns"][k.num_rows // 2].as_py())
+    anns = _ann([("step[EXTEND bs=8 toks=2048]", t0, t1, "gpu"),
+                 ("step[DECODE bs=8]", t1 - 1000, t1 + 10**7, "gpu"),   # overlaps the first
+                 ("step[DECODE bs=8]", t0 - 10**9, t0 - 10**8, "gpu")])  # holds no kernel
+    a = analyze_trace(dataclasses.replace(trace, annotations=anns))
+    text = " ".join(a.warnings)
+    assert "overlapping" in text and "holds no kernel" in text and "outside every step" in text
+    assert a.kernels.num_rows == trace.kernels.num_rows
+    assert set(a.kernels["phase"].to_pylist()) >= {"prefill", "unknown"}
+
+
+def test_capture_only_trace_warns() -> None:
+    a = analyze_trace(load_inputs([str(shared("mi300x-sglang-qwen3-8b/bs_32_rank0.json.gz"))]))
+    assert any("graph-capture" in w for w in a.warnings)
