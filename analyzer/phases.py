@@ -377,6 +377,11 @@ def _steps_from_structure(
     if any(lab is None for lab in labels):
         sig = _label_from_signature(segments, df)
         labels = [lab if lab is not None else sig[i] for i, lab in enumerate(labels)]
+    # graph-replayed decode steps record no shapes: with static batching each sequence of the
+    # prefill batch adds one token per decode step
+    batch = _prefill_batch(segments, df, q_lens)
+    if batch:
+        toks = [t if t is not None or lab != "decode" else batch for t, lab in zip(toks, labels, strict=True)]
     rows = []
     k_start = df["start"].to_numpy(np.int64)
     for s, seg in enumerate(segments):
@@ -442,6 +447,22 @@ def _query_lengths(kernels: pa.Table, host_ops: pa.Table) -> dict[tuple[int, int
         b, _, q, _ = d[0]
         out[(t, e)] = (b, q)
     return out
+
+
+def _prefill_batch(segments: list[np.ndarray], df: pd.DataFrame,
+                   q_lens: dict[tuple[int, int], tuple[int, int]]) -> int | None:
+    """Batch size of the run's prefill (attention op shapes), when all shape-labelled steps agree."""
+    batches = set()
+    for seg in segments:
+        sub = df.loc[seg]
+        att = sub[np.isin(sub["stage"].to_numpy().astype(str), ATTENTION)]
+        for t, e in zip(att["trace_id"].tolist(), att["ext"].tolist(), strict=True):
+            if e is None or (isinstance(e, float) and np.isnan(e)):
+                continue
+            hit = q_lens.get((int(t), int(e)))
+            if hit and hit[1] > 1:
+                batches.add(hit[0])
+    return batches.pop() if len(batches) == 1 else None
 
 
 def _label_from_shapes(seg: np.ndarray, df: pd.DataFrame, q_lens: dict[tuple[int, int], tuple[int, int]]

@@ -73,7 +73,9 @@ def totals(df: pd.DataFrame) -> dict[str, Any]:
     """Wall (span of GPU activity), busy (union of activity) and idle share per device, summed."""
     timed = _timed(df)
     wall = busy = span_sum = 0
+    devices = 0
     for _, g in timed.groupby(["trace_id", "device"], sort=True):
+        devices += 1
         s = g["start_ns"].to_numpy(np.int64)
         e = s + g["dur_ns"].to_numpy(np.int64)
         sp = timeline.span_ns(s, e)
@@ -86,6 +88,7 @@ def totals(df: pd.DataFrame) -> dict[str, Any]:
         "busy_ns": int(busy),
         "idle_fraction": float(1 - busy / span_sum) if span_sum else 0.0,
         "kernels": int(df["count"].sum()),
+        "devices": devices,
         "aggregate_rows": int(df["aggregate"].sum()) if "aggregate" in df else 0,
     }
 

@@ -233,7 +233,8 @@ class HFCausalLM(CausalLM):
         if self._keep_kw:
             kwargs[self._keep_kw] = 1  # the LM head over the last position only, as generate() does
         out = self.model(**kwargs)
-        self._cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+        keys = out.keys()
+        self._cache = out["cache"] if "cache" in keys else out["past_key_values"] if "past_key_values" in keys else None
         return out.logits[:, -1, :]
 
 

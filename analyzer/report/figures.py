@@ -225,7 +225,7 @@ def timeline(kernels: pa.Table, steps: Sequence[dict[str, Any]], max_bars: int =
             titles.append(ftext(f"{st['phase']} step {st['step']} (trace {st['trace_id']}): "
                                 f"{fmt_ns(st['dur_ns'])}, {len(df):,} kernels"))  # fmt: skip
     heights = [max(1, df["lane"].nunique()) + 1 for _, df in frames]
-    fig = make_subplots(rows=len(frames), cols=1, subplot_titles=titles, vertical_spacing=0.08 if len(frames) > 1 else 0,
+    fig = make_subplots(rows=len(frames), cols=1, subplot_titles=titles, vertical_spacing=0.12 if len(frames) > 1 else 0,
                         row_heights=heights)  # fmt: skip
     seen: set[str] = set()
     for row, (st, df) in enumerate(frames, start=1):
@@ -249,7 +249,8 @@ def timeline(kernels: pa.Table, steps: Sequence[dict[str, Any]], max_bars: int =
                 col=1,
             )
             seen.add(str(stage))
-        fig.update_xaxes(title_text="us from step start", gridcolor="#e5e5e5", row=row, col=1)
+        last = row == len(frames)
+        fig.update_xaxes(title_text="us from step start" if last else None, gridcolor="#e5e5e5", row=row, col=1)
         fig.update_yaxes(autorange="reversed", row=row, col=1)
     fig.update_layout(base_layout(ftext("timeline: a few steps per stream, coloured by stage"),
                                   height=min(1600, 160 + 90 * len(frames) + 26 * sum(heights)),
@@ -318,9 +319,9 @@ def roofline(summary: dict[str, Any], phase: str) -> go.Figure | None:
     fig.update_layout(
         base_layout(ftext(f"{phase}: roofline of kernel groups{note}"), height=460),
         xaxis={"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}, "gridcolor": "#e5e5e5",
-               "range": [math.log10(lo), math.log10(hi)]},
+               "range": [math.log10(lo), math.log10(hi)], "exponentformat": "power"},
         yaxis={"type": "log", "title": {"text": "achieved TFLOP/s"}, "gridcolor": "#e5e5e5",
-               "range": [math.log10(ymin), math.log10(ymax)]},
+               "range": [math.log10(ymin), math.log10(ymax)], "exponentformat": "power"},
     )  # fmt: skip
     return fig
 

@@ -65,16 +65,20 @@ def fmt_change(row: dict[str, Any]) -> str:
 
 
 def short(name: str | None, width: int = NAME_WIDTH) -> str:
+    """One line, at most ``width`` characters; the middle goes (tile and split-K sit at the end)."""
     name = " ".join(str(name or "").split())
-    return name if len(name) <= width else name[: width - 3] + "..."
+    if len(name) <= width:
+        return name
+    tail = min(30, width // 3)
+    return name[: width - tail - 3] + "..." + name[-tail:]
 
 
-def _subject(row: dict[str, Any]) -> str:
+def _subject(row: dict[str, Any], width: int = 70) -> str:
     if row["level"] == "phase":
         return f"{row['phase']} (all kernels)"
     if row["level"] == "stage":
         return f"{row['phase']}.{row['stage']}"
-    return f"{row['phase']}.{row['stage']}: {short(row['group_key'], 70)}"
+    return f"{row['phase']}.{row['stage']}: {short(row['group_key'], width)}"
 
 
 def headline(result: dict[str, Any]) -> str:
@@ -83,18 +87,32 @@ def headline(result: dict[str, Any]) -> str:
     rule = f"threshold {t['threshold']:.0%}, floor {fmt_ns(t['min_delta_ns'])}/step"
     if result["status"] == "pass":
         extra = f"; {c['improvement']} faster" if c["improvement"] else ""
-        return f"PASS: no stage slower ({rule}{extra})"
-    n = result["failures"]
-    return f"FAIL: {n} regression{'s' if n != 1 else ''} ({rule})"
+        return f"PASS: nothing slower ({rule}{extra})"
+    failed = result["failed"]
+    named = [f for f in failed if f["level"] != "kernel"] or failed
+    parts = [f"{short(f['id'], 60)} {_change_of(f)}" for f in named[:3]]
+    more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+    return f"FAIL: slower: {', '.join(parts)}{more} ({rule})"
+
+
+def _change_of(f: dict[str, Any]) -> str:
+    if f.get("change") is None:
+        return f"({f['status']}, +{fmt_ns(f['delta_ns'])})"
+    return f"({f['change']:+.1%})"
 
 
 def _shown(result: dict[str, Any], status: str) -> list[dict[str, Any]]:
-    """Gated rows of one status worth a line (new/vanished: above the floor)."""
+    """Gated rows of one status worth a line (new/vanished: above the floor).
+
+    A kernel group is folded into its stage's line (as a kernel responsible) when that stage is
+    listed with the same status.
+    """
     floor = result["thresholds"]["min_delta_ns"]
     rows = [r for r in result["rows"] if r["gated"] and r["status"] == status]
     if status in ("new", "vanished"):
         rows = [r for r in rows if abs(r["delta_ns"] or 0) > floor]
-    return rows
+    stages = {(r["phase"], r["stage"]) for r in rows if r["level"] == "stage"}
+    return [r for r in rows if r["level"] != "kernel" or (r["phase"], r["stage"]) not in stages]
 
 
 def _inputs(side: dict[str, Any]) -> str:
@@ -126,7 +144,7 @@ def render_text(result: dict[str, Any], out: TextIO) -> None:
                       f"{fmt_change(r)}  [threshold {r['threshold']:.0%}"
                       f"{' from ' + r['threshold_from'] if r['threshold_from'] else ''}]\n")
             for k in r.get("kernels") or []:
-                out.write(f"         {fmt_change(k):>22}  {short(k['group_key'])}\n")
+                out.write(f"         {fmt_change(k):>22}  {short(k['group_key'], 110)}\n")
     if result["notes"]:
         out.write("\nNotes\n")
         for n in result["notes"]:
@@ -168,10 +186,10 @@ def render_markdown(result: dict[str, Any], out: TextIO) -> None:
         out.write("|---|---|---:|---:|---:|---:|---|\n")
         for r in rows:
             mark = "❌" if r["fails"] else ""
-            what = _md(f"{r['phase']}.{r['stage']}" if r["stage"] else f"{r['phase']} (all kernels)")
+            what = _md_code(f"{r['phase']}.{r['stage']}") if r["stage"] else f"{r['phase']} (all kernels)"
             if r["level"] == "kernel":
-                what = f"{what}: {_md_code(short(r['group_key']))}"
-            kernels = "<br>".join(f"{_md_code(short(k['group_key'], 70))} {_md(fmt_change(k))}"
+                what = f"{what} kernel {_md_code(short(r['group_key'], 110))}"
+            kernels = "<br>".join(f"{_md_code(short(k['group_key'], 110))} {_md(fmt_change(k))}"
                                   for k in r.get("kernels") or [])
             out.write(f"| {mark} | {what} | {fmt_ns(r['baseline_ns'])} | {fmt_ns(r['candidate_ns'])} | "
                       f"{_md(fmt_change(r))} | {r['threshold']:.0%} | {kernels} |\n")
@@ -202,11 +220,15 @@ def render_junit(result: dict[str, Any], out: TextIO) -> None:
     root = ET.Element("testsuites", name="llm-kernel-map gate")
     total = failures = skipped = 0
     for p in result["phases"]:
-        rows = [r for r in result["rows"] if r["phase"] == p["phase"] and (r["level"] != "kernel" or r["fails"])]
         suite = ET.SubElement(root, "testsuite", name=_x(f"gate.{p['phase']}"))
         n_fail = n_skip = 0
+        if not p["gated"]:
+            rows = [r for r in result["rows"] if r["phase"] == p["phase"] and r["level"] == "phase"]
+        else:
+            rows = [r for r in result["rows"]
+                    if r["phase"] == p["phase"] and (r["level"] != "kernel" or r["fails"])]
         for r in rows:
-            name = r["id"] if r["level"] != "kernel" else f"{r['phase']}.{r['stage']}/{r['group_key']}"
+            name = r["id"]
             case = ET.SubElement(suite, "testcase", classname=_x(f"gate.{p['phase']}"), name=_x(name), time="0")
             if not r["gated"]:
                 ET.SubElement(case, "skipped", message=_x(p["reason"] or "not gated"))

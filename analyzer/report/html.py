@@ -241,8 +241,8 @@ def _phases(page: Page, s: dict[str, Any]) -> None:
     for p in _ordered(phases):
         ph = phases[p]
         st, idle = ph.get("step_ns") or {}, ph.get("idle_fraction")
-        rows.append([p, ph.get("steps", 0), fmt_ns(ph.get("kernel_ns")), fmt_ns(st.get("p50")), fmt_ns(st.get("p90")),
-                     fmt_ns(st.get("p99")), "-" if ph.get("tokens") is None else f"{ph['tokens']:,}",
+        rows.append([p, ph.get("steps", 0), fmt_ns(ph.get("kernel_ns")),
+                     *[fmt_ns(st.get(q)) if ph.get("steps") else "-" for q in ("p50", "p90", "p99")], "-" if ph.get("tokens") is None else f"{ph['tokens']:,}",
                      fmt_pct(None if idle is None else 1 - idle), fmt_pct(idle)])  # fmt: skip
     page.add(table(["phase", "steps", "kernel time", "step p50", "step p90", "step p99", "tokens", "GPU busy",
                     "GPU idle"], rows, num=range(1, 9)))  # fmt: skip
@@ -299,10 +299,14 @@ def _top(page: Page, s: dict[str, Any]) -> None:
 
 
 def _value(key: str, v: Any) -> Any:
+    """One evidence value for display: durations also in human units, floats to 4 digits."""
     if isinstance(v, dict):
-        return Markup(_kv(v))
+        if v and all(isinstance(x, dict) for x in v.values()):
+            cols = list(dict.fromkeys(k for x in v.values() for k in x))
+            return Markup(table([key, *cols], [[k, *(_value(c, x.get(c)) for c in cols)] for k, x in v.items()]))
+        return "; ".join(f"{k}: {_value(str(k), x)}" for k, x in v.items())
     if isinstance(v, list | tuple):
-        return ", ".join(map(str, v))
+        return ", ".join(str(_value(key, x)) for x in v)
     if isinstance(v, bool) or v is None:
         return v
     if isinstance(v, int | float) and key.endswith("_ns"):

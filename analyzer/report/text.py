@@ -65,8 +65,10 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
     if summary.get("annotations"):
         out.write(f"  step annotations: {', '.join(summary['annotations'])}\n")
     t = summary["totals"]
+    ndev = t.get("devices", 1)
+    across = f" (sum over {ndev} GPUs)" if ndev > 1 else ""
     out.write(
-        f"  wall {fmt_ns(t['wall_ns'])}, GPU busy {fmt_ns(t['busy_ns'])}, idle {fmt_pct(t['idle_fraction'])}, "
+        f"  wall {fmt_ns(t['wall_ns'])}, GPU busy {fmt_ns(t['busy_ns'])}{across}, idle {fmt_pct(t['idle_fraction'])}, "
         f"kernel time {fmt_ns(t['kernel_ns'])} in {t['kernels']:,} GPU activities\n"
     )
     if t.get("aggregate_rows"):
