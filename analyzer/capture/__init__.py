@@ -17,10 +17,17 @@ from analyzer.errors import UsageError
 TORCH_MISSING = "capture needs torch: pip install 'llm-kernel-map[capture]'"
 
 _API = {
-    "profile_steps": "profile", "step_annotation": "profile", "annotate_step": "profile",
-    "annotation_name": "profile", "describe_batch": "profile", "export_trace": "profile",
+    "profile_steps": "profile",
+    "step_annotation": "profile",
+    "annotate_step": "profile",
+    "annotation_name": "profile",
+    "describe_batch": "profile",
+    "export_trace": "profile",
     "capture_generate": "profile",
-    "build_model": "model", "greedy_generate": "model", "resolve_model": "model", "CausalLM": "model",
+    "build_model": "model",
+    "greedy_generate": "model",
+    "resolve_model": "model",
+    "CausalLM": "model",
 }
 
 

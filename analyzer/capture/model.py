@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import json
 import tomllib
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,14 @@ from analyzer.errors import UsageError
 
 BACKENDS = ("auto", "transformers", "reference")
 DTYPES = {
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
 }
 INIT_STD = 0.02  # the HF default initializer_range: keeps random activations finite over many layers
 
@@ -141,7 +147,17 @@ def build_model(
     torch.manual_seed(seed)
     if backend in ("auto", "transformers"):
         if transformers_available():
-            lm = _build_transformers(ms, dev, tdtype, required=backend == "transformers")
+            try:
+                lm = _build_transformers(ms, dev, tdtype, required=backend == "transformers")
+            except Exception as exc:  # auto: a transformers version we do not handle -> the reference
+                if backend == "transformers" or isinstance(exc, UsageError):
+                    raise
+                warnings.warn(
+                    f"transformers could not build {ms.arch.name} ({type(exc).__name__}: {exc}); "
+                    "using the reference decoder",
+                    stacklevel=2,
+                )
+                lm = None
             if lm is not None:
                 return lm
         elif backend == "transformers":
@@ -169,22 +185,41 @@ def _hf_config_dict(ms: ModelSpec) -> dict[str, Any]:
         "tie_word_embeddings": a.tie_word_embeddings,
     }
     if a.is_moe:
-        d.update(num_experts=a.num_experts, num_experts_per_tok=a.num_experts_per_tok,
-                 moe_intermediate_size=a.expert_intermediate_size, decoder_sparse_step=a.decoder_sparse_step,
-                 mlp_only_layers=list(a.mlp_only_layers), norm_topk_prob=True)
+        d.update(
+            num_experts=a.num_experts,
+            num_experts_per_tok=a.num_experts_per_tok,
+            moe_intermediate_size=a.expert_intermediate_size,
+            decoder_sparse_step=a.decoder_sparse_step,
+            mlp_only_layers=list(a.mlp_only_layers),
+            norm_topk_prob=True,
+        )
     if a.is_mla:
-        d.update(q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank, qk_nope_head_dim=a.qk_nope_head_dim,
-                 qk_rope_head_dim=a.qk_rope_head_dim, v_head_dim=a.v_head_dim)
+        d.update(
+            q_lora_rank=a.q_lora_rank,
+            kv_lora_rank=a.kv_lora_rank,
+            qk_nope_head_dim=a.qk_nope_head_dim,
+            qk_rope_head_dim=a.qk_rope_head_dim,
+            v_head_dim=a.v_head_dim,
+        )
     return d
 
 
-def _build_transformers(ms: ModelSpec, device: torch.device, dtype: torch.dtype, required: bool) -> CausalLM | None:
+def _build_transformers(
+    ms: ModelSpec, device: torch.device, dtype: torch.dtype, required: bool
+) -> CausalLM | None:
     import transformers
 
     d = _hf_config_dict(ms)
     model_type = str(d.pop("model_type", ms.arch.model_type))
-    for key in ("architectures", "auto_map", "quantization_config", "torch_dtype", "dtype", "_name_or_path",
-                "transformers_version"):
+    for key in (
+        "architectures",
+        "auto_map",
+        "quantization_config",
+        "torch_dtype",
+        "dtype",
+        "_name_or_path",
+        "transformers_version",
+    ):
         d.pop(key, None)  # remote code, quantized checkpoints and dtypes are not what we build here
     try:
         config = transformers.AutoConfig.for_model(model_type, **d)
@@ -196,10 +231,13 @@ def _build_transformers(ms: ModelSpec, device: torch.device, dtype: torch.dtype,
     try:
         with torch.device(device):
             try:
-                model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+                model = transformers.AutoModelForCausalLM.from_config(
+                    config, dtype=dtype, attn_implementation="sdpa"
+                )
             except TypeError:  # transformers < 4.56 calls it torch_dtype
-                model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype,
-                                                                      attn_implementation="sdpa")
+                model = transformers.AutoModelForCausalLM.from_config(
+                    config, torch_dtype=dtype, attn_implementation="sdpa"
+                )
     except ValueError as exc:
         if required:
             raise UsageError(f"transformers cannot build {model_type!r}: {exc}") from None
@@ -213,7 +251,9 @@ class HFCausalLM(CausalLM):
 
     backend = "transformers"
 
-    def __init__(self, arch: architectures.ModelArch, device: torch.device, dtype: torch.dtype, model: Any) -> None:
+    def __init__(
+        self, arch: architectures.ModelArch, device: torch.device, dtype: torch.dtype, model: Any
+    ) -> None:
         super().__init__(arch, device, dtype)
         self.model = model
         params = inspect.signature(model.forward).parameters
@@ -234,7 +274,9 @@ class HFCausalLM(CausalLM):
             kwargs[self._keep_kw] = 1  # the LM head over the last position only, as generate() does
         out = self.model(**kwargs)
         keys = out.keys()
-        self._cache = out["cache"] if "cache" in keys else out["past_key_values"] if "past_key_values" in keys else None
+        self._cache = (
+            out["cache"] if "cache" in keys else out["past_key_values"] if "past_key_values" in keys else None
+        )
         return out.logits[:, -1, :]
 
 
@@ -265,7 +307,11 @@ class Attention(nn.Module):
 
     def __init__(self, arch: architectures.ModelArch) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+        self.heads, self.kv_heads, self.head_dim = (
+            arch.num_attention_heads,
+            arch.num_key_value_heads,
+            arch.head_dim,
+        )
         self.qkv_proj = nn.Linear(arch.hidden_size, arch.qkv_out_features, bias=False)
         self.o_proj = nn.Linear(arch.o_in_features, arch.hidden_size, bias=False)
         self.k_cache: torch.Tensor | None = None
@@ -298,8 +344,9 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, q_dim))
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
-          groups: int) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, groups: int
+) -> torch.Tensor:
     if groups > 1:
         try:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
@@ -329,10 +376,14 @@ class MoE(nn.Module):
         super().__init__()
         self.top_k = arch.num_experts_per_tok
         self.gate = nn.Linear(arch.hidden_size, arch.num_experts, bias=False)
-        self.experts = nn.ModuleList(MLP(arch.hidden_size, arch.expert_intermediate_size)
-                                     for _ in range(arch.num_experts))
-        self.shared = (MLP(arch.hidden_size, arch.expert_intermediate_size * arch.n_shared_experts)
-                       if arch.n_shared_experts else None)
+        self.experts = nn.ModuleList(
+            MLP(arch.hidden_size, arch.expert_intermediate_size) for _ in range(arch.num_experts)
+        )
+        self.shared = (
+            MLP(arch.hidden_size, arch.expert_intermediate_size * arch.n_shared_experts)
+            if arch.n_shared_experts
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -357,7 +408,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(arch.hidden_size)
         self.self_attn = Attention(arch)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size)
-        self.mlp: nn.Module = MoE(arch) if arch.is_moe_layer(index) else MLP(arch.hidden_size, arch.intermediate_size)
+        self.mlp: nn.Module = (
+            MoE(arch) if arch.is_moe_layer(index) else MLP(arch.hidden_size, arch.intermediate_size)
+        )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, pos)
@@ -370,8 +423,10 @@ class ReferenceDecoder(nn.Module):
     def __init__(self, arch: architectures.ModelArch, rope_theta: float = 500_000.0) -> None:
         super().__init__()
         if arch.is_mla:
-            raise UsageError(f"{arch.name}: the reference decoder has no MLA attention; install transformers "
-                             "(pip install transformers) to capture it")
+            raise UsageError(
+                f"{arch.name}: the reference decoder has no MLA attention; install transformers "
+                "(pip install transformers) to capture it"
+            )
         self.arch = arch
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_hidden_layers))
@@ -403,7 +458,7 @@ class ReferenceDecoder(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         q_len = input_ids.shape[1]
         pos = self.pos
-        cos, sin = self.cos[pos:pos + q_len], self.sin[pos:pos + q_len]
+        cos, sin = self.cos[pos : pos + q_len], self.sin[pos : pos + q_len]
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, pos)
@@ -479,16 +534,36 @@ def describe(lm: CausalLM) -> dict[str, Any]:
     """Settings worth recording beside a capture (meta.json)."""
     a = lm.arch
     return {
-        "model": a.name, "model_type": a.model_type, "backend": lm.backend, "layers": a.num_hidden_layers,
-        "hidden_size": a.hidden_size, "intermediate_size": a.intermediate_size,
-        "num_attention_heads": a.num_attention_heads, "num_key_value_heads": a.num_key_value_heads,
-        "head_dim": a.head_dim, "vocab_size": a.vocab_size, "num_experts": a.num_experts,
-        "dtype": str(lm.dtype).removeprefix("torch."), "device": str(lm.device),
-        "params": param_count(lm), "params_b": round(param_count(lm) / 1e9, 3) if param_count(lm) else None,
+        "model": a.name,
+        "model_type": a.model_type,
+        "backend": lm.backend,
+        "layers": a.num_hidden_layers,
+        "hidden_size": a.hidden_size,
+        "intermediate_size": a.intermediate_size,
+        "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_key_value_heads,
+        "head_dim": a.head_dim,
+        "vocab_size": a.vocab_size,
+        "num_experts": a.num_experts,
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "device": str(lm.device),
+        "params": param_count(lm),
+        "params_b": round(param_count(lm) / 1e9, 3) if param_count(lm) else None,
     }
 
 
 __all__ = [
-    "BACKENDS", "CausalLM", "HFCausalLM", "ModelSpec", "ReferenceCausalLM", "ReferenceDecoder", "build_model",
-    "describe", "greedy_generate", "random_prompt", "resolve_model", "torch_dtype", "transformers_available",
+    "BACKENDS",
+    "CausalLM",
+    "HFCausalLM",
+    "ModelSpec",
+    "ReferenceCausalLM",
+    "ReferenceDecoder",
+    "build_model",
+    "describe",
+    "greedy_generate",
+    "random_prompt",
+    "resolve_model",
+    "torch_dtype",
+    "transformers_available",
 ]

@@ -91,7 +91,9 @@ def annotation_name(phase: str, q: int | None = None, bs: int | None = None, kv:
 
 
 @contextlib.contextmanager
-def step_annotation(phase: str, q: int | None = None, bs: int | None = None, kv: int | None = None) -> Iterator[None]:
+def step_annotation(
+    phase: str, q: int | None = None, bs: int | None = None, kv: int | None = None
+) -> Iterator[None]:
     """Mark one forward step (and its sampling) for the analyzer's phase split.
 
     Args:
@@ -104,7 +106,9 @@ def step_annotation(phase: str, q: int | None = None, bs: int | None = None, kv:
         yield
 
 
-def describe_batch(query_lens: Sequence[int], kv_lens: Sequence[int] | None = None) -> tuple[str, int, int, int | None]:
+def describe_batch(
+    query_lens: Sequence[int], kv_lens: Sequence[int] | None = None
+) -> tuple[str, int, int, int | None]:
     """(phase, q, bs, kv) of a batch from each sequence's query tokens this step and KV length.
 
     ``decode`` when every sequence runs one token, ``prefill`` when all run more, ``mixed`` when
@@ -119,7 +123,9 @@ def describe_batch(query_lens: Sequence[int], kv_lens: Sequence[int] | None = No
     return phase, max(1, round(sum(lens) / len(lens))), len(lens), kv
 
 
-def annotate_step(describe: Callable[..., tuple[str, int | None, int | None, int | None]]) -> Callable[[F], F]:
+def annotate_step(
+    describe: Callable[..., tuple[str, int | None, int | None, int | None]],
+) -> Callable[[F], F]:
     """Decorate an engine's step function: each call runs inside the step annotation that
     ``describe(*args, **kwargs)`` returns as (phase, q, bs, kv). Return None from ``describe`` to
     leave a call (a warm-up, an empty step) unannotated."""
@@ -161,12 +167,23 @@ class profile_steps(contextlib.ContextDecorator):  # noqa: N801 - reads as a fun
         profiler_kwargs: passed on to ``torch.profiler.profile``.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, cuda: bool | None = None,
-                 record_shapes: bool = True, with_stack: bool = False, **profiler_kwargs: Any) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        cuda: bool | None = None,
+        record_shapes: bool = True,
+        with_stack: bool = False,
+        **profiler_kwargs: Any,
+    ) -> None:
         self.path = Path(path) if path is not None else None
         self.cuda = cuda if cuda is not None else torch.cuda.is_available()
-        self.kwargs = {"activities": activities(self.cuda), "record_shapes": record_shapes,
-                       "with_stack": with_stack, **profiler_kwargs}
+        self.kwargs = {
+            "activities": activities(self.cuda),
+            "record_shapes": record_shapes,
+            "with_stack": with_stack,
+            **profiler_kwargs,
+        }
         self.prof: torch.profiler.profile | None = None
 
     def __enter__(self) -> torch.profiler.profile:
@@ -199,8 +216,16 @@ def export_trace(prof: torch.profiler.profile, path: str | os.PathLike[str]) -> 
     return path
 
 
-def capture_generate(lm: Any, path: str | os.PathLike[str], *, batch: int, prompt: int, new_tokens: int,
-                     warmup: bool = True, seed: int = 0) -> dict[str, Any]:
+def capture_generate(
+    lm: Any,
+    path: str | os.PathLike[str],
+    *,
+    batch: int,
+    prompt: int,
+    new_tokens: int,
+    warmup: bool = True,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Profile one greedy generate of ``lm`` (an :class:`analyzer.capture.model.CausalLM`) into ``path``.
 
     A warm-up generate of two tokens runs first (library handles, autotuning and allocator growth
@@ -223,12 +248,28 @@ def capture_generate(lm: Any, path: str | os.PathLike[str], *, batch: int, promp
     with profile_steps(path, cuda=cuda):
         greedy_generate(lm, ids, new_tokens, annotate=annotate)
     meta = describe(lm)
-    meta.update(batch=batch, prompt=prompt, new_tokens=new_tokens, seed=seed, warmup=warmup,
-                torch=torch.__version__, steps=written)
+    meta.update(
+        batch=batch,
+        prompt=prompt,
+        new_tokens=new_tokens,
+        seed=seed,
+        warmup=warmup,
+        torch=torch.__version__,
+        steps=written,
+    )
     if cuda:
         meta["gpu"] = torch.cuda.get_device_name(lm.device)
     return meta
 
 
-__all__ = ["PHASES", "activities", "annotate_step", "annotation_name", "capture_generate", "describe_batch",
-           "export_trace", "profile_steps", "step_annotation"]
+__all__ = [
+    "PHASES",
+    "activities",
+    "annotate_step",
+    "annotation_name",
+    "capture_generate",
+    "describe_batch",
+    "export_trace",
+    "profile_steps",
+    "step_annotation",
+]

@@ -12,29 +12,68 @@ from analyzer.errors import UsageError
 
 
 @click.command("capture")
-@click.option("--model", "model_spec", required=True, metavar="CONFIG_OR_NAME",
-              help="HF config.json (or its folder) or built-in name of rules/models.toml, e.g. llama-3-8b.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Trace to write (.json or .json.gz).")
+@click.option(
+    "--model",
+    "model_spec",
+    required=True,
+    metavar="CONFIG_OR_NAME",
+    help="HF config.json (or its folder) or built-in name of rules/models.toml, e.g. llama-3-8b.",
+)
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trace to write (.json or .json.gz).",
+)
 @click.option("--layers", type=int, help="Keep only the first N decoder layers (all by default).")
 @click.option("--batch", default=1, show_default=True, help="Sequences per step.")
-@click.option("--prompt", default=128, show_default=True, help="Prompt tokens per sequence (the prefill step).")
-@click.option("--new-tokens", default=8, show_default=True,
-              help="Tokens to generate: one prefill step, then N-1 decode steps.")
+@click.option(
+    "--prompt", default=128, show_default=True, help="Prompt tokens per sequence (the prefill step)."
+)
+@click.option(
+    "--new-tokens",
+    default=8,
+    show_default=True,
+    help="Tokens to generate: one prefill step, then N-1 decode steps.",
+)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), help="Default: cuda when available.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
-@click.option("--backend", type=click.Choice(["auto", "transformers", "reference"]), default="auto",
-              show_default=True,
-              help="transformers (random init, SDPA) when installed, else the built-in reference decoder.")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "transformers", "reference"]),
+    default="auto",
+    show_default=True,
+    help="transformers (random init, SDPA) when installed, else the built-in reference decoder.",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the random weights and prompt.")
-@click.option("--meta", "meta_path", type=click.Path(dir_okay=False),
-              help="Write the capture settings (model, shapes, steps, versions) as JSON here.")
+@click.option(
+    "--meta",
+    "meta_path",
+    type=click.Path(dir_okay=False),
+    help="Write the capture settings (model, shapes, steps, versions) as JSON here.",
+)
 @click.option("--analyze", "do_analyze", is_flag=True, help="Analyze the trace and print the summary.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="With --analyze: write the summary here.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), help="With --analyze: write the summary here."
+)
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the HTML report here.")
-def command(model_spec: str, output: str, layers: int | None, batch: int, prompt: int, new_tokens: int,
-            device: str | None, dtype: str, backend: str, seed: int, meta_path: str | None, do_analyze: bool,
-            json_path: str | None, report_path: str | None) -> int:
+def command(
+    model_spec: str,
+    output: str,
+    layers: int | None,
+    batch: int,
+    prompt: int,
+    new_tokens: int,
+    device: str | None,
+    dtype: str,
+    backend: str,
+    seed: int,
+    meta_path: str | None,
+    do_analyze: bool,
+    json_path: str | None,
+    report_path: str | None,
+) -> int:
     """Profile one greedy generate of a model with random weights (nothing is downloaded).
 
     Builds the model from a HF config.json or a built-in name, runs a warm-up generate, then a
@@ -61,9 +100,12 @@ def command(model_spec: str, output: str, layers: int | None, batch: int, prompt
     meta = capture_generate(lm, output, batch=batch, prompt=prompt, new_tokens=new_tokens, seed=seed)
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     size = Path(output).stat().st_size
-    click.echo(f"captured {output} ({size / 1e6:.1f} MB): {meta['model']} x{meta['layers']} layers "
-               f"({meta['backend']}, {meta['dtype']}, {device}), batch {batch}, prompt {prompt}, "
-               f"{new_tokens} new tokens = 1 prefill + {new_tokens - 1} decode steps", err=True)
+    click.echo(
+        f"captured {output} ({size / 1e6:.1f} MB): {meta['model']} x{meta['layers']} layers "
+        f"({meta['backend']}, {meta['dtype']}, {device}), batch {batch}, prompt {prompt}, "
+        f"{new_tokens} new tokens = 1 prefill + {new_tokens - 1} decode steps",
+        err=True,
+    )
     if meta_path:
         write_json(meta, meta_path)
     if do_analyze or json_path or report_path:
@@ -71,8 +113,9 @@ def command(model_spec: str, output: str, layers: int | None, batch: int, prompt
     return 0
 
 
-def _analyze(trace: str, model_spec: str, json_path: str | None, report_path: str | None,
-             print_text: bool) -> None:
+def _analyze(
+    trace: str, model_spec: str, json_path: str | None, report_path: str | None, print_text: bool
+) -> None:
     from analyzer.output import write_json
     from analyzer.pipeline import Options, analyze_paths
     from analyzer.report import text

@@ -154,15 +154,18 @@ def render_text(result: dict[str, Any], out: TextIO) -> None:
 # ------------------------------------------------------------------------------------- markdown
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def _md(text: Any) -> str:
     """A table cell: pipes escaped, markup characters neutralised, one line."""
-    s = " ".join(str(text).split())
+    s = _CONTROL.sub("?", " ".join(str(text).split()))
     s = s.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
     return re.sub(r"([*_`\[\]])", r"\\\1", s)
 
 
 def _md_code(text: str) -> str:
-    s = " ".join(str(text).split()).replace("`", "'").replace("|", "\\|")
+    s = _CONTROL.sub("?", " ".join(str(text).split())).replace("`", "'").replace("|", "\\|")
     return f"`{s}`"
 
 

@@ -1,0 +1,117 @@
+"""CLI: exit codes, one-line errors, outputs (click's CliRunner through analyzer.cli.main)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from analyzer.cli import main
+from analyzer.model import KERNEL_SCHEMA
+from tests.conftest import H200_DENSE, H200_MOE
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_analyze_prints_summary_and_writes_json(capsys, tmp_path: Path) -> None:
+    out_json = tmp_path / "s.json"
+    code, out, err = run(capsys, "analyze", str(H200_MOE), "--json", str(out_json))
+    assert code == 0
+    for text in ("NVIDIA H200", "Phases", "prefill", "decode", "Time by stage", "Time by provider", "Top kernels",
+                 "Unclassified", "Findings"):
+        assert text in out
+    s = json.loads(out_json.read_text())
+    assert s["format_version"] == 1 and s["totals"]["kernels"] == 5377
+
+
+def test_export_csv_and_parquet(capsys, tmp_path: Path) -> None:
+    csv, pqt = tmp_path / "k.csv", tmp_path / "k.parquet"
+    assert run(capsys, "export", str(H200_MOE), "-o", str(csv))[0] == 0
+    assert run(capsys, "export", str(H200_MOE), "-o", str(pqt))[0] == 0
+    t = pacsv.read_csv(csv)
+    p = pq.read_table(pqt)
+    assert t.num_rows == p.num_rows == 5377
+    for f in KERNEL_SCHEMA:
+        assert f.name in t.column_names and p.schema.field(f.name).type == f.type
+    for col in ("stage", "category", "provider", "rule_id", "tile_m", "split_k", "group_key", "layer", "phase", "step",
+                "tokens", "flops", "bytes", "flops_source", "achieved_tflops", "achieved_tbps", "pct_of_peak",
+                "intensity", "bound"):
+        assert col in t.column_names
+
+
+@pytest.mark.parametrize(
+    "make,msg",
+    [
+        (lambda d: d / "missing.json", "no such file"),
+        (lambda d: (d / "empty.json").write_bytes(b"") and d / "empty.json" or d / "empty.json", "empty file"),
+        (lambda d: (d / "x.json").write_text("not json at all") and d / "x.json", "not a recognised trace"),
+        (lambda d: (d / "y.json").write_text('{"a": [1, 2]}') and d / "y.json", "not a recognised trace"),
+        (lambda d: (d / "z.json.gz").write_bytes(H200_DENSE.read_bytes()[:5000]) and d / "z.json.gz", "gzip|truncated"),
+        (lambda d: (d / "nogpu.json").write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}]}') and d / "nogpu.json", "no GPU activity"),
+        (lambda d: (d / "sub").mkdir() or d / "sub", "holds no trace"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys, tmp_path: Path, make, msg: str) -> None:
+    import re
+
+    path = make(tmp_path)
+    code, out, err = run(capsys, "analyze", str(path))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and re.search(msg, lines[0]), err
+    assert "Traceback" not in err
+
+
+def test_usage_errors_exit_2(capsys, tmp_path: Path) -> None:
+    assert run(capsys, "analyze")[0] == 2
+    assert run(capsys, "export", str(H200_MOE), "-o", str(tmp_path / "k.xlsx"))[0] == 2
+    code, _, err = run(capsys, "analyze", str(H200_MOE), "--gpu", "no-such-gpu")
+    assert code == 2 and "rules/hardware.toml" in err
+    code, _, err = run(capsys, "analyze", str(H200_MOE), "--set", "nonsense")
+    assert code == 2
+    code, _, err = run(capsys, "analyze", str(H200_MOE), "--set", "f.x=1")
+    assert code == 2 and "unknown setting" in err
+
+
+def test_gpu_override_and_unknown_gpu(capsys) -> None:
+    code, out, _ = run(capsys, "analyze", str(H200_MOE), "--gpu", "h100-sxm")
+    assert code == 0 and "H100" in out
+
+
+def test_rules_commands(capsys, tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "rules", "list")
+    assert code == 0 and "ATT" in out
+    rid = out.split()[0]
+    code, out, _ = run(capsys, "rules", "explain", rid)
+    assert code == 0 and "pattern" in out
+    assert run(capsys, "rules", "explain", "ZZZ999")[0] == 2
+    code, out, _ = run(capsys, "rules", "classify", "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_TNT",
+                       "_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16EEEvv")
+    assert code == 0 and "cublas" in out and "aiter" in out and "tile: 64x8x64" in out and "split_k: -1" in out
+    good = tmp_path / "r.toml"
+    good.write_text("[[rule]]\nid = 'USR001'\npattern = '^my_kernel'\nstage = 'norm'\nprovider = 'vllm'\n"
+                    "examples = ['my_kernel_v2']\nnote = 'test rule'\n")
+    assert run(capsys, "rules", "check", str(good))[0] == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[rule]]\nid = 'USR002'\npattern = '(a+)+$'\nstage = 'norm'\nprovider = 'vllm'\n"
+                   "examples = ['aaa']\nnote = 'catastrophic'\n")
+    code, _, err = run(capsys, "rules", "check", str(bad))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_directory_input_is_one_run(capsys) -> None:
+    code, out, _ = run(capsys, "analyze", str(H200_DENSE.parent.parent / "h200-tp2-llama3-8b-graph"))
+    assert code == 0 and "rank 1/2" in out
+
+
+def test_version_and_help(capsys) -> None:
+    assert run(capsys, "--version")[0] == 0
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "analyze" in out

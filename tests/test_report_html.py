@@ -1,0 +1,348 @@
+"""The HTML report (analyzer/report/html.py, figures.py, cli/report_cmd.py): page structure and
+escaping without a browser, then real rendering in Debian's Chromium driven by playwright.
+
+Browser tests are marked ``browser``; they skip when /usr/bin/chromium or playwright is missing.
+Screenshots land in tests/actual/ (git-ignored) as artifacts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from analyzer.cli import cli
+from analyzer.pipeline import Options, analyze_paths
+from analyzer.report import figures, html
+from analyzer.summary import build_summary
+from tests.conftest import H200_DENSE, H200_MOE, ROOT, SHARED
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]  # fmt: skip
+ACTUAL = ROOT / "tests" / "actual"
+SGLANG = SHARED / "mi300x-sglang-qwen3-8b"
+SGLANG_PAIR = [SGLANG / "sglang_Qwen3-8B_decode.json.gz", SGLANG / "sglang_Qwen3-8B_prefilldecode.json.gz"]
+EVIL = ["<script>alert(1)</script>", "\"quotes'", "<b>bold</b>", "a<br>b", "</script><script>alert(2)</script>"]
+EVIL_GEMM_SUFFIX = "<b>bold</b><img src=x onerror=alert(3)>"
+EVIL_GPU = "NVIDIA H200 <b>bold</b>"
+EVIL_FILE = "evil<b>x<i>&amp;.json.gz"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+_CACHE: dict[tuple[str, ...], tuple[Any, dict[str, Any]]] = {}
+
+
+def analysed(paths: list[Path], gpu: str | None = None) -> tuple[Any, dict[str, Any]]:
+    key = (*map(str, paths), str(gpu))
+    if key not in _CACHE:
+        a = analyze_paths([str(p) for p in paths], Options(gpu=gpu))
+        _CACHE[key] = (a, build_summary(a))
+    return _CACHE[key]
+
+
+def figure_data(page_text: str) -> dict[str, Any]:
+    m = re.search(r'<script type="application/json" id="lkm-figures">(.*?)</script>', page_text, re.S)
+    assert m, "figure JSON block missing"
+    return json.loads(m.group(1))
+
+
+def make_evil_trace(folder: Path) -> Path:
+    """A copy of the MoE fixture whose top kernels, GPU name and file name carry HTML/JS."""
+    with gzip.open(H200_MOE, "rt") as f:
+        doc = json.load(f)
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    names = [n for n, _ in Counter(e["name"] for e in kernels).most_common()]
+    gemm = next(n for n in names if n.startswith("nvjet"))
+    rename = dict(zip(names, EVIL, strict=False))
+    rename[gemm] = gemm + EVIL_GEMM_SUFFIX  # still a GEMM by rule: reaches the roofline too
+    for e in kernels:
+        e["name"] = rename.get(e["name"], e["name"])
+    doc["deviceProperties"][0]["name"] = EVIL_GPU
+    path = folder / EVIL_FILE
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def evil_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_evil_trace(tmp_path_factory.mktemp("evil"))
+
+
+# --------------------------------------------------------------------------- page structure (no browser)
+
+
+def test_page_embeds_plotly_once_and_holds_every_section() -> None:
+    # GIVEN the dense H200 fixture analysed
+    analysis, summary = analysed([H200_DENSE])
+    # WHEN the page is rendered
+    text = html.render_report(analysis, summary)
+    # THEN plotly.js is embedded exactly once, nothing is fetched, and every section is there
+    from plotly.offline import get_plotlyjs
+
+    assert text.count(get_plotlyjs()[:300]) == 1
+    page_only = text.replace(html.plotly_tag(False), "")
+    assert "cdn.plot.ly" not in page_only and "src=" not in page_only
+    for anchor in ("inputs", "phases", "stages", "timeline", "roofline", "top", "findings", "unclassified", "warnings"):
+        assert f'id="{anchor}"' in text
+    figs = figure_data(text)
+    assert len(figs) == text.count('class="fig"') >= 5
+    assert "Engine annotations found" in text and "NVIDIA H200" in text
+    for f in summary["findings"]:
+        assert html.esc(f["title"]) in text
+
+
+def test_cdn_page_links_plotly_and_is_small() -> None:
+    analysis, summary = analysed([H200_DENSE])
+    text = html.render_report(analysis, summary, cdn=True)
+    assert re.search(r'<script src="https://cdn\.plot\.ly/plotly-[\d.]+\.min\.js"', text)
+    assert len(text.encode()) < 1_000_000
+
+
+def test_unknown_gpu_says_why(tmp_path: Path) -> None:
+    # GIVEN a summary whose GPU was not detected
+    analysis, summary = analysed([H200_DENSE])
+    s = dict(summary, gpu={"name": None, "arch": None, "peaks": {}, "reason": "no <b>match</b>"})
+    text = html.render_report(analysis, s)
+    # THEN the page says so, escaped
+    assert "unknown GPU (no &lt;b&gt;match&lt;/b&gt;)" in text
+
+
+def test_figure_json_cannot_close_the_script() -> None:
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Bar(x=[1], y=["</script><script>alert(1)</script>&"]))
+    text = figures.figure_json(fig)
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text)["data"][0]["y"] == ["</script><script>alert(1)</script>&"]
+
+
+def test_ftext_escapes_plotly_markup() -> None:
+    assert figures.ftext("a<b>&c</b>") == "a&lt;b&gt;&amp;c&lt;/b&gt;"
+
+
+def test_trace_strings_are_escaped_in_tables_and_figures(evil_trace: Path) -> None:
+    # GIVEN a trace whose kernel names, GPU name and file name hold HTML and script
+    analysis, summary = analysed([evil_trace], gpu="h200")
+    # WHEN its page is rendered
+    text = html.render_report(analysis, summary)
+    figs = figure_data(text)
+    page_only = text.replace(html.plotly_tag(False), "")
+    # THEN no trace string reaches the markup raw: four scripts (config, plotly, figures, boot), no img
+    assert text.count("<script") == 4 and page_only.count("<script") == 2
+    assert "<img" not in page_only and "alert(1)</script>" not in page_only and "<b>bold" not in page_only
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page_only  # visible as text in the tables
+    assert html.esc(EVIL_FILE) in page_only and html.esc(EVIL_GPU) in page_only
+    # and the figure text carries the names as entities, which plotly shows literally
+    hover = json.dumps([t.get("hovertext") for f in figs.values() for t in f["data"]])
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hover
+    assert "&lt;img src=x onerror=alert(3)&gt;" in hover
+    assert "<script>" not in hover and "<b>bold" not in hover
+
+
+def test_timeline_caps_the_bars_by_merging() -> None:
+    # GIVEN the dense fixture with a tiny bar budget
+    analysis, summary = analysed([H200_DENSE])
+    fig = figures.timeline(analysis.kernels, summary["steps"], max_bars=300)
+    # THEN at most the budget is drawn (per panel: budget / panels), and no kernel time is lost
+    bars = sum(len(t.x) for t in fig.data)
+    assert bars <= 300
+    full = figures.timeline(analysis.kernels, summary["steps"])
+    assert sum(len(t.x) for t in full.data) > bars
+
+
+def test_merge_bars_keeps_busy_time_and_counts() -> None:
+    import pandas as pd
+
+    df = pd.DataFrame({"lane": ["a"] * 6 + ["b"] * 2, "stage": ["x", "x", "y", "y", "y", "x", "x", "x"],
+                       "provider": ["p"] * 8, "norm_name": [f"k{i}" for i in range(8)],
+                       "start_ns": [0, 10, 20, 30, 40, 50, 0, 10], "dur_ns": [5] * 8})  # fmt: skip
+    runs = figures.merge_bars(df, cap=5)
+    assert len(runs) == 4 and runs["n"].sum() == 8 and runs["dur_ns"].sum() == 40
+    binned = figures.merge_bars(df, cap=2)
+    assert len(binned) <= 2 and binned["n"].sum() == 8
+
+
+def test_pick_steps_takes_first_prefill_and_two_decode() -> None:
+    steps = [{"trace_id": 0, "step": i, "phase": p, "start_ns": i} for i, p in enumerate(["decode", "prefill", "decode", "decode", "prefill"])]
+    assert [s["step"] for s in figures.pick_steps(steps)] == [0, 1, 2]
+    assert figures.pick_steps([]) == []
+
+
+def test_roofline_draws_the_gpu_ceilings() -> None:
+    analysis, summary = analysed([H200_DENSE])
+    fig = figures.roofline(summary, "decode")
+    peaks = summary["gpu"]["peaks"]
+    roofs = [t for t in fig.data if t.mode == "lines"]
+    bf16 = next(t for t in roofs if "bf16" in t.name)
+    assert bf16.y[-1] == peaks["bf16_tflops"]
+    assert bf16.y[0] == pytest.approx(peaks["hbm_tbps"] * bf16.x[0])
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_report_command_writes_one_page(tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "dense.html"
+    res = CliRunner().invoke(cli, ["report", str(H200_DENSE), "-o", str(out)], standalone_mode=False)
+    assert res.exit_code == 0, res.output
+    assert out.stat().st_size < 10_000_000 and out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_analyze_html_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "a.html"
+    res = CliRunner().invoke(cli, ["analyze", str(H200_DENSE), "--html", str(out)], standalone_mode=False)
+    assert res.exit_code == 0, res.output
+    assert 'id="roofline"' in out.read_text()
+
+
+def test_default_output_name() -> None:
+    from analyzer.cli.report_cmd import default_output
+
+    assert default_output(("x/rank0.json.gz",)) == str(Path("reports") / "rank0.html")
+
+
+# --------------------------------------------------------------------------- in the browser
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing (apt-get install -y chromium; `make test` does it)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Loaded:
+    """A page loaded from file:// with its console errors, page errors and dialogs recorded."""
+
+    def __init__(self, browser: Any, path: Path) -> None:
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1300, "height": 900})
+        self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        self.page.on("dialog", self._dialog)
+        self.page.goto(path.resolve().as_uri())
+        self.page.wait_for_load_state("load")
+
+    def _dialog(self, d: Any) -> None:
+        self.dialogs.append(d.message)
+        d.dismiss()
+
+    def assert_clean_and_drawn(self, screenshot: str) -> int:
+        figs = self.page.evaluate("document.querySelectorAll('div.fig').length")
+        blank = self.page.evaluate(
+            "Array.from(document.querySelectorAll('div.fig')).filter(d => !d.querySelector('svg.main-svg')"
+            " || d.querySelector('svg.main-svg').childElementCount === 0).map(d => d.id)"
+        )
+        ACTUAL.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ACTUAL / screenshot), full_page=True)
+        assert not self.errors, self.errors
+        assert not self.dialogs, self.dialogs
+        assert figs > 0 and not blank, f"figures not drawn: {blank}"
+        return figs
+
+
+def _write(tmp_path: Path, name: str, paths: list[Path], gpu: str | None = None) -> Path:
+    analysis, summary = analysed(paths, gpu)
+    out = tmp_path / name
+    html.write_report(analysis, summary, out)
+    return out
+
+
+@pytest.mark.browser
+def test_dense_report_renders_in_chromium(browser: Any, tmp_path: Path) -> None:
+    page = Loaded(browser, _write(tmp_path, "dense.html", [H200_DENSE]))
+    assert page.assert_clean_and_drawn("report-h200-dense.png") >= 5
+    assert page.page.locator("#findings").is_visible()
+
+
+@pytest.mark.browser
+def test_sglang_prefill_decode_report_renders_in_chromium(browser: Any, tmp_path: Path) -> None:
+    if not all(p.exists() for p in SGLANG_PAIR):
+        pytest.skip("public traces mi300x-sglang-qwen3-8b not available (../shared/traces is absent)")
+    page = Loaded(browser, _write(tmp_path, "sglang.html", SGLANG_PAIR))
+    page.assert_clean_and_drawn("report-mi300x-sglang.png")
+    assert "AMD Instinct MI300X" in page.page.inner_text("body")
+
+
+@pytest.mark.browser
+def test_compare_report_renders_in_chromium(browser: Any, tmp_path: Path) -> None:
+    pair = SHARED / "sglang-deepseek-llama8b-decode-mi300x-vs-b300"
+    paths = sorted(pair.glob("MI300/*.json.gz")) + sorted(pair.glob("B300/*.json.gz"))
+    if len(paths) != 2:
+        pytest.skip("public traces sglang-deepseek-llama8b-decode-mi300x-vs-b300 not available")
+    out = tmp_path / "compare.html"
+    html.write_compare_report([analysed([p])[1] for p in paths], out)
+    page = Loaded(browser, out)
+    page.assert_clean_and_drawn("compare-mi300x-vs-b300.png")
+    body = page.page.inner_text("body")
+    assert "AMD Instinct MI300X" in body and "B300" in body and "B/A" in body
+
+
+# plotly shows hover text only on hover: find a point whose hover text holds a needle, hover it
+# through plotly's own API, and read what the hover layer shows.
+FIND_POINT = """(needle) => {
+  const figs = JSON.parse(document.getElementById('lkm-figures').textContent);
+  for (const id of Object.keys(figs)) {
+    const data = figs[id].data;
+    for (let c = 0; c < data.length; c++) {
+      const h = data[c].hovertext || [];
+      for (let p = 0; p < h.length; p++) {
+        if (String(h[p]).includes(needle)) {
+          return [id, c, p, (data[c].xaxis || 'x') + (data[c].yaxis || 'y')];
+        }
+      }
+    }
+  }
+  return null;
+}"""
+HOVER = "([id, c, p, sub]) => Plotly.Fx.hover(document.getElementById(id), [{curveNumber: c, pointNumber: p}], sub)"
+READ_HOVER = """([id]) => {
+  const hl = document.getElementById(id).querySelector('.hoverlayer');
+  return {text: hl.textContent,
+          bold: Array.from(hl.querySelectorAll('tspan')).filter(t => /bold/.test(t.getAttribute('style') || '')).length,
+          links: hl.querySelectorAll('a').length};
+}"""
+
+
+@pytest.mark.browser
+def test_injected_names_stay_text_in_chromium(browser: Any, tmp_path: Path, evil_trace: Path) -> None:
+    # GIVEN the report of a trace whose kernel, GPU and file names hold HTML and script
+    page = Loaded(browser, _write(tmp_path, "evil.html", [evil_trace], gpu="h200"))
+    # THEN it renders cleanly and nothing ran: no dialog, no injected element
+    page.assert_clean_and_drawn("report-injection.png")
+    pg = page.page
+    assert pg.evaluate("document.scripts.length") == 4
+    assert pg.evaluate("document.querySelectorAll('img').length") == 0
+    assert pg.evaluate("Array.from(document.querySelectorAll('b, i')).filter(e => /bold|^x$/.test(e.textContent)).length") == 0
+    # AND the names are visible as literal text in the tables
+    body = pg.inner_text("body")
+    for name in ("<script>alert(1)</script>", "\"quotes'", "<b>bold</b>", "</script><script>alert(2)</script>",
+                 EVIL_GPU, EVIL_FILE):  # fmt: skip
+        assert name in body, name
+    # AND in figure hover text, shown literally by plotly (not bold, no link, no line break from the name)
+    for needle, shown in (("alert(1)", "<script>alert(1)</script>"), ("&lt;b&gt;bold&lt;/b&gt;", "<b>bold</b>"),
+                          ("a&lt;br&gt;b", "a<br>b"), ("onerror", "<img src=x onerror=alert(3)>")):  # fmt: skip
+        where = pg.evaluate(FIND_POINT, needle)
+        assert where, needle
+        pg.evaluate(HOVER, where)
+        pg.wait_for_timeout(150)
+        seen = pg.evaluate(READ_HOVER, where)
+        assert shown in seen["text"], (needle, seen)
+        assert seen["bold"] == 0 and seen["links"] == 0, seen
+    assert not page.dialogs and not page.errors
