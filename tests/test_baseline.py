@@ -45,7 +45,9 @@ def test_dense_baseline_provenance_and_comparability(dense) -> None:
     comp = b["comparability"]
     assert comp["gpu"]["key"] == "h200" and comp["gpu"]["arch"] == "sm_90"
     assert comp["model"]["layers_seen"] == 8 and comp["model"]["hidden_size"] is None
-    assert {"qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm", "lm_head_gemm"} <= set(comp["model"]["gemm_roles"])
+    assert {"qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm", "lm_head_gemm"} <= set(
+        comp["model"]["gemm_roles"]
+    )
     assert "gemm" not in comp["model"]["gemm_roles"]  # role unknown: says nothing about the model
     assert comp["phases"]["decode"] == {"steps": 23, "tokens_per_step": 4, "batch": 4}
     assert comp["phases"]["prefill"] == {"steps": 1, "tokens_per_step": 2048, "batch": None}
@@ -73,7 +75,7 @@ def test_stage_means_add_up_to_the_phase(dense) -> None:
 def test_top_groups_cover_the_share_and_the_tail_is_hashed(dense) -> None:
     analysis, b = dense
     df = analysis.kernels.to_pandas()
-    for phase, entry in b["phases"].items():
+    for phase in b["phases"]:
         top = [r for r in b["groups"] if r["phase"] == phase]
         tail = b["tail_groups"].get(phase, {"groups": 0, "mean_ns": 0, "keys": {}})
         covered = sum(r["mean_ns"] for r in top)
@@ -101,7 +103,8 @@ def test_saved_fixture_baselines_match_their_traces(path: Path) -> None:
         trace = FIXTURES.parent / inp["path"]
         assert trace.parent == path.parent
         assert hashlib.sha256(trace.read_bytes()).hexdigest() == inp["sha256"], (
-            f"{trace} changed: regenerate {path} with `llm-kernel-map baseline`")
+            f"{trace} changed: regenerate {path} with `llm-kernel-map baseline`"
+        )
     assert path.stat().st_size < 100_000
 
 

@@ -8,6 +8,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import orjson
 import pytest
 
 from analyzer import gate
@@ -47,20 +48,22 @@ def decode_attention(dense) -> dict[tuple[int, str], None]:
 @pytest.fixture(scope="module")
 def slower(tmp_path_factory, decode_attention):
     """A copy of the dense trace whose decode attention kernels take ``factor`` times as long."""
-    raw = json.loads(gzip.decompress(H200_DENSE.read_bytes()))
+    doc = orjson.loads(gzip.decompress(H200_DENSE.read_bytes()))
+    hits = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("cat") == "kernel" and (e["args"].get("correlation"), e["name"]) in decode_attention
+    ]
+    assert len(hits) == len(decode_attention)
+    original = [e["dur"] for e in hits]
     made: dict[float, Path] = {}
 
     def make(factor: float) -> Path:
         if factor not in made:
-            doc = copy.deepcopy(raw)
-            hit = 0
-            for e in doc["traceEvents"]:
-                if e.get("cat") == "kernel" and (e["args"].get("correlation"), e["name"]) in decode_attention:
-                    e["dur"] *= factor
-                    hit += 1
-            assert hit == len(decode_attention)
+            for e, dur in zip(hits, original, strict=True):
+                e["dur"] = dur * factor
             p = tmp_path_factory.mktemp("slower") / f"dense-x{factor}.json"
-            p.write_text(json.dumps(doc))
+            p.write_bytes(orjson.dumps(doc))
             made[factor] = p
         return made[factor]
 
@@ -82,7 +85,9 @@ def test_each_fixture_passes_against_its_own_baseline(capsys, traces, baseline) 
     assert "decode:" in out and "(gated)" in out
 
 
-def test_slower_decode_attention_fails_and_names_stage_and_kernels(capsys, tmp_path, slower, decode_attention):
+def test_slower_decode_attention_fails_and_names_stage_and_kernels(
+    capsys, tmp_path, slower, decode_attention
+):
     # GIVEN the dense trace with its decode attention kernels 20% slower
     cand = slower(1.2)
     md, xml, js = tmp_path / "gate.md", tmp_path / "junit.xml", tmp_path / "gate.json"
@@ -110,13 +115,26 @@ def test_slower_decode_attention_fails_and_names_stage_and_kernels(capsys, tmp_p
     assert root.tag == "testsuites" and root.get("failures") == "2"
     failed = [c.get("name") for c in root.iter("testcase") if c.find("failure") is not None]
     assert "decode.flash_attention" in failed
-    assert any(kernel in (c.find("failure").text or "") for c in root.iter("testcase") if c.find("failure") is not None)
+    assert any(
+        kernel in (c.find("failure").text or "")
+        for c in root.iter("testcase")
+        if c.find("failure") is not None
+    )
 
 
 def test_change_within_threshold_passes(capsys, slower) -> None:
     # +3% is under the 10% threshold even with no absolute floor at all
-    code, out, err = run(capsys, "gate", slower(1.03), "--baseline", DENSE_BASELINE, "--min-delta-us", "0",
-                         "--format", "markdown")
+    code, out, err = run(
+        capsys,
+        "gate",
+        slower(1.03),
+        "--baseline",
+        DENSE_BASELINE,
+        "--min-delta-us",
+        "0",
+        "--format",
+        "markdown",
+    )
     assert code == 0, out + err
     assert out.startswith("### ✅ llm-kernel-map gate: PASS")
     _check_markdown_tables(out)
@@ -141,8 +159,9 @@ def test_other_gpu_is_not_comparable(capsys) -> None:
 def test_thresholds_from_pyproject_and_command_line(capsys, tmp_path, monkeypatch, slower) -> None:
     # GIVEN a project whose pyproject lets decode attention be 30% slower
     (tmp_path / "pyproject.toml").write_text(
-        '[tool.llm-kernel-map.gate]\nthreshold = 0.1\nmin_delta_us = 5\n'
-        'stage_thresholds = {"decode.flash_attention" = 0.3, "decode.flash_attention/*" = 0.3}\n')
+        "[tool.llm-kernel-map.gate]\nthreshold = 0.1\nmin_delta_us = 5\n"
+        'stage_thresholds = {"decode.flash_attention" = 0.3, "decode.flash_attention/*" = 0.3}\n'
+    )
     sub = tmp_path / "ci"
     sub.mkdir()
     monkeypatch.chdir(sub)
@@ -172,7 +191,9 @@ def _stage(obj, phase, stage):
 def _scaled(b, phase, stage, factor):
     """A copy of baseline ``b`` with one stage (and its kernel groups) ``factor`` times as long."""
     c = copy.deepcopy(b)
-    for r in [_stage(c, phase, stage)] + [g for g in c["groups"] if g["phase"] == phase and g["stage"] == stage]:
+    for r in [_stage(c, phase, stage)] + [
+        g for g in c["groups"] if g["phase"] == phase and g["stage"] == stage
+    ]:
         for k in ("p50_ns", "mean_ns"):
             r[k] = int(r[k] * factor)
     return c
@@ -211,11 +232,31 @@ def test_new_and_vanished_stages_and_groups(dense) -> None:
     b = dense[1]
     c = copy.deepcopy(b)
     # a new stage above the floor fails; a new kernel group is listed and counts toward its stage
-    c["stages"].append({"phase": "decode", "stage": "moe_sort", "category": "moe_gate_sort", "p50_ns": 40_000,
-                        "mean_ns": 40_000, "present": 23, "count_per_step": 8, "per_token_ns": None})
-    c["groups"].append({"phase": "decode", "stage": "moe_sort", "group_key": "new_sort_kernel", "provider": "vllm",
-                        "p50_ns": 40_000, "mean_ns": 40_000, "present": 23, "count_per_step": 8,
-                        "per_token_ns": None})
+    c["stages"].append(
+        {
+            "phase": "decode",
+            "stage": "moe_sort",
+            "category": "moe_gate_sort",
+            "p50_ns": 40_000,
+            "mean_ns": 40_000,
+            "present": 23,
+            "count_per_step": 8,
+            "per_token_ns": None,
+        }
+    )
+    c["groups"].append(
+        {
+            "phase": "decode",
+            "stage": "moe_sort",
+            "group_key": "new_sort_kernel",
+            "provider": "vllm",
+            "p50_ns": 40_000,
+            "mean_ns": 40_000,
+            "present": 23,
+            "count_per_step": 8,
+            "per_token_ns": None,
+        }
+    )
     # a whole stage vanishes
     c["stages"] = [s for s in c["stages"] if not (s["phase"] == "decode" and s["stage"] == "activation")]
     c["groups"] = [g for g in c["groups"] if not (g["phase"] == "decode" and g["stage"] == "activation")]
@@ -241,10 +282,23 @@ def test_group_that_grows_out_of_the_tail_is_compared_with_its_mean(dense) -> No
     from analyzer.baseline import group_hash
 
     sub = df[df["phase"] == "decode"].drop_duplicates(["stage", "group_key"])
-    stage, gk = next((s, g) for s, g in zip(sub["stage"], sub["group_key"], strict=True) if group_hash(s, g) == key)
+    stage, gk = next(
+        (s, g) for s, g in zip(sub["stage"], sub["group_key"], strict=True) if group_hash(s, g) == key
+    )
     del c["tail_groups"]["decode"]["keys"][key]
-    c["groups"].append({"phase": "decode", "stage": stage, "group_key": gk, "provider": "x", "p50_ns": 0,
-                        "mean_ns": mean + 50_000, "present": 5, "count_per_step": 1, "per_token_ns": None})
+    c["groups"].append(
+        {
+            "phase": "decode",
+            "stage": stage,
+            "group_key": gk,
+            "provider": "x",
+            "p50_ns": 0,
+            "mean_ns": mean + 50_000,
+            "present": 5,
+            "count_per_step": 1,
+            "per_token_ns": None,
+        }
+    )
     r = gate.compare(b, c)
     row = next(x for x in r["rows"] if x["group_key"] == gk)
     assert row["status"] == "regression" and row["statistic"] == "mean" and row["baseline_ns"] == mean
@@ -273,8 +327,14 @@ def test_other_batch_is_not_comparable_but_close_tokens_are(dense) -> None:
 
 def test_override_precedence_and_parsing() -> None:
     t = gate.make_thresholds(
-        {"threshold": 0.2, "min_delta_us": 2, "stage_thresholds": {"decode.flash_attention": 0.5, "decode": 0.3}},
-        threshold=0.1, stage_thresholds=["decode.flash_attention=5%", "*.norm=0.01", "decode.qkv_gemm/nvjet*=0.4"])
+        {
+            "threshold": 0.2,
+            "min_delta_us": 2,
+            "stage_thresholds": {"decode.flash_attention": 0.5, "decode": 0.3},
+        },
+        threshold=0.1,
+        stage_thresholds=["decode.flash_attention=5%", "*.norm=0.01", "decode.qkv_gemm/nvjet*=0.4"],
+    )
     assert t.threshold == 0.1 and t.min_delta_ns == 2_000 and t.min_steps == 3
     assert t.for_row("decode", "flash_attention") == (0.05, "decode.flash_attention")  # CLI beats pyproject
     assert t.for_row("decode", "rope") == (0.3, "decode")
@@ -290,7 +350,9 @@ def test_override_precedence_and_parsing() -> None:
 
 
 def test_unused_override_is_noted(dense) -> None:
-    r = gate.compare(dense[1], dense[1], gate.make_thresholds(stage_thresholds=["decode.paged_atention=0.05"]))
+    r = gate.compare(
+        dense[1], dense[1], gate.make_thresholds(stage_thresholds=["decode.paged_atention=0.05"])
+    )
     assert any("decode.paged_atention" in n and "matched nothing" in n for n in r["notes"])
 
 
@@ -324,11 +386,31 @@ def test_renderers_escape_hostile_kernel_names(dense) -> None:
     b = dense[1]
     c = copy.deepcopy(b)
     name = "evil|kernel<b>x</b>`tick`\x01 & co"
-    c["stages"].append({"phase": "decode", "stage": "other", "category": "other", "p50_ns": 90_000,
-                        "mean_ns": 90_000, "present": 23, "count_per_step": 1, "per_token_ns": None})
-    c["groups"].append({"phase": "decode", "stage": "other", "group_key": name, "provider": "unknown",
-                        "p50_ns": 90_000, "mean_ns": 90_000, "present": 23, "count_per_step": 1,
-                        "per_token_ns": None})
+    c["stages"].append(
+        {
+            "phase": "decode",
+            "stage": "other",
+            "category": "other",
+            "p50_ns": 90_000,
+            "mean_ns": 90_000,
+            "present": 23,
+            "count_per_step": 1,
+            "per_token_ns": None,
+        }
+    )
+    c["groups"].append(
+        {
+            "phase": "decode",
+            "stage": "other",
+            "group_key": name,
+            "provider": "unknown",
+            "p50_ns": 90_000,
+            "mean_ns": 90_000,
+            "present": 23,
+            "count_per_step": 1,
+            "per_token_ns": None,
+        }
+    )
     r = gate.compare(b, c)
     assert r["status"] == "fail"
     md = _render(r, "markdown")
