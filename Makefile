@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 FIXTURE ?= fixtures/h200-llama3-8b-dense/trace.json.gz
 
-.PHONY: help venv install demo test test-fast lint golden bench clean
+.PHONY: help venv install demo test test-fast lint golden baselines bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -34,6 +34,10 @@ lint: install  ## ruff lint + format check
 
 golden: install  ## regenerate the golden summaries under fixtures/*/expected
 	$(BIN)/python -m pytest tests/test_golden.py --update-golden
+
+BASELINE_FIXTURES ?= fixtures/h200-llama3-8b-dense fixtures/h200-qwen3-30b-a3b-moe fixtures/h200-tp2-llama3-8b-graph
+baselines: install  ## regenerate fixtures/*/baseline.json (the gate's reference runs)
+	for d in $(BASELINE_FIXTURES); do $(BIN)/llm-kernel-map baseline $$d -o $$d/baseline.json || exit 1; done
 
 bench: install  ## measure speed and memory on scaled traces (see benchmarks/README.md)
 	$(BIN)/python benchmarks/run.py

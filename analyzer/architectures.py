@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.errors import InputError
+from analyzer.paths import RULES_DIR
 
-MODELS_TOML = Path(__file__).resolve().parent.parent / "rules" / "models.toml"
+MODELS_TOML = RULES_DIR / "models.toml"
 
 # Trailing name parts that do not change the architecture ("Qwen3-30B-A3B-Instruct-2507").
 _VARIANT_SUFFIXES = {"instruct", "chat", "base", "hf", "it", "fp8", "bf16", "thinking", "2507"}

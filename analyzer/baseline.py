@@ -37,8 +37,15 @@ TOP_SHARE = 0.95
 PHASES = ("prefill", "decode", "mixed", "unknown")
 # GEMM stages that name a role of the model (the generic ``gemm`` names none, so it says nothing
 # about the model's shape and may come and go with framework code)
-GEMM_ROLES = ("qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm", "lm_head_gemm", "moe_gate_gemm",
-              "moe_expert_gemm")
+GEMM_ROLES = (
+    "qkv_gemm",
+    "o_gemm",
+    "gate_up_gemm",
+    "down_gemm",
+    "lm_head_gemm",
+    "moe_gate_gemm",
+    "moe_expert_gemm",
+)
 _SAMPLE = ["trace_id", "rank", "step"]
 
 
@@ -53,14 +60,20 @@ def check_baseline(obj: Any, source: str) -> dict[str, Any]:
         hint = ""
         if isinstance(obj, dict) and "totals" in obj and "phases" in obj:
             hint = " (it is an `analyze --json` summary)"
-        raise InputError(f"{source}: not a llm-kernel-map baseline{hint}; write one with `llm-kernel-map baseline`")
+        raise InputError(
+            f"{source}: not a llm-kernel-map baseline{hint}; write one with `llm-kernel-map baseline`"
+        )
     version = obj.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise InputError(f"{source}: baseline format_version {version!r} is newer than this tool reads "
-                         f"({FORMAT_VERSION}); upgrade llm-kernel-map or regenerate the baseline")
+        raise InputError(
+            f"{source}: baseline format_version {version!r} is newer than this tool reads "
+            f"({FORMAT_VERSION}); upgrade llm-kernel-map or regenerate the baseline"
+        )
     for key in ("comparability", "phases", "stages", "groups"):
         if key not in obj:
-            raise InputError(f"{source}: baseline lacks {key!r}; regenerate it with `llm-kernel-map baseline`")
+            raise InputError(
+                f"{source}: baseline lacks {key!r}; regenerate it with `llm-kernel-map baseline`"
+            )
     return obj
 
 
@@ -102,8 +115,15 @@ def build_baseline(analysis: Analysis, top_share: float = TOP_SHARE) -> dict[str
         "kind": KIND,
         "tool_version": __version__,
         "inputs": [
-            {"path": m.path, "sha256": m.sha256, "format": m.format, "gpu_name": m.gpu_name, "arch": m.arch,
-             "rank": m.rank, "world_size": m.world_size}
+            {
+                "path": m.path,
+                "sha256": m.sha256,
+                "format": m.format,
+                "gpu_name": m.gpu_name,
+                "arch": m.arch,
+                "rank": m.rank,
+                "world_size": m.world_size,
+            }
             for m in analysis.trace.inputs
         ],
         "rules_sha256": analysis.rules_sha256,
@@ -116,7 +136,9 @@ def build_baseline(analysis: Analysis, top_share: float = TOP_SHARE) -> dict[str
         "not_in_steps": {
             "kernel_ns": int(unstepped["dur_ns"].sum()),
             "kernels": int(unstepped["count"].sum()),
-            "aggregate_ns": int(df.loc[df["aggregate"].astype(bool), "dur_ns"].sum()) if "aggregate" in df else 0,
+            "aggregate_ns": int(df.loc[df["aggregate"].astype(bool), "dur_ns"].sum())
+            if "aggregate" in df
+            else 0,
         },
     }
 
@@ -163,8 +185,9 @@ def _per_token(ns: float, tokens: float | None) -> float | None:
     return round(ns / tokens, 1) if tokens else None
 
 
-def _phase_entry(st: pd.DataFrame, sub: pd.DataFrame, samples: pd.MultiIndex, tokens: float | None
-                 ) -> dict[str, Any]:
+def _phase_entry(
+    st: pd.DataFrame, sub: pd.DataFrame, samples: pd.MultiIndex, tokens: float | None
+) -> dict[str, Any]:
     wall = st["dur_ns"].to_numpy(np.float64)
     per = _per_sample(sub, samples)
     per_rank = st.groupby(["trace_id", "rank"]).size()
@@ -173,10 +196,18 @@ def _phase_entry(st: pd.DataFrame, sub: pd.DataFrame, samples: pd.MultiIndex, to
         "samples": len(samples),
         "tokens_per_step": None if tokens is None else int(round(tokens)),
         "batch": None if tokens is None or st["phase"].iloc[0] != "decode" else int(round(tokens)),
-        "step_ns": {"p50": _pct(wall, 50), "p90": _pct(wall, 90), "p99": _pct(wall, 99),
-                    "mean": int(round(wall.mean()))},
-        "kernel_ns": {"p50": _pct(per, 50), "p90": _pct(per, 90), "p99": _pct(per, 99),
-                      "mean": int(round(per.mean())) if len(per) else 0},
+        "step_ns": {
+            "p50": _pct(wall, 50),
+            "p90": _pct(wall, 90),
+            "p99": _pct(wall, 99),
+            "mean": int(round(wall.mean())),
+        },
+        "kernel_ns": {
+            "p50": _pct(per, 50),
+            "p90": _pct(per, 90),
+            "p99": _pct(per, 99),
+            "mean": int(round(per.mean())) if len(per) else 0,
+        },
         "per_token_ns": _per_token(float(np.median(per)), tokens) if len(per) else None,
         "kernels_per_step": round(float(sub["count"].sum()) / max(len(samples), 1), 2),
     }
@@ -188,8 +219,9 @@ def _per_sample(sub: pd.DataFrame, samples: pd.MultiIndex) -> np.ndarray:
     return s.reindex(samples, fill_value=0).to_numpy(np.float64)
 
 
-def _rows(sub: pd.DataFrame, samples: pd.MultiIndex, tokens: float | None, keys: list[str], phase: str
-          ) -> list[dict[str, Any]]:
+def _rows(
+    sub: pd.DataFrame, samples: pd.MultiIndex, tokens: float | None, keys: list[str], phase: str
+) -> list[dict[str, Any]]:
     """One row per value of ``keys`` in this phase: per-step p50/mean, presence and launches."""
     if sub.empty:
         return []
@@ -205,19 +237,23 @@ def _rows(sub: pd.DataFrame, samples: pd.MultiIndex, tokens: float | None, keys:
         row: dict[str, Any] = {"phase": phase, **dict(zip(keys, key, strict=True))}
         if keys == ["stage"] and category is not None:
             row["category"] = str(category.loc[key if len(key) > 1 else key[0]])
-        row.update({
-            "p50_ns": int(round(p50)),
-            "mean_ns": int(round(vals.sum() / n)),
-            "present": int((vals > 0).sum()),
-            "count_per_step": round(float(counts.loc[key if len(key) > 1 else key[0]]) / n, 2),
-            "per_token_ns": _per_token(p50, tokens),
-        })
+        row.update(
+            {
+                "p50_ns": int(round(p50)),
+                "mean_ns": int(round(vals.sum() / n)),
+                "present": int((vals > 0).sum()),
+                "count_per_step": round(float(counts.loc[key if len(key) > 1 else key[0]]) / n, 2),
+                "per_token_ns": _per_token(p50, tokens),
+            }
+        )
         rows.append(row)
     rows.sort(key=lambda r: (-r["mean_ns"], *(str(r[k]) for k in keys)))
     return rows
 
 
-def _split_top(rows: list[dict[str, Any]], top_share: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _split_top(
+    rows: list[dict[str, Any]], top_share: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Rows (sorted by mean, largest first) covering ``top_share`` of the total, and the rest."""
     total = sum(r["mean_ns"] for r in rows)
     acc = 0
@@ -226,4 +262,3 @@ def _split_top(rows: list[dict[str, Any]], top_share: float) -> tuple[list[dict[
             return rows[:i], rows[i:]
         acc += r["mean_ns"]
     return rows, []
-

@@ -20,11 +20,9 @@ Contract (pure over the kernels and host_ops tables):
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from collections.abc import Sequence
 from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,7 +34,7 @@ from analyzer import rules as rules_mod
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+from analyzer.paths import RULES_DIR  # noqa: E402
 
 GEMM_ROLES = ("qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm", "lm_head_gemm", "moe_gate_gemm")
 GEMM_STAGES = frozenset(GEMM_ROLES + ("gemm",))

@@ -26,7 +26,10 @@ def compare_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "format_version": FORMAT_VERSION,
         "kind": "compare",
         "reference": "A",
-        "inputs": [_input(key, label, s) for key, label, s in zip(_keys(len(summaries)), labels, summaries, strict=True)],
+        "inputs": [
+            _input(key, label, s)
+            for key, label, s in zip(_keys(len(summaries)), labels, summaries, strict=True)
+        ],
         "phases": [_phase_row(p, summaries) for p in phases],
         "categories": _category_rows(phases, summaries),
         "stages": _stage_rows(phases, summaries),
@@ -67,8 +70,12 @@ def _input(key: str, label: str, s: dict[str, Any]) -> dict[str, Any]:
         "paths": [i["path"] for i in s.get("inputs", [])],
         "formats": sorted({i["format"] for i in s.get("inputs", [])}),
         "sha256": [i.get("sha256") for i in s.get("inputs", [])],
-        "gpu": {"name": gpu.get("name"), "arch": gpu.get("arch"), "peaks": gpu.get("peaks") or {},
-                "reason": gpu.get("reason")},  # fmt: skip
+        "gpu": {
+            "name": gpu.get("name"),
+            "arch": gpu.get("arch"),
+            "peaks": gpu.get("peaks") or {},
+            "reason": gpu.get("reason"),
+        },  # fmt: skip
         "model": s.get("model"),
         "totals": s.get("totals", {}),
         "phases": phases,

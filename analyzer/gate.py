@@ -72,8 +72,9 @@ class Thresholds:
             if value < 0:
                 raise UsageError(f"stage threshold {key}={value}: must be >= 0")
 
-    def for_row(self, phase: str, stage: str | None = None, group_key: str | None = None
-                ) -> tuple[float, str | None]:
+    def for_row(
+        self, phase: str, stage: str | None = None, group_key: str | None = None
+    ) -> tuple[float, str | None]:
         """The relative threshold of a row and the override pattern that set it (None: default)."""
         levels: list[tuple[str, str | None]] = []
         if group_key is not None and stage is not None:
@@ -82,7 +83,9 @@ class Thresholds:
             levels.append(("stage", f"{phase}.{stage}"))
         levels.append(("phase", phase))
         for level, subject in levels:
-            hits = [(k, v) for k, v in self.overrides if _level(k) == level and fnmatch.fnmatchcase(subject, k)]
+            hits = [
+                (k, v) for k, v in self.overrides if _level(k) == level and fnmatch.fnmatchcase(subject, k)
+            ]
             if hits:
                 exact = [h for h in hits if h[0] == subject]
                 key, value = (exact or hits)[0]
@@ -100,8 +103,10 @@ def _check_pattern(key: str) -> None:
     head = key.split("/", 1)[0]
     phase = head.split(".", 1)[0]
     if not key or not phase or (not any(c in phase for c in "*?[") and phase not in PHASES):
-        raise UsageError(f"stage threshold {key!r}: expected PHASE[.STAGE[/KERNEL]] with PHASE one of "
-                         f"{', '.join(PHASES)} (wildcards * ? allowed)")
+        raise UsageError(
+            f"stage threshold {key!r}: expected PHASE[.STAGE[/KERNEL]] with PHASE one of "
+            f"{', '.join(PHASES)} (wildcards * ? allowed)"
+        )
     if "/" in key and "." not in head:
         raise UsageError(f"stage threshold {key!r}: a kernel pattern needs PHASE.STAGE/ before it")
 
@@ -146,10 +151,15 @@ def make_thresholds(
     cli_over = [parse_override(s) for s in stage_thresholds]
     conf_over = config.get("stage_thresholds", {})
     if not isinstance(conf_over, Mapping):
-        raise UsageError(f"{source}: stage_thresholds must be a table such as {{\"decode.paged_attention\" = 0.05}}")
+        raise UsageError(
+            f'{source}: stage_thresholds must be a table such as {{"decode.paged_attention" = 0.05}}'
+        )
     given = {k for k, _ in cli_over}
-    overrides = cli_over + [(str(k), parse_fraction(v, f"{source} stage_thresholds {k}"))
-                            for k, v in conf_over.items() if k not in given]
+    overrides = cli_over + [
+        (str(k), parse_fraction(v, f"{source} stage_thresholds {k}"))
+        for k, v in conf_over.items()
+        if k not in given
+    ]
 
     def pick(cli: Any, key: str, default: Any) -> Any:
         return cli if cli is not None else config.get(key, default)
@@ -164,8 +174,13 @@ def make_thresholds(
         raise UsageError(f"{source}: min_steps must be an integer, got {steps!r}")
     if not isinstance(few, bool):
         raise UsageError(f"{source}: allow_few_steps must be true or false, got {few!r}")
-    return Thresholds(threshold=rel, min_delta_ns=int(round(floor_us * 1e3)), min_steps=steps,
-                      allow_few_steps=few, overrides=tuple(overrides))
+    return Thresholds(
+        threshold=rel,
+        min_delta_ns=int(round(floor_us * 1e3)),
+        min_steps=steps,
+        allow_few_steps=few,
+        overrides=tuple(overrides),
+    )
 
 
 # --------------------------------------------------------------------------------- comparability
@@ -183,13 +198,20 @@ def comparability_problems(baseline: dict[str, Any], candidate: dict[str, Any]) 
     if not same_gpu:
         problems.append(f"other GPU: baseline {_gpu_text(bg)}, candidate {_gpu_text(cg)}")
     if b.get("world_size") != c.get("world_size") or len(b.get("ranks", [])) != len(c.get("ranks", [])):
-        problems.append(f"other ranks: baseline {len(b.get('ranks', []))} of world size {b.get('world_size')}, "
-                        f"candidate {len(c.get('ranks', []))} of world size {c.get('world_size')}")
+        problems.append(
+            f"other ranks: baseline {len(b.get('ranks', []))} of world size {b.get('world_size')}, "
+            f"candidate {len(c.get('ranks', []))} of world size {c.get('world_size')}"
+        )
     bm, cm = b.get("model") or {}, c.get("model") or {}
-    if bm.get("layers_seen") is not None and cm.get("layers_seen") is not None \
-            and bm["layers_seen"] != cm["layers_seen"]:
-        problems.append(f"other model shape: {bm['layers_seen']} layers seen in the baseline, "
-                        f"{cm['layers_seen']} in the candidate")
+    if (
+        bm.get("layers_seen") is not None
+        and cm.get("layers_seen") is not None
+        and bm["layers_seen"] != cm["layers_seen"]
+    ):
+        problems.append(
+            f"other model shape: {bm['layers_seen']} layers seen in the baseline, "
+            f"{cm['layers_seen']} in the candidate"
+        )
     for key in ("hidden_size",):
         if bm.get(key) is not None and cm.get(key) is not None and bm[key] != cm[key]:
             problems.append(f"other model shape: {key} {bm[key]} vs {cm[key]}")
@@ -208,8 +230,10 @@ def comparability_problems(baseline: dict[str, Any], candidate: dict[str, Any]) 
         for key, label in (("tokens_per_step", "tokens per step"), ("batch", "batch")):
             tb, tc = bp[phase].get(key), cp[phase].get(key)
             if tb and tc and abs(tc - tb) > SHAPE_TOLERANCE * tb:
-                problems.append(f"other {label} in {phase}: baseline {tb}, candidate {tc} "
-                                f"(more than {SHAPE_TOLERANCE:.0%} apart)")
+                problems.append(
+                    f"other {label} in {phase}: baseline {tb}, candidate {tc} "
+                    f"(more than {SHAPE_TOLERANCE:.0%} apart)"
+                )
                 break
     return problems
 
@@ -219,8 +243,9 @@ def _gpu_text(g: Mapping[str, Any]) -> str:
     return f"{name} ({g['arch']})" if g.get("arch") else str(name)
 
 
-def phase_plan(baseline: dict[str, Any], candidate: dict[str, Any], t: Thresholds
-               ) -> tuple[dict[str, str | None], list[str]]:
+def phase_plan(
+    baseline: dict[str, Any], candidate: dict[str, Any], t: Thresholds
+) -> tuple[dict[str, str | None], list[str]]:
     """Per phase: None when it is gated, else why not; and the step-count problems."""
     bp, cp = baseline["phases"], candidate["phases"]
     plan: dict[str, str | None] = {}
@@ -238,15 +263,21 @@ def phase_plan(baseline: dict[str, Any], candidate: dict[str, Any], t: Threshold
         if min(nb, nc) >= t.min_steps or t.allow_few_steps:
             plan[phase] = None
         elif max(nb, nc) < t.min_steps:
-            plan[phase] = (f"{_steps(nb)} in the baseline and {_steps(nc)} in the candidate, fewer than "
-                           f"--min-steps {t.min_steps}: not gated (--allow-few-steps gates it)")
+            plan[phase] = (
+                f"{_steps(nb)} in the baseline and {_steps(nc)} in the candidate, fewer than "
+                f"--min-steps {t.min_steps}: not gated (--allow-few-steps gates it)"
+            )
         else:
-            problems.append(f"too few {phase} steps: baseline {nb}, candidate {nc}, fewer than --min-steps "
-                            f"{t.min_steps} (--allow-few-steps compares anyway)")
+            problems.append(
+                f"too few {phase} steps: baseline {nb}, candidate {nc}, fewer than --min-steps "
+                f"{t.min_steps} (--allow-few-steps compares anyway)"
+            )
     if not problems and plan and all(v is not None for v in plan.values()):
         counts = ", ".join(f"{p} {bp[p]['steps']}/{cp[p]['steps']}" for p in plan)
-        problems.append(f"too few steps: no phase has --min-steps {t.min_steps} steps in both runs "
-                        f"(baseline/candidate: {counts}; --allow-few-steps compares anyway)")
+        problems.append(
+            f"too few steps: no phase has --min-steps {t.min_steps} steps in both runs "
+            f"(baseline/candidate: {counts}; --allow-few-steps compares anyway)"
+        )
     return plan, problems
 
 
@@ -257,8 +288,9 @@ def _steps(n: int) -> str:
 # ------------------------------------------------------------------------------------ comparison
 
 
-def compare(baseline: dict[str, Any], candidate: dict[str, Any], thresholds: Thresholds | None = None
-            ) -> dict[str, Any]:
+def compare(
+    baseline: dict[str, Any], candidate: dict[str, Any], thresholds: Thresholds | None = None
+) -> dict[str, Any]:
     """Compare a candidate run with a baseline; see the module docstring for the rules."""
     t = thresholds or Thresholds()
     problems = comparability_problems(baseline, candidate)
@@ -272,29 +304,56 @@ def compare(baseline: dict[str, Any], candidate: dict[str, Any], thresholds: Thr
     for phase, why in plan.items():
         gated = why is None
         bp, cp = baseline["phases"][phase], candidate["phases"][phase]
-        phases_out.append({
-            "phase": phase,
-            "gated": gated,
-            "reason": why,
-            "steps": _pair(bp["steps"], cp["steps"]),
-            "tokens_per_step": _pair(bp.get("tokens_per_step"), cp.get("tokens_per_step")),
-            "batch": _pair(bp.get("batch"), cp.get("batch")),
-            "step_ns_p50": _pair(bp["step_ns"]["p50"], cp["step_ns"]["p50"]),
-            "kernel_ns_p50": _pair(bp["kernel_ns"]["p50"], cp["kernel_ns"]["p50"]),
-        })
+        phases_out.append(
+            {
+                "phase": phase,
+                "gated": gated,
+                "reason": why,
+                "steps": _pair(bp["steps"], cp["steps"]),
+                "tokens_per_step": _pair(bp.get("tokens_per_step"), cp.get("tokens_per_step")),
+                "batch": _pair(bp.get("batch"), cp.get("batch")),
+                "step_ns_p50": _pair(bp["step_ns"]["p50"], cp["step_ns"]["p50"]),
+                "kernel_ns_p50": _pair(bp["kernel_ns"]["p50"], cp["kernel_ns"]["p50"]),
+            }
+        )
         thr, key = t.for_row(phase)
         used.update([key] if key else [])
-        rows.append(_judge({"level": "phase", "id": phase, "phase": phase, "stage": None, "group_key": None,
-                            "provider": None}, bp["kernel_ns"]["p50"], cp["kernel_ns"]["p50"], "p50", thr, key,
-                           t, gated, fails_if_new=True))
+        rows.append(
+            _judge(
+                {
+                    "level": "phase",
+                    "id": phase,
+                    "phase": phase,
+                    "stage": None,
+                    "group_key": None,
+                    "provider": None,
+                },
+                bp["kernel_ns"]["p50"],
+                cp["kernel_ns"]["p50"],
+                "p50",
+                thr,
+                key,
+                t,
+                gated,
+                fails_if_new=True,
+            )
+        )
         groups = _compare_groups(baseline, candidate, phase, t, gated, used)
         rows.extend(_compare_stages(baseline, candidate, phase, t, gated, used, groups))
         rows.extend(g for g in groups if _listed(g, t))
-    rows.sort(key=lambda r: (not r["fails"], ("phase", "stage", "kernel").index(r["level"]),
-                             -abs(r["delta_ns"] or 0), r["id"]))
+    rows.sort(
+        key=lambda r: (
+            not r["fails"],
+            ("phase", "stage", "kernel").index(r["level"]),
+            -abs(r["delta_ns"] or 0),
+            r["id"],
+        )
+    )
     gated_rows = [r for r in rows if r["gated"]]
-    counts = {s: sum(r["status"] == s for r in gated_rows)
-              for s in ("regression", "improvement", "new", "vanished", "unchanged")}
+    counts = {
+        s: sum(r["status"] == s for r in gated_rows)
+        for s in ("regression", "improvement", "new", "vanished", "unchanged")
+    }
     failed = [{k: r[k] for k in ("id", "level", "status", "delta_ns", "change")} for r in rows if r["fails"]]
     failures = len(failed)
     notes = _notes(baseline, candidate, plan, t, used)
@@ -327,7 +386,9 @@ def _pair(b: Any, c: Any) -> dict[str, Any]:
 def _side(obj: dict[str, Any]) -> dict[str, Any]:
     gpu = obj["comparability"].get("gpu") or {}
     return {
-        "inputs": [{k: i.get(k) for k in ("path", "sha256", "format", "rank")} for i in obj.get("inputs", [])],
+        "inputs": [
+            {k: i.get(k) for k in ("path", "sha256", "format", "rank")} for i in obj.get("inputs", [])
+        ],
         "rules_sha256": obj.get("rules_sha256"),
         "tool_version": obj.get("tool_version"),
         "gpu": gpu.get("name") or gpu.get("device_name"),
@@ -344,8 +405,17 @@ def _stat(*rows: Mapping[str, Any] | None) -> str:
     return "p50" if present and all(r["p50_ns"] > 0 for r in present) else "mean"
 
 
-def _judge(row: dict[str, Any], b: int | None, c: int | None, stat: str, thr: float, key: str | None,
-           t: Thresholds, gated: bool, fails_if_new: bool) -> dict[str, Any]:
+def _judge(
+    row: dict[str, Any],
+    b: int | None,
+    c: int | None,
+    stat: str,
+    thr: float,
+    key: str | None,
+    t: Thresholds,
+    gated: bool,
+    fails_if_new: bool,
+) -> dict[str, Any]:
     delta = None if b is None or c is None else c - b
     if b is None:
         status = "new"
@@ -359,19 +429,23 @@ def _judge(row: dict[str, Any], b: int | None, c: int | None, stat: str, thr: fl
         status = "improvement"
     else:
         status = "unchanged"
-    fails = gated and (status == "regression" or (status == "new" and fails_if_new and (c or 0) > t.min_delta_ns))
-    row.update({
-        "status": status,
-        "fails": fails,
-        "gated": gated,
-        "statistic": stat,
-        "baseline_ns": b,
-        "candidate_ns": c,
-        "delta_ns": delta,
-        "change": (c - b) / b if b and c is not None else None,
-        "threshold": thr,
-        "threshold_from": key,
-    })
+    fails = gated and (
+        status == "regression" or (status == "new" and fails_if_new and (c or 0) > t.min_delta_ns)
+    )
+    row.update(
+        {
+            "status": status,
+            "fails": fails,
+            "gated": gated,
+            "statistic": stat,
+            "baseline_ns": b,
+            "candidate_ns": c,
+            "delta_ns": delta,
+            "change": (c - b) / b if b and c is not None else None,
+            "threshold": thr,
+            "threshold_from": key,
+        }
+    )
     return row
 
 
@@ -388,8 +462,14 @@ def _tail(obj: dict[str, Any], phase: str, stage: str, group_key: str) -> dict[s
     return None if mean is None else {"p50_ns": 0, "mean_ns": int(mean), "count_per_step": None, "tail": True}
 
 
-def _compare_groups(baseline: dict[str, Any], candidate: dict[str, Any], phase: str, t: Thresholds,
-                    gated: bool, used: set[str]) -> list[dict[str, Any]]:
+def _compare_groups(
+    baseline: dict[str, Any],
+    candidate: dict[str, Any],
+    phase: str,
+    t: Thresholds,
+    gated: bool,
+    used: set[str],
+) -> list[dict[str, Any]]:
     b_idx, c_idx = _index(baseline, "groups", phase), _index(candidate, "groups", phase)
     out = []
     for key in list(b_idx) + [k for k in c_idx if k not in b_idx]:
@@ -399,9 +479,24 @@ def _compare_groups(baseline: dict[str, Any], candidate: dict[str, Any], phase: 
         stat = _stat(b, c)
         thr, okey = t.for_row(phase, stage, gk)
         src = b_idx.get(key) or c_idx.get(key) or {}
-        row = _judge({"level": "kernel", "id": f"{phase}.{stage}/{gk}", "phase": phase, "stage": stage,
-                      "group_key": gk, "provider": src.get("provider")},
-                     _value(b, stat), _value(c, stat), stat, thr, okey, t, gated, fails_if_new=False)
+        row = _judge(
+            {
+                "level": "kernel",
+                "id": f"{phase}.{stage}/{gk}",
+                "phase": phase,
+                "stage": stage,
+                "group_key": gk,
+                "provider": src.get("provider"),
+            },
+            _value(b, stat),
+            _value(c, stat),
+            stat,
+            thr,
+            okey,
+            t,
+            gated,
+            fails_if_new=False,
+        )
         row["count_per_step"] = _pair(b and b.get("count_per_step"), c and c.get("count_per_step"))
         row["in_baseline_top"] = key in b_idx
         if okey:
@@ -419,8 +514,15 @@ def _listed(g: dict[str, Any], t: Thresholds) -> bool:
     return g["status"] != "unchanged"
 
 
-def _compare_stages(baseline: dict[str, Any], candidate: dict[str, Any], phase: str, t: Thresholds,
-                    gated: bool, used: set[str], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _compare_stages(
+    baseline: dict[str, Any],
+    candidate: dict[str, Any],
+    phase: str,
+    t: Thresholds,
+    gated: bool,
+    used: set[str],
+    groups: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
     b_idx, c_idx = _index(baseline, "stages", phase), _index(candidate, "stages", phase)
     out = []
     for key in list(b_idx) + [k for k in c_idx if k not in b_idx]:
@@ -430,29 +532,70 @@ def _compare_stages(baseline: dict[str, Any], candidate: dict[str, Any], phase: 
         thr, okey = t.for_row(phase, stage)
         if okey:
             used.add(okey)
-        row = _judge({"level": "stage", "id": f"{phase}.{stage}", "phase": phase, "stage": stage,
-                      "group_key": None, "provider": None, "category": (b or c or {}).get("category")},
-                     _value(b, stat), _value(c, stat), stat, thr, okey, t, gated, fails_if_new=True)
+        row = _judge(
+            {
+                "level": "stage",
+                "id": f"{phase}.{stage}",
+                "phase": phase,
+                "stage": stage,
+                "group_key": None,
+                "provider": None,
+                "category": (b or c or {}).get("category"),
+            },
+            _value(b, stat),
+            _value(c, stat),
+            stat,
+            thr,
+            okey,
+            t,
+            gated,
+            fails_if_new=True,
+        )
         row["count_per_step"] = _pair(b and b.get("count_per_step"), c and c.get("count_per_step"))
         mine = [g for g in groups if g["stage"] == stage and (g["delta_ns"] or 0) != 0]
         sign = -1 if row["status"] in ("improvement", "vanished") else 1
         mine.sort(key=lambda g: (-sign * (g["delta_ns"] or 0), g["group_key"]))
-        row["kernels"] = [
-            {k: g[k] for k in ("group_key", "provider", "status", "baseline_ns", "candidate_ns", "delta_ns",
-                               "change")}
-            for g in mine if sign * (g["delta_ns"] or 0) > 0
-        ][:KERNELS_PER_STAGE] if row["status"] != "unchanged" else []
+        row["kernels"] = (
+            [
+                {
+                    k: g[k]
+                    for k in (
+                        "group_key",
+                        "provider",
+                        "status",
+                        "baseline_ns",
+                        "candidate_ns",
+                        "delta_ns",
+                        "change",
+                    )
+                }
+                for g in mine
+                if sign * (g["delta_ns"] or 0) > 0
+            ][:KERNELS_PER_STAGE]
+            if row["status"] != "unchanged"
+            else []
+        )
         out.append(row)
     return out
 
 
-def _notes(baseline: dict[str, Any], candidate: dict[str, Any], plan: dict[str, str | None], t: Thresholds,
-           used: set[str]) -> list[str]:
+def _notes(
+    baseline: dict[str, Any],
+    candidate: dict[str, Any],
+    plan: dict[str, str | None],
+    t: Thresholds,
+    used: set[str],
+) -> list[str]:
     notes = [f"{p}: {why}" for p, why in plan.items() if why]
-    if baseline.get("rules_sha256") and candidate.get("rules_sha256") \
-            and baseline["rules_sha256"] != candidate["rules_sha256"]:
-        notes.append("the classification rules changed since the baseline was written: stages may have "
-                     "moved; regenerate the baseline if they did (`llm-kernel-map baseline`)")
+    if (
+        baseline.get("rules_sha256")
+        and candidate.get("rules_sha256")
+        and baseline["rules_sha256"] != candidate["rules_sha256"]
+    ):
+        notes.append(
+            "the classification rules changed since the baseline was written: stages may have "
+            "moved; regenerate the baseline if they did (`llm-kernel-map baseline`)"
+        )
     for phase in plan:
         tb = baseline["phases"][phase].get("tokens_per_step")
         tc = candidate["phases"][phase].get("tokens_per_step")

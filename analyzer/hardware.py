@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.errors import InputError
+from analyzer.paths import RULES_DIR
 
-HARDWARE_TOML = Path(__file__).resolve().parent.parent / "rules" / "hardware.toml"
+HARDWARE_TOML = RULES_DIR / "hardware.toml"
 
 #: Normalized dtype names that carry peaks.
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")

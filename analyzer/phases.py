@@ -26,7 +26,6 @@ import dataclasses
 import re
 import tomllib
 from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +38,8 @@ from analyzer import timeline
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+from analyzer.paths import RULES_DIR  # noqa: E402
+
 PHASES = ("prefill", "decode", "mixed", "unknown")
 ATTENTION = ("flash_attention", "paged_attention", "mla_attention")
 GEMMS = ("qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm", "lm_head_gemm", "moe_gate_gemm", "gemm",

@@ -52,7 +52,8 @@ __all__ = [
     "redos_problem",
 ]
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+from analyzer.paths import RULES_DIR  # noqa: E402
+
 KERNELS_TOML = RULES_DIR / "kernels.toml"
 TAXONOMY_TOML = RULES_DIR / "taxonomy.toml"
 

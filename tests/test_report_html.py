@@ -29,7 +29,13 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 ACTUAL = ROOT / "tests" / "actual"
 SGLANG = SHARED / "mi300x-sglang-qwen3-8b"
 SGLANG_PAIR = [SGLANG / "sglang_Qwen3-8B_decode.json.gz", SGLANG / "sglang_Qwen3-8B_prefilldecode.json.gz"]
-EVIL = ["<script>alert(1)</script>", "\"quotes'", "<b>bold</b>", "a<br>b", "</script><script>alert(2)</script>"]
+EVIL = [
+    "<script>alert(1)</script>",
+    "\"quotes'",
+    "<b>bold</b>",
+    "a<br>b",
+    "</script><script>alert(2)</script>",
+]
 EVIL_GEMM_SUFFIX = "<b>bold</b><img src=x onerror=alert(3)>"
 EVIL_GPU = "NVIDIA H200 <b>bold</b>"
 EVIL_FILE = "evil<b>x<i>&amp;.json.gz"
@@ -92,7 +98,17 @@ def test_page_embeds_plotly_once_and_holds_every_section() -> None:
     assert text.count(get_plotlyjs()[:300]) == 1
     page_only = text.replace(html.plotly_tag(False), "")
     assert "cdn.plot.ly" not in page_only and "src=" not in page_only
-    for anchor in ("inputs", "phases", "stages", "timeline", "roofline", "top", "findings", "unclassified", "warnings"):
+    for anchor in (
+        "inputs",
+        "phases",
+        "stages",
+        "timeline",
+        "roofline",
+        "top",
+        "findings",
+        "unclassified",
+        "warnings",
+    ):
         assert f'id="{anchor}"' in text
     figs = figure_data(text)
     assert len(figs) == text.count('class="fig"') >= 5
@@ -173,7 +189,10 @@ def test_merge_bars_keeps_busy_time_and_counts() -> None:
 
 
 def test_pick_steps_takes_first_prefill_and_two_decode() -> None:
-    steps = [{"trace_id": 0, "step": i, "phase": p, "start_ns": i} for i, p in enumerate(["decode", "prefill", "decode", "decode", "prefill"])]
+    steps = [
+        {"trace_id": 0, "step": i, "phase": p, "start_ns": i}
+        for i, p in enumerate(["decode", "prefill", "decode", "decode", "prefill"])
+    ]
     assert [s["step"] for s in figures.pick_steps(steps)] == [0, 1, 2]
     assert figures.pick_steps([]) == []
 
@@ -219,7 +238,9 @@ def test_default_output_name() -> None:
 def browser() -> Any:
     if not CHROMIUM.exists():
         pytest.skip("/usr/bin/chromium is missing (apt-get install -y chromium; `make test` does it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+    )
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield b
@@ -233,7 +254,10 @@ class Loaded:
         self.errors: list[str] = []
         self.dialogs: list[str] = []
         self.page = browser.new_page(viewport={"width": 1300, "height": 900})
-        self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        self.page.on(
+            "console",
+            lambda m: self.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+        )
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         self.page.on("dialog", self._dialog)
         self.page.goto(path.resolve().as_uri())
@@ -329,7 +353,12 @@ def test_injected_names_stay_text_in_chromium(browser: Any, tmp_path: Path, evil
     pg = page.page
     assert pg.evaluate("document.scripts.length") == 4
     assert pg.evaluate("document.querySelectorAll('img').length") == 0
-    assert pg.evaluate("Array.from(document.querySelectorAll('b, i')).filter(e => /bold|^x$/.test(e.textContent)).length") == 0
+    assert (
+        pg.evaluate(
+            "Array.from(document.querySelectorAll('b, i')).filter(e => /bold|^x$/.test(e.textContent)).length"
+        )
+        == 0
+    )
     # AND the names are visible as literal text in the tables
     body = pg.inner_text("body")
     for name in ("<script>alert(1)</script>", "\"quotes'", "<b>bold</b>", "</script><script>alert(2)</script>",

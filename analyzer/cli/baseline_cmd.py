@@ -18,13 +18,29 @@ def dumps(obj: object) -> bytes:
 
 @click.command("baseline")
 @shared_options
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Where to write the baseline JSON ('-' for stdout), e.g. fixtures/NAME/baseline.json.")
-@click.option("--top-share", default=0.95, show_default=True, type=click.FloatRange(0, 1, min_open=True),
-              help="Keep the kernel groups that cover this share of each phase's time by name; the rest "
-                   "as hashes.")
-def command(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, model: str | None,
-            settings: tuple[str, ...], output: str, top_share: float) -> int:
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the baseline JSON ('-' for stdout), e.g. fixtures/NAME/baseline.json.",
+)
+@click.option(
+    "--top-share",
+    default=0.95,
+    show_default=True,
+    type=click.FloatRange(0, 1, min_open=True),
+    help="Keep the kernel groups that cover this share of each phase's time by name; the rest as hashes.",
+)
+def command(
+    traces: tuple[str, ...],
+    rules: tuple[str, ...],
+    gpu: str | None,
+    model: str | None,
+    settings: tuple[str, ...],
+    output: str,
+    top_share: float,
+) -> int:
     """Analyse TRACE... as one run and write its baseline for `llm-kernel-map gate`.
 
     The baseline keeps, per phase, stage (phase x stage) and top kernel group, the per-step median
@@ -45,6 +61,14 @@ def command(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, mo
             f.write(data)
     parts = [f"{p} {e['steps']} step{'s' if e['steps'] != 1 else ''}" for p, e in obj["phases"].items()]
     n_stages, n_groups = len(obj["stages"]), len(obj["groups"])
-    click.echo(f"wrote {output if output != '-' else 'baseline'}: {', '.join(parts) or 'no steps'}; "
-               f"{n_stages} stage rows, {n_groups} kernel groups", err=True)
+    click.echo(
+        f"wrote {output if output != '-' else 'baseline'}: {', '.join(parts) or 'no steps'}; "
+        f"{n_stages} stage rows, {n_groups} kernel groups",
+        err=True,
+    )
     return 0
+
+
+for _param in command.params:
+    if _param.name == "traces":
+        _param.metavar = "TRACE..."

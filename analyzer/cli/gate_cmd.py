@@ -52,7 +52,9 @@ def _is_saved_json(path: Path) -> bool:
         return False
     with open(path, "rb") as f:
         head = f.read(512)
-    return _BASELINE_MARK in head or (head.lstrip().startswith(b'{"format_version"') and b"traceEvents" not in head)
+    return _BASELINE_MARK in head or (
+        head.lstrip().startswith(b'{"format_version"') and b"traceEvents" not in head
+    )
 
 
 def load_side(paths: tuple[str, ...], options: Options, top_share: float, label: str) -> dict[str, Any]:
@@ -73,30 +75,87 @@ def load_side(paths: tuple[str, ...], options: Options, top_share: float, label:
 
 @click.command("gate")
 @shared_options
-@click.option("--baseline", "baseline_paths", multiple=True, required=True, type=click.Path(),
-              help="Saved baseline JSON (from `llm-kernel-map baseline`) or trace file(s) to analyse.")
-@click.option("--threshold", type=str, default=None, metavar="REL",
-              help="Relative slow-down that fails, e.g. 0.10 or 10%  [default: 0.10]")
-@click.option("--min-delta-us", type=float, default=None, metavar="US",
-              help="Absolute floor per step: smaller increases never fail  [default: 5]")
-@click.option("--stage-threshold", "stage_thresholds", multiple=True, metavar="KEY=REL",
-              help="Override for a phase, stage or kernel: decode=0.05, decode.paged_attention=0.05, "
-                   "'decode.qkv_gemm/nvjet*=0.2' (repeatable; wildcards * ?).")
-@click.option("--min-steps", type=int, default=None, metavar="N",
-              help="Steps a phase needs in both runs to be gated  [default: 3]")
-@click.option("--allow-few-steps", is_flag=True, default=None,
-              help="Gate phases with fewer than --min-steps steps instead of refusing / skipping them.")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "junit", "json"]), default="text",
-              show_default=True, help="Report format on stdout (and for -o files whose extension names none).")
-@click.option("-o", "--output", "outputs", multiple=True, type=click.Path(dir_okay=False),
-              help="Also write the report here; format from the extension (.md, .xml, .json, .txt). "
-                   "Repeatable.")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
-              help="pyproject.toml to read [tool.llm-kernel-map.gate] from  [default: the nearest one]")
-def command(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, model: str | None,
-            settings: tuple[str, ...], baseline_paths: tuple[str, ...], threshold: str | None,
-            min_delta_us: float | None, stage_thresholds: tuple[str, ...], min_steps: int | None,
-            allow_few_steps: bool | None, fmt: str, outputs: tuple[str, ...], config_path: str | None) -> int:
+@click.option(
+    "--baseline",
+    "baseline_paths",
+    multiple=True,
+    required=True,
+    type=click.Path(),
+    help="Saved baseline JSON (from `llm-kernel-map baseline`) or trace file(s) to analyse.",
+)
+@click.option(
+    "--threshold",
+    type=str,
+    default=None,
+    metavar="REL",
+    help="Relative slow-down that fails, e.g. 0.10 or 10%  [default: 0.10]",
+)
+@click.option(
+    "--min-delta-us",
+    type=float,
+    default=None,
+    metavar="US",
+    help="Absolute floor per step: smaller increases never fail  [default: 5]",
+)
+@click.option(
+    "--stage-threshold",
+    "stage_thresholds",
+    multiple=True,
+    metavar="KEY=REL",
+    help="Override for a phase, stage or kernel: decode=0.05, decode.paged_attention=0.05, "
+    "'decode.qkv_gemm/nvjet*=0.2' (repeatable; wildcards * ?).",
+)
+@click.option(
+    "--min-steps",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Steps a phase needs in both runs to be gated  [default: 3]",
+)
+@click.option(
+    "--allow-few-steps",
+    is_flag=True,
+    default=None,
+    help="Gate phases with fewer than --min-steps steps instead of refusing / skipping them.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "junit", "json"]),
+    default="text",
+    show_default=True,
+    help="Report format on stdout (and for -o files whose extension names none).",
+)
+@click.option(
+    "-o",
+    "--output",
+    "outputs",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Also write the report here; format from the extension (.md, .xml, .json, .txt). Repeatable.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="pyproject.toml to read [tool.llm-kernel-map.gate] from  [default: the nearest one]",
+)
+def command(
+    traces: tuple[str, ...],
+    rules: tuple[str, ...],
+    gpu: str | None,
+    model: str | None,
+    settings: tuple[str, ...],
+    baseline_paths: tuple[str, ...],
+    threshold: str | None,
+    min_delta_us: float | None,
+    stage_thresholds: tuple[str, ...],
+    min_steps: int | None,
+    allow_few_steps: bool | None,
+    fmt: str,
+    outputs: tuple[str, ...],
+    config_path: str | None,
+) -> int:
     """Compare CANDIDATE trace(s) with --baseline; exit 1 when a phase, stage or kernel got slower.
 
     Per phase with enough steps in both runs, the per-step median kernel time of the phase, of each
@@ -136,3 +195,8 @@ def command(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, mo
         click.echo(f"wrote {path}", err=True)
     gate_report.render(result, sys.stdout, "text" if outputs else fmt)
     return 1 if result["status"] == "fail" else 0
+
+
+for _param in command.params:
+    if _param.name == "traces":
+        _param.metavar = "CANDIDATE..."

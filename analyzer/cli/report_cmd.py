@@ -19,12 +19,28 @@ def default_output(traces: tuple[str, ...]) -> str:
 
 @click.command("report")
 @shared_options
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help="The HTML file to write [default: reports/<first input>.html].")
-@click.option("--cdn", is_flag=True, help="Link plotly.js from its CDN instead of embedding it (smaller, needs network).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="The HTML file to write [default: reports/<first input>.html].",
+)
+@click.option(
+    "--cdn",
+    is_flag=True,
+    help="Link plotly.js from its CDN instead of embedding it (smaller, needs network).",
+)
 @click.option("--compare", is_flag=True, help="Analyse each input on its own and set them side by side.")
-def command(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, model: str | None,
-            settings: tuple[str, ...], output: str | None, cdn: bool, compare: bool) -> int:
+def command(
+    traces: tuple[str, ...],
+    rules: tuple[str, ...],
+    gpu: str | None,
+    model: str | None,
+    settings: tuple[str, ...],
+    output: str | None,
+    cdn: bool,
+    compare: bool,
+) -> int:
     """Write one self-contained HTML page for TRACE... analysed as one run.
 
     The page holds the inputs, GPU and engine annotations, phases with step-time percentiles, the

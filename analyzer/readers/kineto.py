@@ -35,7 +35,6 @@ from analyzer.model import (
     InputMeta,
     Trace,
     table_from_columns,
-    unify,
 )
 
 FORMAT = "kineto"

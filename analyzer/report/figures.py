@@ -87,13 +87,17 @@ def stage_breakdown(summary: dict[str, Any], phase: str) -> go.Figure | None:
     rows = [r for r in summary.get("stages", []) if r["phase"] == phase and r["time_ns"] > 0]
     if not rows:
         return None
-    phase_ns = (summary.get("phases", {}).get(phase) or {}).get("kernel_ns") or sum(r["time_ns"] for r in rows)
+    phase_ns = (summary.get("phases", {}).get(phase) or {}).get("kernel_ns") or sum(
+        r["time_ns"] for r in rows
+    )
     by_stage: dict[str, int] = {}
     for r in rows:
         by_stage[r["stage"]] = by_stage.get(r["stage"], 0) + r["time_ns"]
     order = sorted(by_stage, key=lambda s: (by_stage[s], s))  # largest at the top
     fig = go.Figure()
-    providers = sorted({r["provider"] for r in rows}, key=lambda p: -sum(r["time_ns"] for r in rows if r["provider"] == p))
+    providers = sorted(
+        {r["provider"] for r in rows}, key=lambda p: -sum(r["time_ns"] for r in rows if r["provider"] == p)
+    )
     for p in providers:
         pr = sorted((r for r in rows if r["provider"] == p), key=lambda r: order.index(r["stage"]))
         fig.add_trace(
@@ -104,16 +108,22 @@ def stage_breakdown(summary: dict[str, Any], phase: str) -> go.Figure | None:
                 x=[r["time_ns"] / 1e6 for r in pr],
                 marker={"color": color_of(p, "provider")},
                 hovertext=[
-                    ftext(f"{r['stage']} / {p}: {fmt_ns(r['time_ns'])}, {fmt_pct(r['time_ns'] / phase_ns)} of "
-                          f"{phase}, {r['count']:,} kernels")
+                    ftext(
+                        f"{r['stage']} / {p}: {fmt_ns(r['time_ns'])}, {fmt_pct(r['time_ns'] / phase_ns)} of "
+                        f"{phase}, {r['count']:,} kernels"
+                    )
                     for r in pr
                 ],
                 hoverinfo="text",
             )
         )
     fig.update_layout(
-        base_layout(ftext(f"{phase}: time by stage and provider"), height=max(260, 60 + 24 * len(order)),
-                    barmode="stack", margin={"l": 130, "r": 20, "t": 50, "b": 45}),
+        base_layout(
+            ftext(f"{phase}: time by stage and provider"),
+            height=max(260, 60 + 24 * len(order)),
+            barmode="stack",
+            margin={"l": 130, "r": 20, "t": 50, "b": 45},
+        ),
         xaxis={"title": {"text": "kernel time (ms)"}, "gridcolor": "#e5e5e5"},
         yaxis={"categoryorder": "array", "categoryarray": [ftext(s) for s in order]},
     )
@@ -183,12 +193,9 @@ def _reduce(df: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _lane(df: pd.DataFrame, multi: bool) -> pd.Series:
+def _lane(df: pd.DataFrame) -> pd.Series:
     stream = df["stream"].astype("Int64").astype(str).replace("<NA>", "?")
-    lane = "gpu " + df["device"].astype(str) + " stream " + stream
-    if multi:
-        lane = "trace " + df["trace_id"].astype(str) + " rank " + df["rank"].astype(str) + " " + lane
-    return lane
+    return "gpu " + df["device"].astype(str) + " stream " + stream
 
 
 def _hover(r: Any) -> str:
@@ -199,20 +206,21 @@ def _hover(r: Any) -> str:
             f"<br>first: {ftext(short(r.norm_name))}")  # fmt: skip
 
 
-def timeline(kernels: pa.Table, steps: Sequence[dict[str, Any]], max_bars: int = TIMELINE_MAX_BARS) -> go.Figure | None:
+def timeline(
+    kernels: pa.Table, steps: Sequence[dict[str, Any]], max_bars: int = TIMELINE_MAX_BARS
+) -> go.Figure | None:
     """A few steps (first prefill, first two decode) drawn per stream, kernels coloured by stage.
 
-    Each step is its own panel with time in microseconds from the step's start. At most ``max_bars``
+    Each step is its own panel, time in microseconds from the step's first kernel. At most ``max_bars``
     bars in all (see :func:`merge_bars`)."""
     chosen: list[dict[str, Any] | None] = list(pick_steps(steps)) or [None]
     if kernels.num_rows == 0:
         return None
-    multi = len(pc.unique(kernels["trace_id"])) > 1
     frames = []
     for st in chosen:
         df = _step_frame(kernels, st)
         if len(df):
-            df["lane"] = _lane(df, multi)
+            df["lane"] = _lane(df)
             frames.append((st, df))
     if not frames:
         return None
@@ -222,14 +230,15 @@ def timeline(kernels: pa.Table, steps: Sequence[dict[str, Any]], max_bars: int =
         if st is None:
             titles.append(ftext(f"first {len(df):,} kernels (no steps found)"))
         else:
-            titles.append(ftext(f"{st['phase']} step {st['step']} (trace {st['trace_id']}): "
-                                f"{fmt_ns(st['dur_ns'])}, {len(df):,} kernels"))  # fmt: skip
+            span = int((df["start_ns"] + df["dur_ns"]).max() - df["start_ns"].min())
+            titles.append(ftext(f"{st['phase']} step {st['step']} (trace {st['trace_id']}, rank {st.get('rank', 0)}): "
+                                f"{len(df):,} kernels over {fmt_ns(span)} (step {fmt_ns(st['dur_ns'])})"))  # fmt: skip
     heights = [max(1, df["lane"].nunique()) + 1 for _, df in frames]
     fig = make_subplots(rows=len(frames), cols=1, subplot_titles=titles, vertical_spacing=0.12 if len(frames) > 1 else 0,
                         row_heights=heights)  # fmt: skip
     seen: set[str] = set()
-    for row, (st, df) in enumerate(frames, start=1):
-        t0 = int(st["start_ns"]) if st is not None else int(df["start_ns"].min())
+    for row, (_, df) in enumerate(frames, start=1):
+        t0 = int(df["start_ns"].min())  # a step's annotation may open long before its first kernel
         bars = merge_bars(df, cap)
         for stage, b in bars.groupby("stage", sort=True):
             fig.add_trace(
@@ -250,11 +259,22 @@ def timeline(kernels: pa.Table, steps: Sequence[dict[str, Any]], max_bars: int =
             )
             seen.add(str(stage))
         last = row == len(frames)
-        fig.update_xaxes(title_text="us from step start" if last else None, gridcolor="#e5e5e5", row=row, col=1)
-        fig.update_yaxes(autorange="reversed", row=row, col=1)
-    fig.update_layout(base_layout(ftext("timeline: a few steps per stream, coloured by stage"),
-                                  height=min(1600, 160 + 90 * len(frames) + 26 * sum(heights)),
-                                  barmode="overlay", bargap=0.25, margin={"l": 150, "r": 20, "t": 70, "b": 45}))
+        fig.update_xaxes(
+            title_text="us from the step's first kernel" if last else None,
+            gridcolor="#e5e5e5",
+            row=row,
+            col=1,
+        )
+        fig.update_yaxes(autorange="reversed", automargin=True, row=row, col=1)
+    fig.update_layout(
+        base_layout(
+            ftext("timeline: a few steps per stream, coloured by stage"),
+            height=min(1600, 160 + 90 * len(frames) + 26 * sum(heights)),
+            barmode="overlay",
+            bargap=0.25,
+            margin={"l": 150, "r": 20, "t": 70, "b": 45},
+        )
+    )
     return fig
 
 
@@ -279,8 +299,12 @@ def roofline(summary: dict[str, Any], phase: str) -> go.Figure | None:
                 mode="markers",
                 x=[g["flops"] / g["bytes"] for g in sg],
                 y=[g["achieved_tflops"] for g in sg],
-                marker={"size": [6 + 34 * math.sqrt(g["time_ns"] / tmax) for g in sg], "color": color_of(stage),
-                        "opacity": 0.75, "line": {"width": 0.5, "color": "#333"}},
+                marker={
+                    "size": [6 + 34 * math.sqrt(g["time_ns"] / tmax) for g in sg],
+                    "color": color_of(stage),
+                    "opacity": 0.75,
+                    "line": {"width": 0.5, "color": "#333"},
+                },
                 hovertext=[
                     f"{ftext(short(g['group_key']))}<br>{ftext(g['stage'])} / {ftext(g['provider'])}: "
                     f"{fmt_ns(g['time_ns'])} in {g['count']:,} kernels<br>{g['achieved_tflops']:.3g} TFLOP/s, "
@@ -343,8 +367,10 @@ def compare_categories(result: dict[str, Any], phase: str) -> go.Figure | None:
                 y=[r["time_ns"][i] / 1e6 for r in rows],
                 marker={"color": PALETTE[i % len(PALETTE)]},
                 hovertext=[
-                    ftext(f"{inp['key']} {r['label']}: {fmt_ns(r['time_ns'][i])}, {fmt_pct(r['share'][i])} of "
-                          f"{phase}" + ("" if r["ratio"][i] is None or i == 0 else f", {r['ratio'][i]:.2f}x A"))
+                    ftext(
+                        f"{inp['key']} {r['label']}: {fmt_ns(r['time_ns'][i])}, {fmt_pct(r['share'][i])} of "
+                        f"{phase}" + ("" if r["ratio"][i] is None or i == 0 else f", {r['ratio'][i]:.2f}x A")
+                    )
                     for r in rows
                 ],
                 hoverinfo="text",
@@ -362,4 +388,3 @@ def figure_json(fig: go.Figure) -> str:
     """The figure as JSON that is safe inside ``<script>``: no ``<``, ``>`` or ``&`` left raw."""
     text = fig.to_json(validate=False, pretty=False, remove_uids=True)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-

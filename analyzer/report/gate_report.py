@@ -33,7 +33,10 @@ def format_for_path(path: str, default: str = "text") -> str:
 def render(result: dict[str, Any], out: TextIO, fmt: str = "text") -> None:
     """Write ``result`` to ``out`` in ``fmt`` (one of :data:`FORMATS`)."""
     renderers: dict[str, Callable[[dict[str, Any], TextIO], None]] = {
-        "text": render_text, "markdown": render_markdown, "junit": render_junit, "json": render_json,
+        "text": render_text,
+        "markdown": render_markdown,
+        "junit": render_junit,
+        "json": render_json,
     }
     renderers[fmt](result, out)
 
@@ -130,9 +133,11 @@ def render_text(result: dict[str, Any], out: TextIO) -> None:
     for p in result["phases"]:
         s, k = p["steps"], p["kernel_ns_p50"]
         state = "gated" if p["gated"] else "not gated"
-        out.write(f"  {p['phase']}: {s['baseline']} vs {s['candidate']} steps ({state}); kernel time/step "
-                  f"{fmt_ns(k['baseline'])} -> {fmt_ns(k['candidate'])}; step time p50 "
-                  f"{fmt_ns(p['step_ns_p50']['baseline'])} -> {fmt_ns(p['step_ns_p50']['candidate'])}\n")
+        out.write(
+            f"  {p['phase']}: {s['baseline']} vs {s['candidate']} steps ({state}); kernel time/step "
+            f"{fmt_ns(k['baseline'])} -> {fmt_ns(k['candidate'])}; step time p50 "
+            f"{fmt_ns(p['step_ns_p50']['baseline'])} -> {fmt_ns(p['step_ns_p50']['candidate'])}\n"
+        )
     for status in _SHOWN:
         rows = _shown(result, status)
         if not rows:
@@ -140,9 +145,11 @@ def render_text(result: dict[str, Any], out: TextIO) -> None:
         out.write(f"\n{_TITLES[status]} (per-step {'median' if status != 'new' else 'time'})\n")
         for r in rows:
             mark = "FAIL " if r["fails"] else "     "
-            out.write(f"  {mark}{_subject(r)}: {fmt_ns(r['baseline_ns'])} -> {fmt_ns(r['candidate_ns'])}  "
-                      f"{fmt_change(r)}  [threshold {r['threshold']:.0%}"
-                      f"{' from ' + r['threshold_from'] if r['threshold_from'] else ''}]\n")
+            out.write(
+                f"  {mark}{_subject(r)}: {fmt_ns(r['baseline_ns'])} -> {fmt_ns(r['candidate_ns'])}  "
+                f"{fmt_change(r)}  [threshold {r['threshold']:.0%}"
+                f"{' from ' + r['threshold_from'] if r['threshold_from'] else ''}]\n"
+            )
             for k in r.get("kernels") or []:
                 out.write(f"         {fmt_change(k):>22}  {short(k['group_key'], 110)}\n")
     if result["notes"]:
@@ -172,30 +179,39 @@ def _md_code(text: str) -> str:
 def render_markdown(result: dict[str, Any], out: TextIO) -> None:
     icon = "✅" if result["status"] == "pass" else "❌"
     out.write(f"### {icon} llm-kernel-map gate: {_md(headline(result))}\n\n")
-    out.write(f"Baseline: {_md(_inputs(result['baseline']))}  \nCandidate: {_md(_inputs(result['candidate']))}\n\n")
+    out.write(
+        f"Baseline: {_md(_inputs(result['baseline']))}  \nCandidate: {_md(_inputs(result['candidate']))}\n\n"
+    )
     out.write("| Phase | Steps (baseline / candidate) | Kernel time per step | Step time p50 | Gated |\n")
     out.write("|---|---:|---:|---:|---|\n")
     for p in result["phases"]:
         s, k, w = p["steps"], p["kernel_ns_p50"], p["step_ns_p50"]
-        out.write(f"| {p['phase']} | {s['baseline']} / {s['candidate']} | {fmt_ns(k['baseline'])} → "
-                  f"{fmt_ns(k['candidate'])} | {fmt_ns(w['baseline'])} → {fmt_ns(w['candidate'])} | "
-                  f"{'yes' if p['gated'] else 'no'} |\n")
+        out.write(
+            f"| {p['phase']} | {s['baseline']} / {s['candidate']} | {fmt_ns(k['baseline'])} → "
+            f"{fmt_ns(k['candidate'])} | {fmt_ns(w['baseline'])} → {fmt_ns(w['candidate'])} | "
+            f"{'yes' if p['gated'] else 'no'} |\n"
+        )
     for status in _SHOWN:
         rows = _shown(result, status)
         if not rows:
             continue
         out.write(f"\n#### {_TITLES[status]}\n\n")
-        out.write("| | What | Baseline /step | Candidate /step | Change | Threshold | Kernels responsible |\n")
+        out.write(
+            "| | What | Baseline /step | Candidate /step | Change | Threshold | Kernels responsible |\n"
+        )
         out.write("|---|---|---:|---:|---:|---:|---|\n")
         for r in rows:
             mark = "❌" if r["fails"] else ""
             what = _md_code(f"{r['phase']}.{r['stage']}") if r["stage"] else f"{r['phase']} (all kernels)"
             if r["level"] == "kernel":
                 what = f"{what} kernel {_md_code(short(r['group_key'], 110))}"
-            kernels = "<br>".join(f"{_md_code(short(k['group_key'], 110))} {_md(fmt_change(k))}"
-                                  for k in r.get("kernels") or [])
-            out.write(f"| {mark} | {what} | {fmt_ns(r['baseline_ns'])} | {fmt_ns(r['candidate_ns'])} | "
-                      f"{_md(fmt_change(r))} | {r['threshold']:.0%} | {kernels} |\n")
+            kernels = "<br>".join(
+                f"{_md_code(short(k['group_key'], 110))} {_md(fmt_change(k))}" for k in r.get("kernels") or []
+            )
+            out.write(
+                f"| {mark} | {what} | {fmt_ns(r['baseline_ns'])} | {fmt_ns(r['candidate_ns'])} | "
+                f"{_md(fmt_change(r))} | {r['threshold']:.0%} | {kernels} |\n"
+            )
     if result["notes"]:
         out.write("\n")
         for n in result["notes"]:
@@ -212,8 +228,10 @@ def _x(text: Any) -> str:
 
 
 def _detail(r: dict[str, Any]) -> str:
-    lines = [f"{_subject(r)}: {fmt_ns(r['baseline_ns'])} -> {fmt_ns(r['candidate_ns'])} per step ({r['statistic']}), "
-             f"{fmt_change(r)}; threshold {r['threshold']:.0%}"]
+    lines = [
+        f"{_subject(r)}: {fmt_ns(r['baseline_ns'])} -> {fmt_ns(r['candidate_ns'])} per step ({r['statistic']}), "
+        f"{fmt_change(r)}; threshold {r['threshold']:.0%}"
+    ]
     lines += [f"  {fmt_change(k)}  {k['group_key']}" for k in r.get("kernels") or []]
     return "\n".join(lines)
 
@@ -228,17 +246,23 @@ def render_junit(result: dict[str, Any], out: TextIO) -> None:
         if not p["gated"]:
             rows = [r for r in result["rows"] if r["phase"] == p["phase"] and r["level"] == "phase"]
         else:
-            rows = [r for r in result["rows"]
-                    if r["phase"] == p["phase"] and (r["level"] != "kernel" or r["fails"])]
+            rows = [
+                r
+                for r in result["rows"]
+                if r["phase"] == p["phase"] and (r["level"] != "kernel" or r["fails"])
+            ]
         for r in rows:
             name = r["id"]
-            case = ET.SubElement(suite, "testcase", classname=_x(f"gate.{p['phase']}"), name=_x(name), time="0")
+            case = ET.SubElement(
+                suite, "testcase", classname=_x(f"gate.{p['phase']}"), name=_x(name), time="0"
+            )
             if not r["gated"]:
                 ET.SubElement(case, "skipped", message=_x(p["reason"] or "not gated"))
                 n_skip += 1
             elif r["fails"]:
-                el = ET.SubElement(case, "failure", type=r["status"],
-                                   message=_x(f"{_subject(r)} {fmt_change(r)} per step"))
+                el = ET.SubElement(
+                    case, "failure", type=r["status"], message=_x(f"{_subject(r)} {fmt_change(r)} per step")
+                )
                 el.text = _x(_detail(r))
                 n_fail += 1
             else:

@@ -23,6 +23,7 @@ from analyzer.report.text import PHASE_ORDER, fmt_ns, fmt_pct
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
 NAME_CELL = 140
+MIN_FIGURE_SHARE = 0.01  # a compared phase this small (of every input's kernel time) gets tables only
 
 PAGE = string.Template("""<!DOCTYPE html>
 <html lang="en">
@@ -88,7 +89,9 @@ def esc(value: Any) -> str:
     return "-" if value is None else html.escape(str(value), quote=True)
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], num: Iterable[int] = (), name: Iterable[int] = ()) -> str:
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], num: Iterable[int] = (), name: Iterable[int] = ()
+) -> str:
     """A table; every cell escaped unless it is :class:`Markup`. ``num``/``name``: column classes."""
     num, name = set(num), set(name)
     out = ["<table><thead><tr>", *(f"<th>{esc(h)}</th>" for h in headers), "</tr></thead><tbody>"]
@@ -150,7 +153,9 @@ def plotly_tag(cdn: bool) -> str:
     from plotly.offline.offline import get_plotlyjs_version
 
     if cdn:
-        return f'<script src="{esc(CDN_URL.format(version=get_plotlyjs_version()))}" charset="utf-8"></script>'
+        return (
+            f'<script src="{esc(CDN_URL.format(version=get_plotlyjs_version()))}" charset="utf-8"></script>'
+        )
     js = get_plotlyjs()
     if "</script" in js.lower():  # never seen; guards the page structure if plotly.js ever contains it
         js = js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
@@ -181,11 +186,16 @@ def render_report(analysis: Any, summary: dict[str, Any], cdn: bool = False) -> 
     _unclassified(page, summary)
     _warnings(page, summary.get("warnings") or [])
     names = ", ".join(os.path.basename(str(i["path"])) for i in summary.get("inputs", []))
-    return page.html(cdn, subtitle=f"{names} | llm-kernel-map {__version__}, summary format "
-                              f"{summary.get('format_version')}, rules {str(summary.get('rules_sha256') or '')[:12]}")
+    return page.html(
+        cdn,
+        subtitle=f"{names} | llm-kernel-map {__version__}, summary format "
+        f"{summary.get('format_version')}, rules {str(summary.get('rules_sha256') or '')[:12]}",
+    )
 
 
-def write_report(analysis: Any, summary: dict[str, Any], path: str | os.PathLike[str], cdn: bool = False) -> None:
+def write_report(
+    analysis: Any, summary: dict[str, Any], path: str | os.PathLike[str], cdn: bool = False
+) -> None:
     """Write the report page to ``path`` (a half-written file is removed on error)."""
     from analyzer.output import output_file
 
@@ -198,7 +208,11 @@ def _gpu_html(gpu: dict[str, Any]) -> str:
     if not gpu.get("name"):
         return f"<p><b>GPU:</b> unknown GPU ({esc(gpu.get('reason') or 'not detected')}): times only, no roofline.</p>"
     peaks = gpu.get("peaks") or {}
-    shown = [(k, peaks[k]) for k in ("bf16_tflops", "fp16_tflops", "fp8_tflops", "fp32_tflops", "hbm_tbps") if k in peaks]
+    shown = [
+        (k, peaks[k])
+        for k in ("bf16_tflops", "fp16_tflops", "fp8_tflops", "fp32_tflops", "hbm_tbps")
+        if k in peaks
+    ]
     arch = f" ({esc(gpu['arch'])})" if gpu.get("arch") else ""
     out = f"<p><b>GPU:</b> {esc(gpu['name'])}{arch}</p>"
     if shown:
@@ -218,7 +232,9 @@ def _header(page: Page, s: dict[str, Any]) -> None:
             for i in s.get("inputs", [])]  # fmt: skip
     page.add(table(["trace", "path", "format", "rank/world", "GPU (trace)", "arch", "sha256"], rows, num=[0]))
     anns = s.get("annotations") or []
-    page.add(f"<p><b>Engine annotations found:</b> {esc(', '.join(map(str, anns))) if anns else 'none (steps and phases from the kernels themselves)'}</p>")
+    page.add(
+        f"<p><b>Engine annotations found:</b> {esc(', '.join(map(str, anns))) if anns else 'none (steps and phases from the kernels themselves)'}</p>"
+    )
     page.add(_gpu_html(s.get("gpu") or {}))
     if s.get("model"):
         page.add(f"<p><b>Model:</b> {esc(s['model'])}</p>")
@@ -250,7 +266,11 @@ def _phases(page: Page, s: dict[str, Any]) -> None:
     for p in _ordered(phases):
         prof = phases[p].get("profile") or []
         rows = [[r["label"], fmt_pct(r["share"]), fmt_ns(r["time_ns"]), r.get("bound") or "-"] for r in prof]
-        page.add(f"<div><h3>{esc(p)}</h3>", table(["Category", "Time%", "time", "Bound-by"], rows, num=[1, 2]), "</div>")
+        page.add(
+            f"<div><h3>{esc(p)}</h3>",
+            table(["Category", "Time%", "time", "Bound-by"], rows, num=[1, 2]),
+            "</div>",
+        )
     page.add("</div>")
 
 
@@ -258,8 +278,14 @@ def _stages(page: Page, s: dict[str, Any]) -> None:
     page.section("stages", "Stages and providers")
     for p in _ordered(s.get("phases") or {}):
         page.figure(figures.stage_breakdown(s, p))
-    rows = [[r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"] for r in s.get("providers", [])]
-    page.add("<h3>Time by provider (all phases)</h3>", table(["provider", "time", "share", "count"], rows, num=[1, 2, 3]))
+    rows = [
+        [r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"]
+        for r in s.get("providers", [])
+    ]
+    page.add(
+        "<h3>Time by provider (all phases)</h3>",
+        table(["provider", "time", "share", "count"], rows, num=[1, 2, 3]),
+    )
 
 
 def _roofline(page: Page, s: dict[str, Any]) -> None:
@@ -279,7 +305,9 @@ def _roofline(page: Page, s: dict[str, Any]) -> None:
             notes.append(f"{len(no_flops)} groups ({fmt_pct(sum(g['time_ns'] for g in no_flops) / total)} of {p} "
                          "time) have no FLOP/byte count and are not drawn")  # fmt: skip
         if invalid:
-            notes.append(f"{len(invalid)} groups are left out because their numbers exceed a peak (a data error)")
+            notes.append(
+                f"{len(invalid)} groups are left out because their numbers exceed a peak (a data error)"
+            )
         if notes:
             page.add(f'<p class="note">{esc("; ".join(notes))}.</p>')
     if not drawn:
@@ -303,7 +331,9 @@ def _value(key: str, v: Any) -> Any:
     if isinstance(v, dict):
         if v and all(isinstance(x, dict) for x in v.values()):
             cols = list(dict.fromkeys(k for x in v.values() for k in x))
-            return Markup(table([key, *cols], [[k, *(_value(c, x.get(c)) for c in cols)] for k, x in v.items()]))
+            return Markup(
+                table([key, *cols], [[k, *(_value(c, x.get(c)) for c in cols)] for k, x in v.items()])
+            )
         return "; ".join(f"{k}: {_value(str(k), x)}" for k, x in v.items())
     if isinstance(v, list | tuple):
         return ", ".join(str(_value(key, x)) for x in v)
@@ -346,7 +376,9 @@ def _unclassified(page: Page, s: dict[str, Any]) -> None:
     rows = s.get("unclassified") or []
     share = sum(r["share"] for r in rows)
     page.section("unclassified", "Unclassified kernels")
-    page.add(f"<p>{fmt_pct(share)} of kernel time in {len(rows)} kernel names matched no rule (stage other).</p>")
+    page.add(
+        f"<p>{fmt_pct(share)} of kernel time in {len(rows)} kernel names matched no rule (stage other).</p>"
+    )
     if rows:
         page.add(table(["share", "time", "count", "kernel"],
                        [[fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", name_cell(r["norm_name"])]
@@ -403,7 +435,9 @@ def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) ->
     for p in r["phases"]:
         ph = p["phase"]
         page.section(f"phase-{ph}", f"{ph}: categories and stages")
-        page.figure(figures.compare_categories(r, ph))
+        if any(t["kernel_ns"] and k >= MIN_FIGURE_SHARE * t["kernel_ns"]
+               for k, t in zip(p["kernel_ns"], (i["totals"] for i in ins), strict=True)):  # fmt: skip
+            page.figure(figures.compare_categories(r, ph))
         cats = [c for c in r["categories"] if c["phase"] == ph]
         page.add(table(["Category", *[f"{k} time" for k in keys], *[f"{k} share" for k in keys], *ratio_heads],
                        [[c["label"], *map(fmt_ns, c["time_ns"]), *map(fmt_pct, c["share"]), *ratios(c["ratio"])]
@@ -413,13 +447,17 @@ def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) ->
                        [[c["stage"], *map(fmt_ns, c["time_ns"]), *["+".join(pr) or "-" for pr in c["providers"]],
                          *ratios(c["ratio"])] for c in stages],
                        num=[*range(1, 1 + len(keys)), *range(1 + 2 * len(keys), 1 + 3 * len(keys))]))  # fmt: skip
-    warnings = [f"{i['key']}: {w}" for i, s in zip(ins, summaries, strict=True) for w in s.get("warnings") or []]
+    warnings = [
+        f"{i['key']}: {w}" for i, s in zip(ins, summaries, strict=True) for w in s.get("warnings") or []
+    ]
     _warnings(page, warnings)
     return page.html(cdn, subtitle=f"{len(ins)} inputs analysed separately; ratios over input {keys[0]} | "
                               f"llm-kernel-map {__version__}")  # fmt: skip
 
 
-def write_compare_report(summaries: list[dict[str, Any]], path: str | os.PathLike[str], cdn: bool = False) -> None:
+def write_compare_report(
+    summaries: list[dict[str, Any]], path: str | os.PathLike[str], cdn: bool = False
+) -> None:
     """Write the side-by-side page of ``summaries`` to ``path``."""
     from analyzer.output import output_file
 

@@ -162,8 +162,16 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
     rows = []
     for i in ins:
         t = i["totals"]
-        rows.append([i["key"], fmt_ns(t.get("wall_ns")), fmt_ns(t.get("busy_ns")), fmt_pct(t.get("idle_fraction")),
-                     fmt_ns(t.get("kernel_ns")), f"{t.get('kernels', 0):,}"])
+        rows.append(
+            [
+                i["key"],
+                fmt_ns(t.get("wall_ns")),
+                fmt_ns(t.get("busy_ns")),
+                fmt_pct(t.get("idle_fraction")),
+                fmt_ns(t.get("kernel_ns")),
+                f"{t.get('kernels', 0):,}",
+            ]
+        )
     out.write("\n")
     _table(out, ["input", "wall", "GPU busy", "idle", "kernel time", "kernels"], rows)
     ratio_heads = [f"{k}/{ref}" for k in keys[1:]]
@@ -174,22 +182,44 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
     out.write("\nPhases\n")
     rows = []
     for p in result["phases"]:
-        rows.append([p["phase"], "kernel time", *[fmt_ns(v) for v in p["kernel_ns"]], *ratios(p["kernel_ratio"])])
+        rows.append(
+            [p["phase"], "kernel time", *[fmt_ns(v) for v in p["kernel_ns"]], *ratios(p["kernel_ratio"])]
+        )
         if any(p["steps"]):
-            rows.append([p["phase"], "step p50", *[fmt_ns(v) if n else "-" for v, n in zip(p["step_p50_ns"], p["steps"], strict=True)],
-                         *ratios(p["step_p50_ratio"])])
+            rows.append(
+                [
+                    p["phase"],
+                    "step p50",
+                    *[fmt_ns(v) if n else "-" for v, n in zip(p["step_p50_ns"], p["steps"], strict=True)],
+                    *ratios(p["step_p50_ratio"]),
+                ]
+            )
     _table(out, ["phase", "metric", *keys, *ratio_heads], rows)
     for p in result["phases"]:
         cats = [r for r in result["categories"] if r["phase"] == p["phase"]]
         if cats:
             out.write(f"\n  {p['phase']}: time by category\n")
-            rows = [[r["label"], *[f"{fmt_ns(t)} {fmt_pct(s)}" for t, s in zip(r["time_ns"], r["share"], strict=True)],
-                     *ratios(r["ratio"])] for r in cats]
+            rows = [
+                [
+                    r["label"],
+                    *[f"{fmt_ns(t)} {fmt_pct(s)}" for t, s in zip(r["time_ns"], r["share"], strict=True)],
+                    *ratios(r["ratio"]),
+                ]
+                for r in cats
+            ]
             _table(out, ["Category", *keys, *ratio_heads], rows, indent="    ")
         stages = [r for r in result["stages"] if r["phase"] == p["phase"]]
         if stages:
             out.write(f"\n  {p['phase']}: time by stage (providers)\n")
-            rows = [[r["stage"], *[fmt_ns(t) + (f" ({'+'.join(pr)})" if pr else "")
-                                   for t, pr in zip(r["time_ns"], r["providers"], strict=True)], *ratios(r["ratio"])]
-                    for r in stages]
+            rows = [
+                [
+                    r["stage"],
+                    *[
+                        fmt_ns(t) + (f" ({'+'.join(pr)})" if pr else "")
+                        for t, pr in zip(r["time_ns"], r["providers"], strict=True)
+                    ],
+                    *ratios(r["ratio"]),
+                ]
+                for r in stages
+            ]
             _table(out, ["stage", *keys, *ratio_heads], rows, indent="    ")

@@ -1,0 +1,148 @@
+"""``--compare`` (analyzer/compare.py, text.render_compare): summaries set side by side, ratios over
+the first input. Hand-built summaries for the arithmetic, the same SGLang decode step on MI300X and
+on B300 for the real thing."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from analyzer.cli import cli
+from analyzer.compare import FORMAT_VERSION, compare_summaries, input_labels
+from analyzer.pipeline import analyze_paths
+from analyzer.report import text
+from analyzer.summary import build_summary
+from tests.conftest import shared
+
+PAIR = "sglang-deepseek-llama8b-decode-mi300x-vs-b300"
+
+
+def fake(
+    gpu: str | None, decode: dict[str, int], path: str = "x.json.gz", stages: list[tuple[str, str, int]] = ()
+) -> dict[str, Any]:
+    """A minimal summary: decode-phase category times (ns) and (stage, provider, ns) rows."""
+    total = sum(decode.values())
+    return {
+        "inputs": [{"trace_id": 0, "path": path, "format": "kineto", "sha256": "0" * 64, "rank": 0}],
+        "gpu": {"name": gpu, "arch": None, "peaks": {}, "reason": None if gpu else "no match"},
+        "totals": {
+            "wall_ns": total,
+            "busy_ns": total,
+            "idle_fraction": 0.0,
+            "kernel_ns": total,
+            "kernels": 3,
+        },
+        "phases": {
+            "decode": {
+                "steps": 1,
+                "kernel_ns": total,
+                "step_ns": {"p50": total},
+                "tokens": 16,
+                "idle_fraction": 0.0,
+                "profile": [
+                    {"category": c, "label": c.title(), "time_ns": t, "share": t / total}
+                    for c, t in decode.items()
+                ],
+            }
+        },  # fmt: skip
+        "stages": [
+            {"phase": "decode", "stage": s, "category": "dense_gemm", "provider": p, "time_ns": t}
+            for s, p, t in stages
+        ],  # fmt: skip
+    }
+
+
+def test_ratios_are_over_the_first_input() -> None:
+    # GIVEN two inputs where B spends half of A's GEMM time and some attention A does not have
+    a = fake("GPU-A", {"dense_gemm": 800, "norm": 200}, stages=[("qkv_gemm", "hipblaslt", 800)])
+    b = fake(
+        "GPU-B",
+        {"dense_gemm": 400, "attention": 100},
+        stages=[("qkv_gemm", "cublas", 300), ("qkv_gemm", "cutlass", 100)],
+    )
+    # WHEN compared
+    r = compare_summaries([a, b])
+    # THEN the result is versioned, keyed A/B, and every ratio is B over A (None where A has none)
+    assert r["format_version"] == FORMAT_VERSION and r["kind"] == "compare"
+    assert [i["key"] for i in r["inputs"]] == ["A", "B"]
+    cats = {c["category"]: c for c in r["categories"]}
+    assert cats["dense_gemm"]["time_ns"] == [800, 400] and cats["dense_gemm"]["ratio"] == [1.0, 0.5]
+    assert cats["attention"]["ratio"] == [None, None] and cats["norm"]["time_ns"] == [200, 0]
+    assert cats["dense_gemm"]["share"] == [0.8, 0.8]
+    (ph,) = r["phases"]
+    assert ph["kernel_ratio"] == [1.0, 0.5] and ph["step_p50_ns"] == [1000, 500]
+    (st,) = r["stages"]
+    assert st["time_ns"] == [800, 400] and st["providers"] == [["hipblaslt"], ["cublas", "cutlass"]]
+    assert r["inputs"][1]["phases"]["decode"]["shares"]["dense_gemm"] == 0.8
+
+
+def test_labels_tell_inputs_apart() -> None:
+    assert input_labels([fake("H200", {"x": 1}), fake("B200", {"x": 1})]) == ["H200", "B200"]
+    same = input_labels([fake("H200", {"x": 1}, "a/base.json"), fake("H200", {"x": 1}, "b/cand.json")])
+    assert same == ["H200, base.json", "H200, cand.json"]
+    assert len(set(input_labels([fake(None, {"x": 1})] * 3))) == 3
+
+
+def test_compare_needs_an_input() -> None:
+    with pytest.raises(ValueError):
+        compare_summaries([])
+
+
+def test_render_compare_prints_columns_and_ratios() -> None:
+    r = compare_summaries([fake("GPU-A", {"dense_gemm": 800}), fake(None, {"dense_gemm": 1600})])
+    out = io.StringIO()
+    text.render_compare(r, out)
+    s = out.getvalue()
+    assert "A: GPU-A" in s and "B: unknown GPU (no match)" in s
+    assert "B/A" in s and "2.00x" in s
+
+
+@pytest.fixture(scope="module")
+def pair_summaries() -> list[dict[str, Any]]:
+    root = shared(PAIR)
+    paths = sorted(root.glob("MI300/*.json.gz")) + sorted(root.glob("B300/*.json.gz"))
+    return [build_summary(analyze_paths([str(p)])) for p in paths]
+
+
+def test_same_decode_step_on_mi300x_and_b300(pair_summaries: list[dict[str, Any]]) -> None:
+    # GIVEN the same SGLang decode step (bs=16, Llama-8B) on MI300X and on B300
+    r = compare_summaries(pair_summaries)
+    a, b = r["inputs"]
+    assert "MI300X" in a["gpu"]["name"] and "B300" in b["gpu"]["name"]
+    # THEN category times add up to each phase's kernel time, and ratios are B over A
+    decode = next(p for p in r["phases"] if p["phase"] == "decode")
+    assert decode["steps"] == [1, 1]
+    cats = [c for c in r["categories"] if c["phase"] == "decode"]
+    for i in range(2):
+        assert sum(c["time_ns"][i] for c in cats) == decode["kernel_ns"][i]
+        assert sum(c["share"][i] for c in cats) == pytest.approx(1.0)
+    for c in cats:
+        if c["time_ns"][0]:
+            assert c["ratio"][1] == pytest.approx(c["time_ns"][1] / c["time_ns"][0])
+    gemm = next(c for c in cats if c["category"] == "dense_gemm")
+    assert gemm["time_ns"][0] > 0 and gemm["time_ns"][1] > 0
+    # AND the stage rows carry each vendor's GEMM library
+    qkv = next(s for s in r["stages"] if s["phase"] == "decode" and s["stage"] == "qkv_gemm")
+    assert qkv["providers"][0] != qkv["providers"][1]
+
+
+def test_analyze_compare_cli(tmp_path: Path) -> None:
+    root = shared(PAIR)
+    paths = [str(p) for p in sorted(root.glob("MI300/*.json.gz")) + sorted(root.glob("B300/*.json.gz"))]
+    out_json, out_html = tmp_path / "cmp.json", tmp_path / "cmp.html"
+    res = CliRunner().invoke(cli, ["analyze", *paths, "--compare", "--json", str(out_json), "--html", str(out_html)],
+                             standalone_mode=False)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "B/A" in res.output and "MI300X" in res.output
+    assert json.loads(out_json.read_text())["kind"] == "compare"
+    page = out_html.read_text()
+    assert page.count('class="fig"') >= 1 and "B300" in page
+    res = CliRunner().invoke(cli, ["report", *paths, "--compare", "--cdn", "-o", str(tmp_path / "r.html")],
+                             standalone_mode=False)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r.html").stat().st_size < 1_000_000
