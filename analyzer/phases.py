@@ -361,9 +361,19 @@ def _steps_from_structure(
     starts = _graph_launch_start(forward_starts(stages), df.loc[idx, "corr"].to_numpy(),
                                  kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx])
     source = "forward"
+    k_st = df.loc[idx, "start"].to_numpy(np.int64)
+    k_du = df.loc[idx, "dur"].to_numpy(np.int64)
     if len(starts) == 0:
-        starts = _gap_starts(df.loc[idx, "start"].to_numpy(np.int64), df.loc[idx, "dur"].to_numpy(np.int64))
+        starts = _gap_starts(k_st, k_du)
         source = "gaps"
+    elif starts[0] > 0 and np.isin(stages[: starts[0]], GEMMS + ATTENTION).any():
+        # a forward before the first recognised one (its embedding ran elsewhere, e.g. on the
+        # host): the prefix is a step of its own rather than time outside every step
+        first_heavy = int(np.flatnonzero(np.isin(stages[: starts[0]], GEMMS + ATTENTION))[0])
+        lead = first_heavy
+        while lead > 0 and stages[lead - 1] not in ("memset", "memcpy"):
+            lead -= 1
+        starts = np.unique(np.concatenate([[lead], starts]))
     bounds = list(starts.tolist()) + [len(idx)]
     segments = [idx[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     if not segments:

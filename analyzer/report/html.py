@@ -13,13 +13,16 @@ import html
 import os
 import string
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
 from analyzer import __version__
 from analyzer.report import figures
 from analyzer.report.text import PHASE_ORDER, fmt_ns, fmt_pct
+
+if TYPE_CHECKING:
+    from analyzer.pipeline import Analysis
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
 NAME_CELL = 140
@@ -169,7 +172,7 @@ def _ordered(phases: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- analysis page
 
 
-def render_report(analysis: Any, summary: dict[str, Any], cdn: bool = False) -> str:
+def render_report(analysis: Analysis, summary: dict[str, Any], cdn: bool = False) -> str:
     """The whole page for one analysis, as text. ``analysis.kernels`` feeds only the timeline."""
     page = Page("llm-kernel-map report")
     _header(page, summary)
@@ -194,7 +197,7 @@ def render_report(analysis: Any, summary: dict[str, Any], cdn: bool = False) -> 
 
 
 def write_report(
-    analysis: Any, summary: dict[str, Any], path: str | os.PathLike[str], cdn: bool = False
+    analysis: Analysis, summary: dict[str, Any], path: str | os.PathLike[str], cdn: bool = False
 ) -> None:
     """Write the report page to ``path`` (a half-written file is removed on error)."""
     from analyzer.output import output_file
