@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from analyzer import rules as rules_mod
+from analyzer.names import normalize_name
 from analyzer.errors import UsageError
 
 
@@ -55,13 +58,23 @@ def explain(rule_id: str, extra: tuple[str, ...]) -> int:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 def check(file: str) -> int:
     """Validate a user rule FILE together with the built-in table (schema, ReDoS, examples, shadowing)."""
-    rs = _ruleset((file,))
-    problems = rules_mod.check_ruleset(rs) if hasattr(rules_mod, "check_ruleset") else []
+    rs = _ruleset((file,))  # schema, vocabularies and ReDoS safety are checked while loading
+    mine = [r for r in rs.rules if r.source and Path(r.source).resolve() == Path(file).resolve()]
+    problems = []
+    for r in mine:
+        for ex in r.examples:
+            first = rs.first_rule(normalize_name(ex), ex)
+            if first is None or first.id != r.id:
+                who = "no rule" if first is None else f"earlier rule {first.id}"
+                problems.append(f"{r.id}: example {ex[:80]!r} is classified by {who}")
+        for ex in r.not_examples:
+            if r.hits(normalize_name(ex), ex):
+                problems.append(f"{r.id}: not_example {ex[:80]!r} matches the pattern")
     for p in problems:
         click.echo(p)
     if problems:
-        raise UsageError(f"{file}: {len(problems)} problem(s)")
-    n = sum(1 for r in rs.rules if r.source == str(file) or r.source.endswith(file))
+        raise UsageError(f"{file}: {len(problems)} problem(s) (listed above)")
+    n = len(mine)
     click.echo(f"{file}: ok ({n} rules, taking precedence over {len(rs.rules) - n} built-in rules)")
     return 0
 

@@ -431,10 +431,11 @@ def _parse_shapes(
     n = len(dims_raw)
     dims: list[list[list[int]] | None] = [None] * n
     types: list[list[str] | None] = [None] * n
-    draw = dims_raw.to_pylist()
-    traw = types_raw.to_pylist()
-    for i in np.flatnonzero(wanted).tolist():
-        d, t = draw[i], traw[i]
+    idx = np.flatnonzero(wanted)
+    draw = dims_raw.take(pa.array(idx)).to_pylist()
+    traw = types_raw.take(pa.array(idx)).to_pylist()
+    for j, i in enumerate(idx.tolist()):
+        d, t = draw[j], traw[j]
         if d is not None:
             try:
                 dims[i] = _clean_dims(orjson.loads(d))
@@ -511,25 +512,26 @@ def _post_process(
     # host ops
     if h is not None and h.num_rows:
         h = h.unify_dictionaries().combine_chunks()
-        hdf = h.select(["name", "category"]).to_pandas()
-        linked = np.zeros(h.num_rows, bool)
+        nh = h.num_rows
+        is_op = pa.compute.equal(h["category"].cast(pa.string()), "cpu_op").to_numpy(zero_copy_only=False)
+        linked = np.zeros(nh, bool)
         if k is not None and k.num_rows:
             ext = pa.compute.unique(k["external_id"].drop_null())
             linked = pa.compute.is_in(h["external_id"], ext).to_numpy(zero_copy_only=False)
-            linked &= (hdf["category"].astype(str) == "cpu_op").to_numpy()
+            linked &= is_op
         dims, types = _parse_shapes(
             h["dims_raw"].combine_chunks(), h["types_raw"].combine_chunks(), linked
         )
         host_cols = {
-            "trace_id": np.zeros(len(hdf), np.int16),
-            "rank": np.full(len(hdf), rank, np.int16),
-            "name": hdf["name"].astype(str).tolist(),
+            "trace_id": np.zeros(nh, np.int16),
+            "rank": np.full(nh, rank, np.int16),
+            "name": h["name"].combine_chunks(),
             "start_ns": _shift(h["ts"], base),
             "dur_ns": _fill0(h["dur"]),
             "external_id": h["external_id"],
             "input_dims": dims,
             "input_types": types,
-            "category": hdf["category"].astype(str).tolist(),
+            "category": h["category"].combine_chunks(),
             "tid": h["tid"],
             "correlation": h["correlation"],
         }
