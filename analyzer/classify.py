@@ -151,19 +151,21 @@ def op_hint_table() -> dict[str, str]:
 def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | None], list[Any]]:
     """Name and input shapes of the innermost cpu_op that launched each kernel (External id)."""
     n = kernels.num_rows
-    if host_ops.num_rows == 0:
+    if host_ops.num_rows == 0 or kernels["launch_op_id"].null_count == n:
         return [None] * n, [None] * n
-    ops = host_ops.filter(pc.equal(host_ops["category"].cast(pa.string()), "cpu_op"))
-    ops = ops.filter(pc.is_valid(ops["external_id"]))
+    cat = host_ops["category"].cast(pa.string())
+    wanted = pc.unique(kernels["launch_op_id"].drop_null())
+    ops = host_ops.filter(pc.and_(pc.equal(cat, "cpu_op"), pc.is_in(host_ops["external_id"], wanted)))
     if ops.num_rows == 0:
         return [None] * n, [None] * n
     # several rows per (trace_id, external id): keep the innermost = latest start
-    df = ops.select(["trace_id", "external_id", "name", "start_ns", "input_dims"]).to_pandas()
-    df["name"] = df["name"].astype(str)
-    df = df.sort_values("start_ns").drop_duplicates(["trace_id", "external_id"], keep="last")
-    keys = list(zip(df["trace_id"].tolist(), df["external_id"].tolist(), strict=True))
-    names = dict(zip(keys, df["name"].tolist(), strict=True))
-    dims = dict(zip(keys, df["input_dims"].tolist(), strict=True))
+    ops = ops.sort_by([("start_ns", "ascending")])
+    names: dict[tuple[int, int], str] = {}
+    dims: dict[tuple[int, int], Any] = {}
+    for t, e, nm, d in zip(ops["trace_id"].to_pylist(), ops["external_id"].to_pylist(),
+                           ops["name"].cast(pa.string()).to_pylist(), ops["input_dims"].to_pylist(), strict=True):
+        names[(t, e)] = nm
+        dims[(t, e)] = d
     tid = kernels["trace_id"].to_pylist()
     ext = kernels["launch_op_id"].to_pylist()
     out_n = [names.get((t, e)) if e is not None else None for t, e in zip(tid, ext, strict=True)]
@@ -250,7 +252,14 @@ def walk_sequence(
     n = len(rows)
     st = [stage[r] for r in rows]
     nm = [norm[r] for r in rows]
-    normish = [_norm_like(st[p], nm[p]) for p in range(n)]
+    memo: dict[tuple[str, str], bool] = {}
+    normish = []
+    for p in range(n):
+        key = (st[p], nm[p])
+        v = memo.get(key)
+        if v is None:
+            v = memo[key] = _norm_like(*key)
+        normish.append(v)
     ops = _gemm_ops(seq, stage, norm, launch)
     # next anchor after each position (skipping GEMMs and generic kernels)
     nxt: list[str] = [""] * (n + 1)

@@ -8,6 +8,7 @@ only wires options into these two calls; reporters and the gate consume the resu
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from analyzer.model import Trace, concat_traces
-from analyzer.readers import expand_inputs, read_trace
+from analyzer.readers import expand_inputs
 
 
 @dataclasses.dataclass
@@ -50,14 +51,23 @@ def load_inputs(
     paths: Sequence[str],
     progress: ProgressFn | None = None,
     byte_progress: Callable[[int, int], None] | None = None,
+    jobs: int | None = None,
+    cache: bool | str | os.PathLike[str] | None = False,
+    executor: str = "local",
+    scheduler: str | None = None,
 ) -> Trace:
-    """Read every input (directories expand to the traces inside) and join them as one run."""
+    """Read every input (directories expand to the traces inside) and join them as one run.
+
+    ``jobs`` processes parse several files at once (default: one per file, at most one per CPU);
+    ``cache`` (True: ``$LKM_CACHE_DIR`` or ``~/.cache/llm-kernel-map``; a folder; False: off) keeps
+    parsed tables so the same trace is parsed once; ``executor="dask"`` runs the parsing on the Dask
+    cluster at ``scheduler`` (a local one without it). See :mod:`analyzer.executor`.
+    """
+    from analyzer.executor import read_traces
+
     files = expand_inputs(list(paths))
-    traces = []
-    for i, p in enumerate(files):
-        if progress:
-            progress(str(p), i, len(files))
-        traces.append(read_trace(p, progress=byte_progress))
+    traces = read_traces(files, jobs=jobs, cache=cache, executor=executor, scheduler=scheduler,
+                         progress=progress, byte_progress=byte_progress)
     trace = concat_traces(traces) if len(traces) > 1 else traces[0]
     for i, m in enumerate(trace.inputs):
         m.trace_id = i

@@ -45,6 +45,7 @@ COLUMNS = {
     "intensity": pa.float64(),
     "bound": pa.string(),
 }
+_MISSING = object()
 LATENCY_NS = 10_000  # a kernel shorter than this that reaches < LATENCY_PCT of its roof
 LATENCY_PCT = 0.10
 
@@ -225,24 +226,27 @@ def kernel_work(
         "kind": kernels["kind"].to_pandas(),
     })
     # 1. shapes
-    if host_ops.num_rows:
-        ops = host_ops.filter(pc.and_(pc.equal(host_ops["category"].cast(pa.string()), "cpu_op"),
-                                      pc.is_valid(host_ops["input_dims"])))
+    if host_ops.num_rows and kernels["launch_op_id"].null_count < n:
+        cat = host_ops["category"].cast(pa.string())
+        wanted_ids = pc.unique(kernels["launch_op_id"].drop_null())
+        ops = host_ops.filter(pc.and_(pc.and_(pc.equal(cat, "cpu_op"), pc.is_valid(host_ops["input_dims"])),
+                                      pc.is_in(host_ops["external_id"], wanted_ids)))
         if ops.num_rows:
-            odf = ops.select(["trace_id", "external_id", "name", "input_dims", "input_types", "start_ns"]).to_pandas()
-            odf["name"] = odf["name"].astype(str)
-            odf = odf.sort_values("start_ns").drop_duplicates(["trace_id", "external_id"], keep="last")
+            ops = ops.sort_by([("start_ns", "ascending")])  # innermost op (latest start) wins below
             work = {}
-            for t, e, name, d, ty in zip(odf["trace_id"], odf["external_id"], odf["name"], odf["input_dims"],
-                                         odf["input_types"], strict=True):
-                w = op_work(name, [list(x) for x in d] if d is not None else None,
-                            list(ty) if ty is not None else None)
-                if w is not None:
-                    work[(int(t), int(e))] = w
+            memo: dict[tuple, Any] = {}  # the same op on the same shapes repeats every layer and step
+            for t, e, name, d, ty in zip(ops["trace_id"].to_pylist(), ops["external_id"].to_pylist(),
+                                         ops["name"].cast(pa.string()).to_pylist(), ops["input_dims"].to_pylist(),
+                                         ops["input_types"].to_pylist(), strict=True):
+                mk = (name, repr(d), repr(ty))
+                w = memo.get(mk, _MISSING)
+                if w is _MISSING:
+                    w = memo[mk] = op_work(name, d, ty)
+                work[(t, e)] = w
             linked = kdf[kdf["ext"].notna() & (kdf["kind"] == "kernel")]
             # the longest kernel of each op carries the op's numbers
             lead = linked.sort_values("dur", ascending=False).drop_duplicates(["trace_id", "ext"])
-            for i, t, e in zip(lead.index, lead["trace_id"], lead["ext"], strict=True):
+            for i, t, e in zip(lead.index.tolist(), lead["trace_id"].tolist(), lead["ext"].tolist(), strict=True):
                 w = work.get((int(t), int(e)))
                 if w is not None:
                     flops[i], nbytes[i], dtype[i] = w
@@ -288,33 +292,37 @@ def _model_work(kernels: pa.Table, model: architectures.ModelArch, tp: int, flop
 def rates(dur_ns: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, dtype: list[str],
           spec: hardware.GpuSpec | None) -> dict[str, Any]:
     dur = np.asarray(dur_ns, np.float64)
+    flops = np.asarray(flops, np.float64)
+    nbytes = np.asarray(nbytes, np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         tflops = np.where(dur > 0, flops / dur / 1e3, np.nan)  # flop/ns = GFLOP/s; /1e3 -> TFLOP/s
         tbps = np.where(dur > 0, nbytes / dur / 1e3, np.nan)  # byte/ns = GB/s; /1e3 -> TB/s
         intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
     n = len(dur)
     pct = np.full(n, np.nan)
-    bound = np.array(["unknown"] * n, dtype=object)
+    bound = np.full(n, "unknown", dtype=object)
     if spec is not None:
         bw = spec.hbm_tbps
-        peaks = {d: hardware.peak_tflops(spec, d) for d in set(dtype)}
-        for i in range(n):
-            if np.isnan(tbps[i]) and np.isnan(tflops[i]):
-                continue
-            peak = peaks.get(dtype[i]) or hardware.peak_tflops(spec, "bf16")
-            if (not np.isnan(tflops[i]) and peak and tflops[i] > peak) or (not np.isnan(tbps[i]) and tbps[i] > bw):
-                bound[i] = "invalid"
-                continue
-            if flops[i] > 0 and peak:
-                roof = min(peak, intensity[i] * bw) if not np.isnan(intensity[i]) else peak
-                pct[i] = tflops[i] / roof if roof > 0 else np.nan
-                ridge = peak / bw
-                kind = "compute" if intensity[i] >= ridge else "memory"
-            else:
-                pct[i] = tbps[i] / bw
-                kind = "memory"
-            bound[i] = "latency" if (dur[i] < LATENCY_NS and pct[i] < LATENCY_PCT) else kind
-    tflops = np.where(bound == "invalid", np.nan, tflops)
-    tbps = np.where(bound == "invalid", np.nan, tbps)
+        default = hardware.peak_tflops(spec, "bf16") or np.nan
+        dts = np.asarray(dtype, dtype=object)
+        peak = np.full(n, default)
+        for d in set(dtype):
+            p = hardware.peak_tflops(spec, d)
+            peak[dts == d] = p if p else default
+        has = ~(np.isnan(tbps) & np.isnan(tflops))
+        over = has & ((~np.isnan(tflops) & (tflops > peak)) | (~np.isnan(tbps) & (tbps > bw)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            roof = np.where(np.isnan(intensity), peak, np.minimum(peak, intensity * bw))
+            compute_pct = np.where(roof > 0, tflops / roof, np.nan)
+        has_flops = has & ~over & (np.nan_to_num(flops) > 0) & ~np.isnan(peak)
+        mem_only = has & ~over & ~has_flops
+        pct = np.where(has_flops, compute_pct, np.where(mem_only, tbps / bw, np.nan))
+        kind = np.where(has_flops & (intensity >= peak / bw), "compute", "memory")
+        latency = (dur < LATENCY_NS) & (pct < LATENCY_PCT)
+        ok = has & ~over
+        bound = np.where(ok, np.where(latency, "latency", kind), bound)
+        bound = np.where(over, "invalid", bound).astype(object)
+        tflops = np.where(over, np.nan, tflops)
+        tbps = np.where(over, np.nan, tbps)
     return {"flops": flops, "bytes": nbytes, "achieved_tflops": tflops, "achieved_tbps": tbps,
             "pct_of_peak": pct, "intensity": intensity, "bound": bound.tolist()}

@@ -14,6 +14,7 @@ import pandas as pd
 
 from analyzer import timeline
 from analyzer.pipeline import Analysis
+from analyzer.ranks import rank_summary
 
 FORMAT_VERSION = 1
 PHASES = ("prefill", "decode", "mixed", "unknown")
@@ -21,11 +22,12 @@ TOP_KERNELS = 15
 
 
 def kernels_frame(analysis: Analysis) -> pd.DataFrame:
-    """The analysed kernels as pandas, dictionary columns as plain strings."""
-    df = analysis.kernels.to_pandas()
-    for c in df.columns:
-        if isinstance(df[c].dtype, pd.CategoricalDtype):
-            df[c] = df[c].astype(str)
+    """The analysed kernels as pandas (string columns categorical), built once per kernels table."""
+    cached = getattr(analysis, "_frame", None)
+    if cached is not None and cached[0] is analysis.kernels:
+        return cached[1]
+    df = analysis.kernels.to_pandas(strings_to_categorical=True)
+    analysis._frame = (analysis.kernels, df)  # type: ignore[attr-defined]
     return df
 
 
@@ -62,6 +64,7 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
         "steps": step_rows(analysis),
         "findings": analysis.findings,
         "warnings": analysis.warnings,
+        "ranks": rank_summary(df),
     }
 
 
@@ -115,7 +118,7 @@ def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str,
         idle = float(1 - busy / span) if span else 0.0
     labels = category_labels()
     prof = []
-    for cat, g in sub.groupby("category", sort=False):
+    for cat, g in sub.groupby("category", sort=False, observed=True):
         t = int(g["dur_ns"].sum())
         prof.append(
             {
@@ -147,16 +150,27 @@ def _dominant_bound(g: pd.DataFrame) -> str | None:
     """The bound that holds for most of this group's time (None before the roofline ran)."""
     if "bound" not in g or g["bound"].isna().all():
         return None
-    t = g.groupby("bound")["dur_ns"].sum()
+    t = g.groupby("bound", observed=True)["dur_ns"].sum()
     t = t.drop(labels=[b for b in ("unknown", "invalid") if b in t.index], errors="ignore")
+    t = t[t > 0]
     if t.empty:
         return "unknown"
     return str(t.idxmax())
 
 
+def dominant_bounds(df: pd.DataFrame, keys: list[str]) -> dict[tuple, str]:
+    """``_dominant_bound`` for every group of ``keys`` at once."""
+    if "bound" not in df or len(df) == 0:
+        return {}
+    t = df.groupby(keys + ["bound"], observed=True, sort=False)["dur_ns"].sum().reset_index()
+    t = t[~t["bound"].isin(["unknown", "invalid"]) & (t["dur_ns"] > 0)]
+    t = t.sort_values("dur_ns", ascending=False).drop_duplicates(keys)
+    return {tuple(r[:-2]) if len(keys) > 1 else r[0]: str(r[-2]) for r in t.itertuples(index=False)}
+
+
 def stage_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     rows = []
-    for (phase, stage, provider), g in df.groupby(["phase", "stage", "provider"], sort=True):
+    for (phase, stage, provider), g in df.groupby(["phase", "stage", "provider"], sort=True, observed=True):
         t = int(g["dur_ns"].sum())
         rows.append(
             {
@@ -175,7 +189,7 @@ def stage_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
 
 def provider_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     rows = []
-    for provider, g in df.groupby("provider", sort=True):
+    for provider, g in df.groupby("provider", sort=True, observed=True):
         t = int(g["dur_ns"].sum())
         rows.append({"provider": provider, "time_ns": t, "share": t / total if total else 0.0,
                      "count": int(g["count"].sum())})
@@ -195,25 +209,32 @@ def _none_if_nan(v: Any) -> Any:
 
 
 def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
-    rows = []
     keys = ["group_key", "phase", "stage", "provider"]
-    for (gk, phase, stage, provider), g in df.groupby(keys, sort=True):
-        t = int(g["dur_ns"].sum())
-        flops = g["flops"].sum(min_count=1) if "flops" in g else np.nan
-        nbytes = g["bytes"].sum(min_count=1) if "bytes" in g else np.nan
+    if len(df) == 0:
+        return []
+    agg = df.groupby(keys, observed=True, sort=True).agg(
+        count=("count", "sum"), time_ns=("dur_ns", "sum"),
+        flops=("flops", lambda x: x.sum(min_count=1)), bytes=("bytes", lambda x: x.sum(min_count=1)),
+    ) if "flops" in df else df.groupby(keys, observed=True, sort=True).agg(count=("count", "sum"), time_ns=("dur_ns", "sum"))
+    bounds = dominant_bounds(df, keys)
+    rows = []
+    for key, r in zip(agg.index, agg.itertuples(index=False), strict=True):
+        t = int(r.time_ns)
+        flops = _none_if_nan(getattr(r, "flops", None))
+        nbytes = _none_if_nan(getattr(r, "bytes", None))
         rows.append(
             {
-                "group_key": gk,
-                "phase": phase,
-                "stage": stage,
-                "provider": provider,
-                "count": int(g["count"].sum()),
+                "group_key": str(key[0]),
+                "phase": str(key[1]),
+                "stage": str(key[2]),
+                "provider": str(key[3]),
+                "count": int(r.count),
                 "time_ns": t,
-                "flops": _none_if_nan(flops),
-                "bytes": _none_if_nan(nbytes),
-                "achieved_tflops": _none_if_nan(flops / t / 1e3) if t and not pd.isna(flops) else None,
-                "achieved_tbps": _none_if_nan(nbytes / t / 1e3) if t and not pd.isna(nbytes) else None,
-                "bound": _dominant_bound(g),
+                "flops": flops,
+                "bytes": nbytes,
+                "achieved_tflops": flops / t / 1e3 if t and flops is not None else None,
+                "achieved_tbps": nbytes / t / 1e3 if t and nbytes is not None else None,
+                "bound": bounds.get(tuple(key), "unknown") if "bound" in df and df["bound"].notna().any() else None,
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["group_key"], r["phase"]))
@@ -222,17 +243,22 @@ def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 def top_kernels(df: pd.DataFrame, total: int, n: int = TOP_KERNELS) -> list[dict[str, Any]]:
     rows = []
-    for gk, g in df.groupby("group_key", sort=False):
+    if len(df) == 0:
+        return rows
+    tot = df.groupby("group_key", observed=True)["dur_ns"].sum()
+    tot = tot.reset_index().sort_values(["dur_ns", "group_key"], ascending=[False, True])
+    for gk in tot["group_key"].head(n):
+        g = df[df["group_key"] == gk]
         t = int(g["dur_ns"].sum())
         first = g.iloc[0]
         rows.append(
             {
-                "group_key": gk,
-                "norm_name": first["norm_name"],
-                "stage": first["stage"],
-                "provider": first["provider"],
-                "rule_id": first["rule_id"],
-                "phases": sorted(set(g["phase"])),
+                "group_key": str(gk),
+                "norm_name": str(first["norm_name"]),
+                "stage": str(first["stage"]),
+                "provider": str(first["provider"]),
+                "rule_id": str(first["rule_id"]),
+                "phases": sorted({str(p) for p in g["phase"]}),
                 "count": int(g["count"].sum()),
                 "time_ns": t,
                 "share": t / total if total else 0.0,
@@ -255,7 +281,7 @@ def _tile(row: pd.Series) -> str | None:
 def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     sub = df[df["stage"] == "other"]
     rows = []
-    for name, g in sub.groupby("norm_name", sort=False):
+    for name, g in sub.groupby("norm_name", sort=False, observed=True):
         t = int(g["dur_ns"].sum())
         rows.append({"norm_name": name, "count": int(g["count"].sum()), "time_ns": t,
                      "share": t / total if total else 0.0})

@@ -20,12 +20,13 @@ import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analyzer.errors import InputError
 from analyzer.model import (
@@ -56,7 +57,7 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_END = re.compile(rb"\}\s*\]")
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     # Integers are sometimes written as strings ("256", "0x0" on ROCm): accept both, coerce later.
     external_id: int | str | None = msgspec.field(name="External id", default=None)
     correlation: int | str | None = None
@@ -72,8 +73,7 @@ class _Args(msgspec.Struct):
     nbytes: int | str | None = msgspec.field(name="bytes", default=None)
 
 
-class _Event(msgspec.Struct):
-    ph: str | None = None
+class _Body(msgspec.Struct, gc=False):
     cat: str | None = None
     name: str | None = None
     pid: int | str | None = None
@@ -83,7 +83,39 @@ class _Event(msgspec.Struct):
     args: _Args | None = None
 
 
-_DECODER = msgspec.json.Decoder(list[_Event])
+class _Event(_Body, gc=False):
+    ph: Any = None
+
+
+_LENIENT = msgspec.json.Decoder(list[_Event])
+
+
+class _X(_Body, gc=False, tag_field="ph", tag="X"):
+    """A complete event; the only phase we read."""
+
+
+def _skipped(tag: str) -> type:
+    # other phases (flows, instants, counters, metadata ...) decode to an empty struct: msgspec
+    # skips their fields in C without building a single string
+    return msgspec.defstruct(f"_Ph{ord(tag)}", [], gc=False, tag_field="ph", tag=tag)
+
+
+_PHASES = "BEiICbneOstfPNDMVvRc()"
+_FAST = msgspec.json.Decoder(list[Union[_X, *[_skipped(t) for t in _PHASES]]])  # type: ignore[misc]
+
+
+class _Decoder:
+    """Tagged decoding first; any surprise (a phase not in the list, no "ph") -> the lenient one."""
+
+    @staticmethod
+    def decode(data: bytes) -> list[Any]:
+        try:
+            return _FAST.decode(data)
+        except msgspec.ValidationError:
+            return _LENIENT.decode(data)
+
+
+_DECODER = _Decoder()
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -296,23 +328,13 @@ class _Builder:
         self.host: list[pa.Table] = []
         self.ann: list[pa.Table] = []
 
-    def add(self, events: list[_Event]) -> None:
-        gpu, host, ann = [], [], []
-        gpu_cats, host_cats = _GPU_CATS, _HOST_CATS
-        for e in events:
-            if e.ph != "X":
-                continue
-            c = e.cat
-            if c in host_cats:
-                host.append(e)
-            elif c in gpu_cats:
-                gpu.append(e)
-            elif c in _ANN_CATS:
-                ann.append(e)
-            elif c is not None and c.lower() != c:
-                lc = c.lower()  # early Kineto capitalised categories
-                if lc in gpu_cats:
-                    gpu.append(e)
+    def add(self, events: list[Any]) -> None:
+        x = [e for e in events if type(e) is _X or (type(e) is _Event and e.ph == "X")]
+        host = [e for e in x if e.cat in _HOST_CATS]
+        gpu = [e for e in x if e.cat in _GPU_CATS]
+        ann = [e for e in x if e.cat in _ANN_CATS]
+        # early Kineto capitalised categories ("Kernel", "Memcpy" ...)
+        gpu += [e for e in x if e.cat and e.cat not in _GPU_CATS and e.cat.lower() in _GPU_CATS]
         if gpu:
             self.kernels.append(_gpu_table(gpu))
         if host:
@@ -347,8 +369,13 @@ def _int(v: Any) -> int | None:
     return None
 
 
-def _ints(values: list[Any]) -> list[int | None]:
-    return [v if type(v) is int else _int(v) for v in values]
+def _ints(values: list[Any]) -> pa.Array:
+    """int64 column; the C fast path handles ints and None, strings and floats take the slow one."""
+    try:
+        return pa.array(values, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        out = [v if type(v) is int else _int(v) for v in values]
+        return pa.array([v if v is None or -(2**63) <= v < 2**63 else None for v in out], pa.int64())
 
 
 def _num(v: Any) -> float:
@@ -364,20 +391,22 @@ def _num(v: Any) -> float:
 
 def _us_to_ns(values: list[Any]) -> pa.Array:
     try:
-        arr = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-    except (ValueError, TypeError):
+        arr = pa.array(values, pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
         arr = np.array([_num(v) for v in values], dtype=np.float64)
-    mask = np.isnan(arr)
+    mask = ~np.isfinite(arr) | (np.abs(arr) > 9e15)
     ns = np.rint(arr * 1000.0)
     ns[mask] = 0
     return pa.array(ns.astype(np.int64), mask=mask)
 
 
-def _dim(vals: list[list[int] | None], i: int) -> list[int | None]:
-    out: list[int | None] = []
-    for v in vals:
-        out.append(v[i] if v is not None and len(v) > i else None)
-    return out
+def _dims3(vals: list[list[int] | None]) -> list[pa.Array]:
+    """x, y, z columns of grid/block triples (missing entries null)."""
+    try:
+        arr = pa.array(vals, pa.list_(pa.int64(), 3))  # fixed-size: every present list has 3 entries
+        return [pc.list_element(arr, i) for i in range(3)]
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        return [_ints([v[i] if isinstance(v, list) and len(v) > i else None for v in vals]) for i in range(3)]
 
 
 def _gpu_table(evs: list[_Event]) -> pa.Table:
@@ -399,9 +428,9 @@ def _gpu_table(evs: list[_Event]) -> pa.Table:
         "shared_mem": _ints([a.shared_memory for a in args]),
         "bytes": _ints([a.nbytes for a in args]),
     }
-    for i, ax in enumerate("xyz"):
-        cols[f"grid_{ax}"] = _dim(grids, i)
-        cols[f"block_{ax}"] = _dim(blocks, i)
+    for ax, g, b in zip("xyz", _dims3(grids), _dims3(blocks), strict=True):
+        cols[f"grid_{ax}"] = g
+        cols[f"block_{ax}"] = b
     return _table(cols)
 
 
@@ -438,15 +467,23 @@ def _parse_shapes(
         d, t = draw[j], traw[j]
         if d is not None:
             try:
-                dims[i] = _clean_dims(orjson.loads(d))
-            except orjson.JSONDecodeError:
+                dims[i] = _DIMS.decode(d)  # the common case, validated in C
+            except msgspec.ValidationError:
+                dims[i] = _clean_dims(orjson.loads(d))  # TensorList entries, odd values
+            except msgspec.DecodeError:
                 dims[i] = None
         if t is not None:
             try:
+                types[i] = _TYPES.decode(t)
+            except msgspec.ValidationError:
                 types[i] = _clean_types(orjson.loads(t))
-            except orjson.JSONDecodeError:
+            except msgspec.DecodeError:
                 types[i] = None
     return pa.array(dims, pa.list_(pa.list_(pa.int64()))), pa.array(types, pa.list_(pa.string()))
+
+
+_DIMS = msgspec.json.Decoder(list[list[int]])
+_TYPES = msgspec.json.Decoder(list[str])
 
 
 def _clean_dims(d: Any) -> list[list[int]] | None:
@@ -577,7 +614,7 @@ def _post_process(
     grid = {ax: k[f"grid_{ax}"].to_numpy(zero_copy_only=False) for ax in "xyz"}
     block = {ax: k[f"block_{ax}"].to_numpy(zero_copy_only=False) for ax in "xyz"}
     if meta.extra.get("rocm"):
-        wi = np.asarray([x == _WORKITEM_LAUNCH for x in launch_api.to_pylist()], dtype=bool)
+        wi = pc.fill_null(pc.equal(launch_api, _WORKITEM_LAUNCH), False).to_numpy(zero_copy_only=False)
         if wi.any():
             for ax in "xyz":
                 g = grid[ax].astype(np.float64)
@@ -640,20 +677,18 @@ def _base_ns(meta_obj: dict[str, Any]) -> int:
 def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
     """Name of the runtime/driver call with the same correlation, and whether it is a graph launch."""
     n = k.num_rows
-    corr = k["correlation"]
+    corr = k["correlation"].combine_chunks() if isinstance(k["correlation"], pa.ChunkedArray) else k["correlation"]
+    none = pa.nulls(n, pa.string()), pa.array(np.zeros(n, bool))
     if host.num_rows == 0 or corr.null_count == n:
-        return pa.nulls(n, pa.string()), pa.array(np.zeros(n, bool))
+        return none
     cats = host["category"].cast(pa.string())
-    is_launch = pa.compute.is_in(cats, pa.array(["runtime", "driver"]))
-    launches = host.filter(is_launch).select(["correlation", "name"])
-    launches = launches.filter(pa.compute.is_valid(launches["correlation"]))
+    launches = host.filter(pc.and_(pc.is_in(cats, pa.array(["runtime", "driver"])), pc.is_valid(host["correlation"])))
     if launches.num_rows == 0:
-        return pa.nulls(n, pa.string()), pa.array(np.zeros(n, bool))
-    ldf = launches.to_pandas().drop_duplicates("correlation", keep="first")
-    lookup = dict(zip(ldf["correlation"].tolist(), ldf["name"].astype(str).tolist(), strict=True))
-    names = [lookup.get(c) if c is not None else None for c in corr.to_pylist()]
-    graph = np.asarray([bool(x) and _GRAPH_LAUNCH.match(x) is not None for x in names], bool)
-    return pa.array(names, pa.string()), pa.array(graph)
+        return none
+    pos = pc.index_in(corr, value_set=launches["correlation"].combine_chunks())  # first match per correlation
+    names = launches["name"].combine_chunks().cast(pa.string()).take(pos)
+    graph = pc.fill_null(pc.match_substring_regex(names, _GRAPH_LAUNCH.pattern), False)
+    return names, graph
 
 
 # --------------------------------------------------------------------------- metadata

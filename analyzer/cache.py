@@ -1,0 +1,290 @@
+"""Parsed-trace cache: a trace's canonical tables stored as Parquet, keyed by its content and its reader.
+
+Contract. An entry holds what ``read_trace(path)`` returns: the three tables of DESIGN §2 as Parquet
+files (``kernels``, ``host_ops``, ``annotations``) and ``meta.json`` (the key, the InputMeta, the
+reader's warnings). No pickle anywhere: only Parquet and JSON cross the disk (and, between processes,
+only path strings). An entry is used only when its key equals the key of the file now:
+
+* the sha256 of the trace file, its reader's ``FORMAT`` and ``READER_VERSION``, :data:`CACHE_FORMAT`;
+* the sha256 of the reader code and the model (so a reader changed without a version bump never
+  serves old tables);
+* the file's name (readers take the rank from names such as ``-TP-3``);
+* for readers that also read neighbouring files (rocprof's agent info, sysinfo, copy and marker
+  traces) the name, size and mtime of every file next to it.
+
+The key is stored in the entry and compared again on load. Entries are written to a temporary folder
+and renamed into place, so a reader never sees half an entry; a corrupt or foreign entry is a miss.
+Reports that ``nsys`` must export first (``.nsys-rep``) are not cached: the export depends on the tool.
+
+Where: ``$LKM_CACHE_DIR``, else ``~/.cache/llm-kernel-map``. Paths inside the tables' warnings and
+``InputMeta.path`` are stored relative to the file and restored to the path given on load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from analyzer.model import ANNOTATION_SCHEMA, HOST_OP_SCHEMA, KERNEL_SCHEMA, InputMeta, Trace
+
+CACHE_FORMAT = "1"
+ENV_DIR = "LKM_CACHE_DIR"
+TABLES: dict[str, pa.Schema] = {
+    "kernels": KERNEL_SCHEMA,
+    "host_ops": HOST_OP_SCHEMA,
+    "annotations": ANNOTATION_SCHEMA,
+}
+META_FILE = "meta.json"
+# Readers whose output depends on files next to the trace, and reports a tool must convert first.
+_READS_NEIGHBOURS = {"rocprof"}
+_TOOL_EXPORTED = (".nsys-rep", ".qdrep")
+_PATH_MARK = "\x00path\x00"
+
+
+def default_dir() -> Path:
+    """``$LKM_CACHE_DIR``, else ``~/.cache/llm-kernel-map``."""
+    env = os.environ.get(ENV_DIR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "llm-kernel-map"
+
+
+def resolve_dir(cache: bool | str | os.PathLike[str] | None) -> Path | None:
+    """The cache folder for a ``cache`` argument: ``True`` the default one, ``False``/``None`` none."""
+    if cache is None or cache is False:
+        return None
+    if cache is True:
+        return default_dir()
+    return Path(cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheKey:
+    """Everything a parsed trace depends on; two files with equal keys parse to equal tables."""
+
+    sha256: str
+    format: str
+    reader_version: str
+    name: str
+    code: str
+    neighbours: str = ""
+    cache_format: str = CACHE_FORMAT
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+    @property
+    def entry_name(self) -> str:
+        return f"{self.format}-{self.sha256[:16]}-{self.digest[:16]}"
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """sha256 of the source that turns a file into tables: the readers and the model."""
+    root = Path(__file__).resolve().parent
+    files = sorted((root / "readers").glob("*.py")) + [root / "model.py"]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cacheable(path: str | os.PathLike[str]) -> bool:
+    return not str(path).lower().endswith(_TOOL_EXPORTED)
+
+
+def cache_key(path: str | os.PathLike[str], sha256: str | None = None) -> CacheKey:
+    """The key of ``path`` now (sniffs the format; hashes the file unless ``sha256`` is given)."""
+    from analyzer.readers import file_sha256, sniff
+
+    p = Path(path)
+    mod = sniff(p)
+    return CacheKey(
+        sha256=sha256 or file_sha256(p),
+        format=mod.FORMAT,
+        reader_version=str(mod.READER_VERSION),
+        name=p.name,
+        code=code_digest(),
+        neighbours=_neighbours(p) if mod.FORMAT in _READS_NEIGHBOURS else "",
+    )
+
+
+def _neighbours(p: Path) -> str:
+    h = hashlib.sha256()
+    for c in sorted(p.parent.iterdir()):
+        if c.name == p.name or not c.is_file():
+            continue
+        st = c.stat()
+        h.update(f"{c.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def entry_dir(cache_dir: Path, key: CacheKey) -> Path:
+    return Path(cache_dir) / key.entry_name
+
+
+# --------------------------------------------------------------------------------------- write / read
+
+
+def write_entry(
+    trace: Trace, key: CacheKey, cache_dir: Path, path: str | os.PathLike[str], replace: bool = False
+) -> Path | None:
+    """Store ``trace`` (one input, read from ``path``) under ``key``; the entry's folder, or None when
+    the trace cannot be stored faithfully (then it is simply not cached). An entry already there is
+    kept (another process stored the same key) unless ``replace`` (it failed to load)."""
+    meta = _meta_json(trace, key, path)
+    if meta is None:
+        return None
+    final = entry_dir(cache_dir, key)
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key.entry_name}-", dir=cache_dir))
+    try:
+        for name in TABLES:
+            table: pa.Table = getattr(trace, name)
+            pq.write_table(table, tmp / f"{name}.parquet", compression="zstd",
+                           row_group_size=max(table.num_rows, 1))
+        (tmp / META_FILE).write_text(meta, encoding="utf-8")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # The folder exists: another process stored the same key first, or a damaged entry.
+            if replace or _entry_key(final) != key.to_dict():
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _meta_json(trace: Trace, key: CacheKey, path: str | os.PathLike[str]) -> str | None:
+    if len(trace.inputs) != 1 or (trace.inputs[0].sha256 and trace.inputs[0].sha256 != key.sha256):
+        return None  # not one file, or the file changed while it was read
+    given = str(Path(path))
+    m = trace.inputs[0].to_dict()
+    m["path"] = _PATH_MARK
+    doc = {
+        "cache_format": CACHE_FORMAT,
+        "key": key.to_dict(),
+        "input": m,
+        "warnings": [w.replace(given, _PATH_MARK) for w in trace.warnings],
+    }
+    try:
+        text = json.dumps(doc, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    if json.loads(text) != doc:
+        return None  # something would not come back as it went in (tuples, int keys, ...)
+    return text
+
+
+def _entry_key(entry: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((entry / META_FILE).read_text(encoding="utf-8")).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def read_entry(entry: str | os.PathLike[str], key: CacheKey | None, path: str | os.PathLike[str]) -> Trace | None:
+    """The trace stored in ``entry`` as read from ``path``; None when the entry is absent, corrupt, or
+    holds another key (``key=None`` trusts the entry: for entries a worker has just written)."""
+    entry = Path(entry)
+    try:
+        doc = json.loads((entry / META_FILE).read_text(encoding="utf-8"))
+        if doc.get("cache_format") != CACHE_FORMAT or (key is not None and doc.get("key") != key.to_dict()):
+            return None
+        tables = {name: _read_table(entry / f"{name}.parquet", schema) for name, schema in TABLES.items()}
+    except (OSError, ValueError, KeyError, pa.ArrowException):
+        return None
+    given = str(Path(path))
+    meta = InputMeta(**{**doc["input"], "path": given})
+    warnings = [w.replace(_PATH_MARK, given) for w in doc["warnings"]]
+    trace = Trace(tables["kernels"], tables["host_ops"], tables["annotations"], [meta], warnings)
+    try:
+        trace.validate()
+    except Exception:  # noqa: BLE001 - a damaged entry is a miss, never an error
+        return None
+    return trace
+
+
+def _read_table(p: Path, schema: pa.Schema) -> pa.Table:
+    t = pq.read_table(p)
+    if t.schema != schema:
+        t = t.select(schema.names).cast(schema)
+    return t.unify_dictionaries().combine_chunks()
+
+
+# --------------------------------------------------------------------------------------- use
+
+
+def load_trace(
+    path: str | os.PathLike[str],
+    cache_dir: Path | None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Trace:
+    """``read_trace(path)`` through the cache in ``cache_dir`` (None: no cache)."""
+    from analyzer.readers import read_trace
+
+    if cache_dir is None or not cacheable(path):
+        return read_trace(path, progress=progress)
+    key = cache_key(path)
+    entry = entry_dir(cache_dir, key)
+    hit = read_entry(entry, key, path)
+    if hit is not None:
+        return hit
+    trace = read_trace(path, progress=progress)
+    _try_write(trace, key, cache_dir, path, replace=entry.exists())
+    return trace
+
+
+def _try_write(
+    trace: Trace, key: CacheKey, cache_dir: Path, path: str | os.PathLike[str], replace: bool = False
+) -> Path | None:
+    try:
+        return write_entry(trace, key, cache_dir, path, replace=replace)
+    except OSError:
+        return None  # a read-only or full cache folder costs speed, never the analysis
+
+
+def parse_into(path: str, cache_dir: str, lookup: bool = True) -> tuple[str, str]:
+    """Worker side: make sure ``cache_dir`` holds the parsed ``path``; return (status, value).
+
+    ``("entry", folder)`` on success; ``("direct", "")`` when the trace cannot be stored (the caller
+    reads it itself); ``("error", message)`` for bad input. Takes and returns strings only, so it runs
+    in another process or on another machine with nothing pickled but paths. ``lookup=False`` skips
+    the hit check (a private scratch folder) and takes the hash the reader computed.
+    """
+    from analyzer.errors import AnalyzerError
+    from analyzer.readers import read_trace
+
+    try:
+        if not cacheable(path):
+            return "direct", ""
+        if lookup:
+            key = cache_key(path)
+            entry = entry_dir(Path(cache_dir), key)
+            if _entry_key(entry) == key.to_dict():
+                return "entry", str(entry)
+            trace = read_trace(path)
+        else:
+            trace = read_trace(path)
+            key = cache_key(path, sha256=trace.inputs[0].sha256 or None)
+        stored = write_entry(trace, key, Path(cache_dir), path)
+    except AnalyzerError as e:
+        return "error", str(e)
+    except OSError:
+        return "direct", ""  # the folder cannot be written here: the caller reads the file itself
+    return ("entry", str(stored)) if stored is not None else ("direct", "")
