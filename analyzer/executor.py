@@ -194,7 +194,7 @@ def dask_client(scheduler: str | None, workers: int) -> Iterator[Any]:
             yield client
         return
     with (
-        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                      silence_logs=logging.ERROR) as cluster,
         Client(cluster) as client,
     ):

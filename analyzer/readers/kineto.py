@@ -42,8 +42,8 @@ FORMAT = "kineto"
 READER_VERSION = "1"
 STREAMS = True  # read() takes a progress callback
 
-CHUNK_BYTES = 32 << 20
-READ_BYTES = 16 << 20
+CHUNK_BYTES = 16 << 20
+READ_BYTES = 8 << 20
 
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _HOST_CATS = {"cpu_op": "cpu_op", "cuda_runtime": "runtime", "cuda_driver": "driver"}
