@@ -151,11 +151,13 @@ def write_entry(
     final = entry_dir(cache_dir, key)
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key.entry_name}-", dir=cache_dir))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; other users of a shared cache read it too
     try:
         for name in TABLES:
             table: pa.Table = getattr(trace, name)
-            pq.write_table(table, tmp / f"{name}.parquet", compression="zstd",
-                           row_group_size=max(table.num_rows, 1))
+            pq.write_table(
+                table, tmp / f"{name}.parquet", compression="zstd", row_group_size=max(table.num_rows, 1)
+            )
         (tmp / META_FILE).write_text(meta, encoding="utf-8")
         try:
             os.rename(tmp, final)
@@ -198,7 +200,9 @@ def _entry_key(entry: Path) -> dict[str, Any] | None:
         return None
 
 
-def read_entry(entry: str | os.PathLike[str], key: CacheKey | None, path: str | os.PathLike[str]) -> Trace | None:
+def read_entry(
+    entry: str | os.PathLike[str], key: CacheKey | None, path: str | os.PathLike[str]
+) -> Trace | None:
     """The trace stored in ``entry`` as read from ``path``; None when the entry is absent, corrupt, or
     holds another key (``key=None`` trusts the entry: for entries a worker has just written)."""
     entry = Path(entry)

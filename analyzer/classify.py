@@ -148,29 +148,48 @@ def op_hint_table() -> dict[str, str]:
     return out
 
 
-def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | None], list[Any]]:
-    """Name and input shapes of the innermost cpu_op that launched each kernel (External id)."""
-    n = kernels.num_rows
-    if host_ops.num_rows == 0 or kernels["launch_op_id"].null_count == n:
-        return [None] * n, [None] * n
+def _op_keys(trace_id: pa.Array, ext: pa.Array) -> pa.Array:
+    """One int64 key per (trace_id, external id): ids are far below 2**40 in any real trace."""
+    return pc.add(pc.multiply(trace_id.cast(pa.int64()), pa.scalar(1 << 40, pa.int64())), ext)
+
+
+def launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
+    """The cpu_ops that launched kernels (innermost per external id) and, per kernel, the row
+    of its op in that table (null when none)."""
+    if host_ops.num_rows == 0 or kernels["launch_op_id"].null_count == kernels.num_rows:
+        return None
     cat = host_ops["category"].cast(pa.string())
     wanted = pc.unique(kernels["launch_op_id"].drop_null())
     ops = host_ops.filter(pc.and_(pc.equal(cat, "cpu_op"), pc.is_in(host_ops["external_id"], wanted)))
     if ops.num_rows == 0:
-        return [None] * n, [None] * n
-    # several rows per (trace_id, external id): keep the innermost = latest start
-    ops = ops.sort_by([("start_ns", "ascending")])
-    names: dict[tuple[int, int], str] = {}
-    dims: dict[tuple[int, int], Any] = {}
-    for t, e, nm, d in zip(ops["trace_id"].to_pylist(), ops["external_id"].to_pylist(),
-                           ops["name"].cast(pa.string()).to_pylist(), ops["input_dims"].to_pylist(), strict=True):
-        names[(t, e)] = nm
-        dims[(t, e)] = d
-    tid = kernels["trace_id"].to_pylist()
-    ext = kernels["launch_op_id"].to_pylist()
-    out_n = [names.get((t, e)) if e is not None else None for t, e in zip(tid, ext, strict=True)]
-    out_d = [dims.get((t, e)) if e is not None else None for t, e in zip(tid, ext, strict=True)]
-    return out_n, out_d
+        return None
+    # several ops share an external id when nested: the innermost is the latest to start
+    ops = ops.sort_by([("start_ns", "descending")])
+    keys = _op_keys(ops["trace_id"], ops["external_id"]).combine_chunks() if isinstance(
+        ops["trace_id"], pa.ChunkedArray) else _op_keys(ops["trace_id"], ops["external_id"])
+    first = pc.index_in(keys, value_set=keys)  # first occurrence = latest start
+    ops = ops.filter(pc.equal(first, pa.array(np.arange(ops.num_rows), pa.int32())))
+    keys = _op_keys(ops["trace_id"].combine_chunks(), ops["external_id"].combine_chunks())
+    kkeys = _op_keys(kernels["trace_id"].combine_chunks(), kernels["launch_op_id"].combine_chunks())
+    return ops, pc.index_in(kkeys, value_set=keys)
+
+
+def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | None], dict[int, Any]]:
+    """Name of the innermost cpu_op that launched each kernel (External id), and the input shapes
+    of those ops that may be embedding lookups (by kernel row)."""
+    n = kernels.num_rows
+    found = launching_op_rows(kernels, host_ops)
+    if found is None:
+        return [None] * n, {}
+    ops, pos = found
+    names = ops["name"].combine_chunks().cast(pa.string()).take(pos)
+    is_gather = pc.fill_null(pc.is_in(names, pa.array(list(_GATHER_OPS))), False)
+    rows = np.flatnonzero(is_gather.to_numpy(zero_copy_only=False))
+    dims = {}
+    if len(rows):
+        got = ops["input_dims"].combine_chunks().take(pos.take(pa.array(rows))).to_pylist()
+        dims = dict(zip(rows.tolist(), got, strict=True))
+    return names.to_pylist(), dims
 
 
 _GATHER_OPS = ("aten::gather", "aten::take_along_dim", "aten::index_select", "aten::embedding")
@@ -184,16 +203,17 @@ def _is_embedding_lookup(op: str, dims: Any) -> bool:
     return table is not None and len(table) == 2 and table[0] >= 8192 and table[0] >= 4 * table[1]
 
 
-def apply_op_hints(stage: list[str], op_names: Sequence[str | None], op_dims: Sequence[Any] | None = None) -> None:
+def apply_op_hints(stage: list[str], op_names: Sequence[str | None], op_dims: dict[int, Any] | None = None) -> None:
     table = op_hint_table()
+    op_dims = op_dims or {}
     for i, op in enumerate(op_names):
         if op is not None and stage[i] in GENERIC:
-            if op_dims is not None and _is_embedding_lookup(op, op_dims[i]):
+            d = op_dims.get(i)
+            if _is_embedding_lookup(op, d):
                 stage[i] = "embedding"
                 continue
             s = table.get(op)
-            if s is not None and (s != "embedding" or op_dims is None or op_dims[i] is None
-                                  or _is_embedding_lookup(op, op_dims[i])):
+            if s is not None and (s != "embedding" or d is None or _is_embedding_lookup(op, d)):
                 stage[i] = s
 
 
@@ -524,7 +544,12 @@ def gemm_roles_from_shapes(kernels: pa.Table, host_ops: pa.Table, arch: Any, tp:
         add(inter, h, "down_gemm")
     for v in {arch.vocab_size, arch.vocab_size // tp}:
         add(h, v, "lm_head_gemm")
-    names, dims = launching_ops(kernels, host_ops)
+    found = launching_op_rows(kernels, host_ops)
+    if found is None:
+        return [None] * kernels.num_rows
+    ops, pos = found
+    names = ops["name"].combine_chunks().cast(pa.string()).take(pos).to_pylist()
+    dims = ops["input_dims"].combine_chunks().take(pos).to_pylist()
     out: list[str | None] = []
     for name, d in zip(names, dims, strict=True):
         shape = gemm_shape(name, [list(x) for x in d] if d is not None else None)

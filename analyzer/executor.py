@@ -116,7 +116,9 @@ def _start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _read_pool(paths: list[str], cache_dir: Path | None, jobs: int, progress: ProgressFn | None) -> list[Trace]:
+def _read_pool(
+    paths: list[str], cache_dir: Path | None, jobs: int, progress: ProgressFn | None
+) -> list[Trace]:
     ctx = multiprocessing.get_context(_start_method())
     with tempfile.TemporaryDirectory(prefix="lkm-parse-") as scratch:
         target = str(cache_dir) if cache_dir is not None else scratch
@@ -149,7 +151,11 @@ def _collect(path: str, result: tuple[str, str] | None, cache_dir: Path | None) 
 
 
 def _read_dask(
-    paths: list[str], cache_dir: Path | None, scheduler: str | None, jobs: int | None, progress: ProgressFn | None
+    paths: list[str],
+    cache_dir: Path | None,
+    scheduler: str | None,
+    jobs: int | None,
+    progress: ProgressFn | None,
 ) -> list[Trace]:
     try:
         from dask.distributed import as_completed as dask_completed
@@ -181,21 +187,26 @@ def _read_dask(
 
 
 @contextlib.contextmanager
-def dask_client(scheduler: str | None, workers: int) -> Iterator[Any]:
+def dask_client(scheduler: str | None, workers: int, timeout: str = "30s") -> Iterator[Any]:
     """A ``dask.distributed`` client of the scheduler at ``scheduler``, else of a local cluster."""
     from dask.distributed import Client, LocalCluster
 
     if scheduler:
         try:
-            client = Client(scheduler, timeout="30s")
+            client = Client(scheduler, timeout=timeout)
         except (OSError, TimeoutError, ValueError) as e:
             raise UsageError(f"cannot reach the Dask scheduler at {scheduler} ({e})") from None
         with client:
             yield client
         return
     with (
-        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
-                     silence_logs=logging.ERROR) as cluster,
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        ) as cluster,
         Client(cluster) as client,
     ):
         yield client
@@ -247,7 +258,12 @@ def from_ipc(data: dict[str, Any]) -> Trace:
         with pa.ipc.open_stream(pa.py_buffer(data[name])) as r:
             tables[name] = r.read_all().combine_chunks()
     meta = json.loads(data["meta"])
-    trace = Trace(tables["kernels"], tables["host_ops"], tables["annotations"],
-                  [InputMeta(**m) for m in meta["inputs"]], list(meta["warnings"]))
+    trace = Trace(
+        tables["kernels"],
+        tables["host_ops"],
+        tables["annotations"],
+        [InputMeta(**m) for m in meta["inputs"]],
+        list(meta["warnings"]),
+    )
     trace.validate()
     return trace

@@ -187,21 +187,26 @@ def split_phases(
     step = np.full(n, -1, np.int64)
     tokens: list[int | None] = [None] * n
     warnings: list[str] = []
-    df = pd.DataFrame({
+    stage = np.asarray(kernels["stage"].to_pylist(), dtype=object)
+    # plain numpy columns: per-step slicing by position must not go through pandas indexing
+    df = {
         "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
         "rank": kernels["rank"].to_numpy(zero_copy_only=False),
-        "device": kernels["device"].to_numpy(zero_copy_only=False),
-        "start": kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False),
-        "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False),
+        "start": kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
+        "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.int64),
         "agg": kernels["aggregate"].to_numpy(zero_copy_only=False),
-        "stage": kernels["stage"].to_numpy(zero_copy_only=False),
+        "stage": stage,
+        "is_attn": np.isin(stage, ATTENTION),
+        "is_heavy": np.isin(stage, GEMMS + ATTENTION),
         "corr": kernels["correlation"].to_numpy(zero_copy_only=False),
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
-    })
+    }
     launch_ts = _launch_times(kernels, host_ops)
     step_rows: list[dict[str, Any]] = []
-    for tid, g in df[~df["agg"]].groupby("trace_id", sort=True):
-        idx = g.sort_values(["start"], kind="stable").index.to_numpy()
+    timed = np.flatnonzero(~df["agg"])
+    for tid in np.unique(df["trace_id"][timed]).tolist():
+        sel = timed[df["trace_id"][timed] == tid]
+        idx = sel[np.argsort(df["start"][sel], kind="stable")]
         t_anns = [a for a in anns if a.trace_id == tid]
         capture = [a for a in t_anns if a.capture]
         execs = [a for a in t_anns if not a.capture]
@@ -217,7 +222,7 @@ def split_phases(
         warnings.append(f"{int(df['agg'].sum())} kernel rows are totals only (no timeline): no step or phase")
     outside = step < 0
     if outside.any() and (~outside).any():
-        share = df.loc[outside, "dur"].sum() / max(df["dur"].sum(), 1)
+        share = df["dur"][outside].sum() / max(df["dur"].sum(), 1)
         if share > 0.001:
             warnings.append(f"{int(outside.sum())} GPU activities ({100 * share:.1f}% of kernel time) are outside "
                             "every step (phase unknown)")
@@ -259,11 +264,11 @@ def _steps_from_annotations(
         if b.start_ns < a.end_ns:
             warnings.append(f"trace {tid}: overlapping step annotations {a.name!r} and {b.name!r}")
             break
-    start = df.loc[idx, "start"].to_numpy(np.int64)
+    start = df["start"][idx]
     key = start if use is gpu else launch_ts[idx]
     rows = []
-    k_start = df["start"].to_numpy(np.int64)
-    k_dur = df["dur"].to_numpy(np.int64)
+    k_start = df["start"]
+    k_dur = df["dur"]
     for s, a in enumerate(use):
         lo = np.searchsorted(key, a.start_ns, side="left") if use is gpu else None
         if use is gpu:
@@ -311,17 +316,17 @@ def merge_nested(anns: list[StepAnnotation]) -> list[StepAnnotation]:
 
 def _step_row(tid: int, df: pd.DataFrame, members: np.ndarray, s: int, ph: str, lo: int, hi: int,
               tok: int | None, source: str) -> dict[str, Any]:
-    st = df.loc[members, "start"].to_numpy(np.int64)
-    en = st + df.loc[members, "dur"].to_numpy(np.int64)
+    st = df["start"][members]
+    en = st + df["dur"][members]
     return {
         "trace_id": int(tid),
-        "rank": int(df.loc[members[0], "rank"]),
+        "rank": int(df["rank"][members[0]]),
         "step": int(s),
         "phase": ph,
         "start_ns": int(lo),
         "dur_ns": int(hi - lo),
         "busy_ns": timeline.busy_ns(st, en),
-        "kernel_ns": int(df.loc[members, "dur"].sum()),
+        "kernel_ns": int(df["dur"][members].sum()),
         "kernels": len(members),
         "tokens": tok,
         "source": source,
@@ -357,12 +362,12 @@ def _steps_from_structure(
     idx: np.ndarray, df: pd.DataFrame, kernels: pa.Table, host_ops: pa.Table,
     step: np.ndarray, phase: list[str], tokens: list[int | None], tid: int,
 ) -> list[dict[str, Any]]:
-    stages = df.loc[idx, "stage"].to_numpy().astype(str)
-    starts = _graph_launch_start(forward_starts(stages), df.loc[idx, "corr"].to_numpy(),
+    stages = df["stage"][idx]
+    starts = _graph_launch_start(forward_starts(stages), df["corr"][idx],
                                  kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx])
     source = "forward"
-    k_st = df.loc[idx, "start"].to_numpy(np.int64)
-    k_du = df.loc[idx, "dur"].to_numpy(np.int64)
+    k_st = df["start"][idx]
+    k_du = df["dur"][idx]
     if len(starts) == 0:
         starts = _gap_starts(k_st, k_du)
         source = "gaps"
@@ -393,7 +398,7 @@ def _steps_from_structure(
     if batch:
         toks = [t if t is not None or lab != "decode" else batch for t, lab in zip(toks, labels, strict=True)]
     rows = []
-    k_start = df["start"].to_numpy(np.int64)
+    k_start = df["start"]
     for s, seg in enumerate(segments):
         step[seg] = s
         for m in seg.tolist():
@@ -403,7 +408,7 @@ def _steps_from_structure(
         if s + 1 < len(segments):
             hi = int(k_start[segments[s + 1][0]])
         else:
-            hi = int((k_start[seg] + df.loc[seg, "dur"].to_numpy(np.int64)).max())
+            hi = int((k_start[seg] + df["dur"][seg]).max())
         rows.append(_step_row(tid, df, seg, s, labels[s], lo, hi, toks[s], source))
     return rows
 
@@ -459,46 +464,45 @@ def _query_lengths(kernels: pa.Table, host_ops: pa.Table) -> dict[tuple[int, int
     return out
 
 
-def _prefill_batch(segments: list[np.ndarray], df: pd.DataFrame,
-                   q_lens: dict[tuple[int, int], tuple[int, int]]) -> int | None:
-    """Batch size of the run's prefill (attention op shapes), when all shape-labelled steps agree."""
-    batches = set()
-    for seg in segments:
-        sub = df.loc[seg]
-        att = sub[np.isin(sub["stage"].to_numpy().astype(str), ATTENTION)]
-        for t, e in zip(att["trace_id"].tolist(), att["ext"].tolist(), strict=True):
-            if e is None or (isinstance(e, float) and np.isnan(e)):
-                continue
-            hit = q_lens.get((int(t), int(e)))
-            if hit and hit[1] > 1:
-                batches.add(hit[0])
-    return batches.pop() if len(batches) == 1 else None
-
-
-def _label_from_shapes(seg: np.ndarray, df: pd.DataFrame, q_lens: dict[tuple[int, int], tuple[int, int]]
-                       ) -> tuple[str | None, int | None]:
+def _attention_hits(seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
+                    ) -> list[tuple[int, int]]:
+    """(batch, query length) of the attention ops behind the attention kernels of one step."""
     if not q_lens:
-        return None, None
-    sub = df.loc[seg]
-    att = sub[np.isin(sub["stage"].to_numpy().astype(str), ATTENTION)]
-    for t, e in zip(att["trace_id"].tolist(), att["ext"].tolist(), strict=True):
-        if e is None or (isinstance(e, float) and np.isnan(e)):
+        return []
+    att = seg[df["is_attn"][seg]]
+    out = []
+    for t, e in zip(df["trace_id"][att].tolist(), df["ext"][att].tolist(), strict=True):
+        if e is None or e != e:  # NaN: no host op
             continue
         hit = q_lens.get((int(t), int(e)))
         if hit:
-            b, q = hit
-            return ("decode" if q == 1 else "prefill"), int(b * q)
-    return None, None
+            out.append(hit)
+    return out
+
+
+def _prefill_batch(segments: list[np.ndarray], df: Any,
+                   q_lens: dict[tuple[int, int], tuple[int, int]]) -> int | None:
+    """Batch size of the run's prefill (attention op shapes), when all shape-labelled steps agree."""
+    batches = {b for seg in segments for b, q in _attention_hits(seg, df, q_lens)[:1] if q > 1}
+    return batches.pop() if len(batches) == 1 else None
+
+
+def _label_from_shapes(seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
+                       ) -> tuple[str | None, int | None]:
+    hits = _attention_hits(seg, df, q_lens)
+    if not hits:
+        return None, None
+    b, q = hits[0]
+    return ("decode" if q == 1 else "prefill"), int(b * q)
 
 
 def _label_from_signature(segments: list[np.ndarray], df: pd.DataFrame) -> list[str]:
     """Prefill steps do the same kernels' work over many tokens: their heavy kernels run longer."""
     work = []
     for seg in segments:
-        sub = df.loc[seg]
-        st = sub["stage"].to_numpy().astype(str)
-        heavy = sub["dur"].to_numpy()[np.isin(st, GEMMS + ATTENTION)]
-        work.append(float(np.median(heavy)) if len(heavy) else float(np.median(sub["dur"].to_numpy())))
+        dur = df["dur"][seg]
+        heavy = dur[df["is_heavy"][seg]]
+        work.append(float(np.median(heavy)) if len(heavy) else float(np.median(dur)))
     w = np.asarray(work)
     if len(w) == 1:
         return ["unknown"]

@@ -109,7 +109,9 @@ def match_collectives(comm: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
         pairs = [[streams[r][j] for r in ranks] for j in range(len(streams[ranks[0]]))]
     else:
         counts = ", ".join(f"rank {r}: {len(streams[r])}" for r in ranks)
-        notes.append(f"ranks use different numbers of communication streams ({counts}): matched on one merged sequence")
+        notes.append(
+            f"ranks use different numbers of communication streams ({counts}): matched on one merged sequence"
+        )
         pairs = [[None] * len(ranks)]
     blocks, methods = [], []
     for pair in pairs:
@@ -208,7 +210,9 @@ def per_rank_rows(
         for _, g in sub.groupby(["trace_id", "device"], sort=True):
             s = g["start_ns"].to_numpy(np.int64)
             busy += timeline.busy_ns(s, s + g["dur_ns"].to_numpy(np.int64))
-        stages = sub.groupby(sub["stage"].astype(str))["dur_ns"].sum().sort_values(ascending=False, kind="stable")
+        stages = (
+            sub.groupby(sub["stage"].astype(str))["dur_ns"].sum().sort_values(ascending=False, kind="stable")
+        )
         phases = sub.groupby(sub["phase"].astype(str))["dur_ns"].sum()
         comm_ns = int(comm.loc[comm["rank"] == r, "dur_ns"].sum())
         wait = int(split["wait"][:, j].sum()) if len(index) else 0
@@ -320,32 +324,45 @@ def skew_events(
     return out
 
 
-def slowest_by_step(comm: pd.DataFrame, split: dict[str, np.ndarray], ranks: list[int]) -> list[dict[str, Any]]:
+def slowest_by_step(
+    comm: pd.DataFrame, split: dict[str, np.ndarray], ranks: list[int]
+) -> list[dict[str, Any]]:
     """Per step (of the lowest rank): each rank's wait and last arrivals, and the rank the others waited for."""
     index = split["index"]
     if not len(index):
         return []
     ref = comm.iloc[index[:, 0]]
     steps = ref["step"].to_numpy(np.int64)
-    phases = ref["phase"].to_numpy(object)
-    last = _last_arrivals(split)
+    uniq, inv = np.unique(steps, return_inverse=True)
+    n_ranks = len(ranks)
+    wait = np.zeros((len(uniq), n_ranks), np.int64)
+    np.add.at(wait, inv, split["wait"])
+    lasts = np.zeros((len(uniq), n_ranks), np.int64)
+    np.add.at(lasts, (inv, _last_arrivals(split)), 1)
+    count = np.bincount(inv, minlength=len(uniq))
+    # least wait first, then most last arrivals, then the lowest rank
+    cols = np.tile(np.arange(n_ranks), len(uniq))
+    rows = np.repeat(np.arange(len(uniq)), n_ranks)
+    order = np.lexsort((cols, -lasts.ravel(), wait.ravel(), rows))
+    slow = cols[order[::n_ranks]]
+    # a step's phase: the most common among its collectives (ties: alphabetical)
+    ph = pd.DataFrame({"step": steps, "phase": ref["phase"].to_numpy(object)})
+    ph = ph.groupby(["step", "phase"]).size().reset_index(name="n")
+    ph = ph.sort_values(["step", "n", "phase"], ascending=[True, False, True]).drop_duplicates("step")
+    phase_of = dict(zip(ph["step"].tolist(), ph["phase"].tolist(), strict=True))
     out = []
-    for step in sorted(set(steps.tolist())):
-        sel = steps == step
-        wait = split["wait"][sel].sum(axis=0)
-        lasts = np.bincount(last[sel], minlength=len(ranks))
-        # least wait first, then most last arrivals, then the lowest rank
-        slow = min(range(len(ranks)), key=lambda j: (int(wait[j]), -int(lasts[j]), j))
+    for i, step in enumerate(uniq.tolist()):
+        j = int(slow[i])
         out.append(
             {
                 "step": int(step),
-                "phase": str(pd.Series(phases[sel]).mode().iloc[0]),
-                "collectives": int(sel.sum()),
-                "slowest_rank": ranks[slow],
-                "others_wait_ns": int(wait.sum() - wait[slow]),
+                "phase": str(phase_of[step]),
+                "collectives": int(count[i]),
+                "slowest_rank": ranks[j],
+                "others_wait_ns": int(wait[i].sum() - wait[i, j]),
                 "ranks": [
-                    {"rank": r, "wait_ns": int(wait[j]), "last_arrivals": int(lasts[j])}
-                    for j, r in enumerate(ranks)
+                    {"rank": r, "wait_ns": int(wait[i, k]), "last_arrivals": int(lasts[i, k])}
+                    for k, r in enumerate(ranks)
                 ],
             }
         )

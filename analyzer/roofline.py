@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -225,32 +226,34 @@ def kernel_work(
         "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False),
         "kind": kernels["kind"].to_pandas(),
     })
-    # 1. shapes
-    if host_ops.num_rows and kernels["launch_op_id"].null_count < n:
-        cat = host_ops["category"].cast(pa.string())
-        wanted_ids = pc.unique(kernels["launch_op_id"].drop_null())
-        ops = host_ops.filter(pc.and_(pc.and_(pc.equal(cat, "cpu_op"), pc.is_valid(host_ops["input_dims"])),
-                                      pc.is_in(host_ops["external_id"], wanted_ids)))
-        if ops.num_rows:
-            ops = ops.sort_by([("start_ns", "ascending")])  # innermost op (latest start) wins below
-            work = {}
-            memo: dict[tuple, Any] = {}  # the same op on the same shapes repeats every layer and step
-            for t, e, name, d, ty in zip(ops["trace_id"].to_pylist(), ops["external_id"].to_pylist(),
-                                         ops["name"].cast(pa.string()).to_pylist(), ops["input_dims"].to_pylist(),
-                                         ops["input_types"].to_pylist(), strict=True):
-                mk = (name, repr(d), repr(ty))
-                w = memo.get(mk, _MISSING)
-                if w is _MISSING:
-                    w = memo[mk] = op_work(name, d, ty)
-                work[(t, e)] = w
-            linked = kdf[kdf["ext"].notna() & (kdf["kind"] == "kernel")]
-            # the longest kernel of each op carries the op's numbers
-            lead = linked.sort_values("dur", ascending=False).drop_duplicates(["trace_id", "ext"])
-            for i, t, e in zip(lead.index.tolist(), lead["trace_id"].tolist(), lead["ext"].tolist(), strict=True):
-                w = work.get((int(t), int(e)))
-                if w is not None:
-                    flops[i], nbytes[i], dtype[i] = w
-                    source[i] = "shapes"
+    # 1. shapes: the numbers of each launching op go to its longest kernel
+    from analyzer.classify import launching_op_rows
+
+    found = launching_op_rows(kernels, host_ops)
+    if found is not None:
+        ops, pos = found
+        p = pc.fill_null(pos, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        is_kernel = (kdf["kind"] == "kernel").to_numpy()
+        cand = np.flatnonzero((p >= 0) & is_kernel)
+        order = cand[np.argsort(-kdf["dur"].to_numpy()[cand], kind="stable")]
+        _, first = np.unique(p[order], return_index=True)
+        lead = order[first]  # one kernel per op: the longest
+        op_rows = p[lead]
+        sub = ops.take(pa.array(op_rows))
+        names = sub["name"].combine_chunks().cast(pa.string()).to_pylist()
+        dims = sub["input_dims"].combine_chunks().to_pylist()
+        types = sub["input_types"].combine_chunks().to_pylist()
+        memo: dict[bytes, Any] = {}  # the same op on the same shapes repeats every layer and step
+        for i, name, d, ty in zip(lead.tolist(), names, dims, types, strict=True):
+            if d is None:
+                continue
+            mk = orjson.dumps((name, d, ty))
+            w = memo.get(mk, _MISSING)
+            if w is _MISSING:
+                w = memo[mk] = op_work(name, d, ty)
+            if w is not None:
+                flops[i], nbytes[i], dtype[i] = w
+                source[i] = "shapes"
     # 2. model architecture for the rest
     if model is not None:
         _model_work(kernels, model, world_size, flops, nbytes, source)

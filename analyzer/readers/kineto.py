@@ -39,7 +39,7 @@ from analyzer.model import (
 )
 
 FORMAT = "kineto"
-READER_VERSION = "1"
+READER_VERSION = "2"
 STREAMS = True  # read() takes a progress callback
 
 CHUNK_BYTES = 16 << 20

@@ -71,12 +71,21 @@ def _events(r: dict[str, Any], out: TextIO, top: int) -> None:
     out.write("\n  longest waits for a slower rank\n")
     rows = []
     for e in events[:top]:
-        waits = ", ".join(
-            f"r{x['rank']} {fmt_ns(x['wait_ns'])}/{fmt_ns(x['dur_ns'])}" for x in e["ranks"]
+        waits = ", ".join(f"r{x['rank']} {fmt_ns(x['wait_ns'])}/{fmt_ns(x['dur_ns'])}" for x in e["ranks"])
+        rows.append(
+            [
+                f"#{e['index']}",
+                e["phase"],
+                str(e["step"]),
+                f"rank {e['last_rank']}",
+                fmt_ns(e["skew_ns"]),
+                waits,
+                _short(e["name"].split("(")[0], 50),
+            ]
         )
-        rows.append([f"#{e['index']}", e["phase"], str(e["step"]), f"rank {e['last_rank']}", fmt_ns(e["skew_ns"]),
-                     waits, _short(e["name"].split("(")[0], 50)])
-    _table(out, ["coll", "phase", "step", "last in", "skew", "wait/dur per rank", "kernel"], rows, indent="    ")
+    _table(
+        out, ["coll", "phase", "step", "last in", "skew", "wait/dur per rank", "kernel"], rows, indent="    "
+    )
 
 
 def _slowest(r: dict[str, Any], out: TextIO) -> None:
@@ -90,7 +99,9 @@ def _slowest(r: dict[str, Any], out: TextIO) -> None:
     rows = []
     for phase, ss in by_phase.items():
         counts = Counter(s["slowest_rank"] for s in ss)
-        who = ", ".join(f"rank {k} in {v}/{len(ss)}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        who = ", ".join(
+            f"rank {k} in {v}/{len(ss)}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
         waited = sum(s["others_wait_ns"] for s in ss)
         rows.append([phase, str(len(ss)), who, fmt_ns(waited)])
     _table(out, ["phase", "steps", "slowest", "others waited"], rows, indent="    ")
