@@ -16,6 +16,14 @@ H200_TP2 = [FIXTURES / "h200-tp2-llama3-8b-graph" / f"rank{r}.json.gz" for r in 
 H200_TRACES = [H200_DENSE, H200_MOE, *H200_TP2]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests never read or fill the user's parsed-trace cache."""
+    import os
+
+    os.environ["LKM_CACHE_DIR"] = str(tmp_path_factory.mktemp("lkm-cache"))
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files")
 

@@ -78,6 +78,10 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
     _providers(summary, out)
     _top(summary, out, top)
     _unclassified(summary, out)
+    if summary.get("ranks"):
+        from analyzer.report.ranks_text import render_ranks
+
+        render_ranks(summary, out)
     _findings(summary, out)
     for w in summary.get("warnings", []):
         out.write(f"warning: {w}\n")
