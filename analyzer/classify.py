@@ -68,7 +68,7 @@ def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.
     timed = ~kernels["aggregate"].to_numpy(zero_copy_only=False)
     tid = kernels["trace_id"].to_numpy(zero_copy_only=False)
     dev = kernels["device"].to_numpy(zero_copy_only=False)
-    norm = cols["norm_name"]
+    norm = cols["norm_name"].to_pylist()
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     start = 0
     ordered = order[timed[order]]
@@ -81,20 +81,19 @@ def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.
     categories = ruleset.taxonomy.stage_category
     category = [categories.get(s, "other") for s in stage]
     out = kernels
-    for name in ("norm_name",):
-        idx = out.schema.get_field_index(name)
-        out = out.set_column(idx, name, pa.array(cols[name], pa.string()).dictionary_encode()
-                             .cast(pa.dictionary(pa.int32(), pa.string())))
+    idx = out.schema.get_field_index("norm_name")
+    out = out.set_column(idx, "norm_name", cols["norm_name"].dictionary_encode()
+                         .cast(pa.dictionary(pa.int32(), pa.string())))
     extra = {
         "stage": pa.array(stage, pa.string()),
         "category": pa.array(category, pa.string()),
-        "provider": pa.array(cols["provider"], pa.string()),
-        "rule_id": pa.array(cols["rule_id"], pa.string()),
-        "tile_m": pa.array(cols["tile_m"], pa.int32()),
-        "tile_n": pa.array(cols["tile_n"], pa.int32()),
-        "tile_k": pa.array(cols["tile_k"], pa.int32()),
-        "split_k": pa.array(cols["split_k"], pa.int32()),
-        "group_key": pa.array(cols["group_key"], pa.string()),
+        "provider": cols["provider"],
+        "rule_id": cols["rule_id"],
+        "tile_m": cols["tile_m"],
+        "tile_n": cols["tile_n"],
+        "tile_k": cols["tile_k"],
+        "split_k": cols["split_k"],
+        "group_key": cols["group_key"],
         "layer": pa.array(np.where(layer >= 0, layer, 0).astype(np.int32), mask=layer < 0),
     }
     for name, arr in extra.items():
@@ -108,25 +107,33 @@ def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.
 # --------------------------------------------------------------------------- 1. names
 
 
-def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, list[Any]]:
-    """Rule-table result per row, computed once per distinct name (STYLE habit 9)."""
+_INT_FIELDS = ("tile_m", "tile_n", "tile_k", "split_k")
+
+
+def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
+    """Rule-table result per row, computed once per distinct name (STYLE habit 9).
+
+    ``stage`` is a Python list (later passes refine it); the other fields are Arrow arrays.
+    """
     names = kernels["name"].combine_chunks()
     if not isinstance(names, pa.DictionaryArray):
         names = names.dictionary_encode()
     uniq = names.dictionary.to_pylist()
     by_name = {r["name"]: r for r in rules_mod.classify_names(uniq, ruleset)}
-    indices = names.indices.to_numpy(zero_copy_only=False)
-    kinds = kernels["kind"].to_pylist()
-    fields = ("norm_name", "stage", "provider", "rule_id", "tile_m", "tile_n", "tile_k", "split_k",
-              "group_key")
-    per_name = {f: [by_name[u][f] for u in uniq] for f in fields}
-    cols = {f: [per_name[f][i] for i in indices] for f in fields}
+    indices = names.indices
+    cols: dict[str, Any] = {}
+    for f in ("norm_name", "stage", "provider", "rule_id", "group_key", *_INT_FIELDS):
+        per_name = pa.array([by_name[u][f] for u in uniq], pa.int32() if f in _INT_FIELDS else pa.string())
+        cols[f] = per_name.take(indices)
     # memcpy/memset rows are classified by kind, whatever their name says
-    for i, kind in enumerate(kinds):
-        if kind in ("memcpy", "memset") and cols["stage"][i] not in ("memcpy", "memset"):
-            cols["stage"][i] = kind
-            cols["provider"][i] = "runtime"
-            cols["rule_id"][i] = "MEM_KIND"
+    kind = kernels["kind"].combine_chunks()
+    is_mem = pc.and_(pc.is_in(kind, pa.array(["memcpy", "memset"])),
+                     pc.invert(pc.is_in(cols["stage"], pa.array(["memcpy", "memset"]))))
+    if pc.any(is_mem).as_py():
+        cols["stage"] = pc.if_else(is_mem, kind, cols["stage"])
+        cols["provider"] = pc.if_else(is_mem, pa.scalar("runtime"), cols["provider"])
+        cols["rule_id"] = pc.if_else(is_mem, pa.scalar("MEM_KIND"), cols["rule_id"])
+    cols["stage"] = cols["stage"].to_pylist()
     return cols
 
 

@@ -457,30 +457,48 @@ def _host_table(evs: list[_Event]) -> pa.Table:
 def _parse_shapes(
     dims_raw: pa.Array, types_raw: pa.Array, wanted: np.ndarray
 ) -> tuple[pa.Array, pa.Array]:
-    """Decode ``Input Dims`` / ``Input type`` of the rows flagged in ``wanted``; null elsewhere."""
+    """Decode ``Input Dims`` / ``Input type`` of the rows flagged in ``wanted``; null elsewhere.
+
+    The raw JSON is dictionary-encoded: each distinct shape list is decoded once.
+    """
     n = len(dims_raw)
-    dims: list[list[list[int]] | None] = [None] * n
-    types: list[list[str] | None] = [None] * n
     idx = np.flatnonzero(wanted)
-    draw = dims_raw.take(pa.array(idx)).to_pylist()
-    traw = types_raw.take(pa.array(idx)).to_pylist()
-    for j, i in enumerate(idx.tolist()):
-        d, t = draw[j], traw[j]
-        if d is not None:
-            try:
-                dims[i] = _DIMS.decode(d)  # the common case, validated in C
-            except msgspec.ValidationError:
-                dims[i] = _clean_dims(orjson.loads(d))  # TensorList entries, odd values
-            except msgspec.DecodeError:
-                dims[i] = None
-        if t is not None:
-            try:
-                types[i] = _TYPES.decode(t)
-            except msgspec.ValidationError:
-                types[i] = _clean_types(orjson.loads(t))
-            except msgspec.DecodeError:
-                types[i] = None
+    dims: list[Any] = [None] * n
+    types: list[Any] = [None] * n
+    for raw, out, parse in ((dims_raw, dims, _parse_dims), (types_raw, types, _parse_types)):
+        if not isinstance(raw, pa.DictionaryArray):
+            raw = raw.dictionary_encode()
+        sel = raw.indices.take(pa.array(idx))
+        codes = sel.to_numpy(zero_copy_only=False) if sel.null_count == 0 else pc.fill_null(sel, -1).to_numpy()
+        values = raw.dictionary
+        parsed: dict[int, Any] = {}
+        for c in np.unique(codes).tolist():
+            parsed[c] = None if c < 0 else parse(values[c].as_py())
+        for i, c in zip(idx.tolist(), codes.tolist(), strict=True):
+            out[i] = parsed[c]
     return pa.array(dims, pa.list_(pa.list_(pa.int64()))), pa.array(types, pa.list_(pa.string()))
+
+
+def _parse_dims(d: bytes | None) -> list[list[int]] | None:
+    if d is None:
+        return None
+    try:
+        return _DIMS.decode(d)  # the common case, validated in C
+    except msgspec.ValidationError:
+        return _clean_dims(orjson.loads(d))  # TensorList entries, odd values
+    except msgspec.DecodeError:
+        return None
+
+
+def _parse_types(t: bytes | None) -> list[str] | None:
+    if t is None:
+        return None
+    try:
+        return _TYPES.decode(t)
+    except msgspec.ValidationError:
+        return _clean_types(orjson.loads(t))
+    except msgspec.DecodeError:
+        return None
 
 
 _DIMS = msgspec.json.Decoder(list[list[int]])
