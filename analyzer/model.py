@@ -60,11 +60,13 @@ HOST_OP_SCHEMA = pa.schema(
         ("external_id", pa.int64()),
         ("input_dims", pa.list_(pa.list_(pa.int64()))),
         ("input_types", pa.list_(pa.string())),
-        # Extensions: which kind of host event (cpu_op, runtime, driver), its thread and, for
-        # runtime/driver calls, the launch correlation id.
+        # Extensions: which kind of host event (cpu_op, runtime, driver), its thread, for
+        # runtime/driver calls the launch correlation id, and an id shared by the ops of one trace
+        # whose recorded shapes and dtypes are identical (null when unknown).
         ("category", pa.dictionary(pa.int32(), pa.string())),
         ("tid", pa.int64()),
         ("correlation", pa.int64()),
+        ("shape_id", pa.int64()),
     ]
 )
 

@@ -240,17 +240,34 @@ def kernel_work(
         lead = order[first]  # one kernel per op: the longest
         op_rows = p[lead]
         sub = ops.take(pa.array(op_rows))
-        names = sub["name"].combine_chunks().cast(pa.string()).to_pylist()
-        dims = sub["input_dims"].combine_chunks().to_pylist()
-        types = sub["input_types"].combine_chunks().to_pylist()
-        memo: dict[bytes, Any] = {}  # the same op on the same shapes repeats every layer and step
-        for i, name, d, ty in zip(lead.tolist(), names, dims, types, strict=True):
-            if d is None:
-                continue
-            mk = orjson.dumps((name, d, ty))
-            w = memo.get(mk, _MISSING)
-            if w is _MISSING:
-                w = memo[mk] = op_work(name, d, ty)
+        name_col = sub["name"].combine_chunks()
+        name_idx = (name_col.indices if isinstance(name_col, pa.DictionaryArray)
+                    else name_col.dictionary_encode().indices).to_numpy(zero_copy_only=False)
+        names = (name_col.dictionary if isinstance(name_col, pa.DictionaryArray)
+                 else name_col.dictionary_encode().dictionary).to_pylist()
+        sid = sub["shape_id"].combine_chunks()
+        if sid.null_count < len(sid):
+            # the same op on the same shapes repeats every layer and step: one computation per pair
+            # shape ids are per input file: the trace id is part of the key
+            pairs = np.stack([name_idx.astype(np.int64), pc.fill_null(sid, -1).to_numpy(),
+                              sub["trace_id"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)], axis=1)
+            uniq, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+            dims = sub["input_dims"].combine_chunks().take(pa.array(first)).to_pylist()
+            types = sub["input_types"].combine_chunks().take(pa.array(first)).to_pylist()
+            work = [op_work(names[int(u[0])], d, ty) if d is not None else None
+                    for u, d, ty in zip(uniq, dims, types, strict=True)]
+            per_row = [work[j] for j in np.asarray(inverse).reshape(-1).tolist()]
+        else:
+            dims = sub["input_dims"].combine_chunks().to_pylist()
+            types = sub["input_types"].combine_chunks().to_pylist()
+            memo: dict[bytes, Any] = {}
+            per_row = []
+            for ni, d, ty in zip(name_idx.tolist(), dims, types, strict=True):
+                mk = orjson.dumps((ni, d, ty))
+                if mk not in memo:
+                    memo[mk] = op_work(names[ni], d, ty) if d is not None else None
+                per_row.append(memo[mk])
+        for i, w in zip(lead.tolist(), per_row, strict=True):
             if w is not None:
                 flops[i], nbytes[i], dtype[i] = w
                 source[i] = "shapes"

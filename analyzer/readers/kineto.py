@@ -39,7 +39,7 @@ from analyzer.model import (
 )
 
 FORMAT = "kineto"
-READER_VERSION = "3"
+READER_VERSION = "4"
 STREAMS = True  # read() takes a progress callback
 
 CHUNK_BYTES = 16 << 20
@@ -456,7 +456,7 @@ def _host_table(evs: list[_Event]) -> pa.Table:
 
 def _parse_shapes(
     dims_raw: pa.Array, types_raw: pa.Array, wanted: np.ndarray
-) -> tuple[pa.Array, pa.Array]:
+) -> tuple[pa.Array, pa.Array, pa.Array]:
     """Decode ``Input Dims`` / ``Input type`` of the rows flagged in ``wanted``; null elsewhere.
 
     The raw JSON is dictionary-encoded: each distinct shape list is decoded once.
@@ -465,6 +465,7 @@ def _parse_shapes(
     idx = np.flatnonzero(wanted)
     dims: list[Any] = [None] * n
     types: list[Any] = [None] * n
+    code_pair = []
     for raw, out, parse in ((dims_raw, dims, _parse_dims), (types_raw, types, _parse_types)):
         if not isinstance(raw, pa.DictionaryArray):
             raw = raw.dictionary_encode()
@@ -476,7 +477,12 @@ def _parse_shapes(
             parsed[c] = None if c < 0 else parse(values[c].as_py())
         for i, c in zip(idx.tolist(), codes.tolist(), strict=True):
             out[i] = parsed[c]
-    return pa.array(dims, pa.list_(pa.list_(pa.int64()))), pa.array(types, pa.list_(pa.string()))
+        code_pair.append(codes.astype(np.int64))
+    shape_id = np.full(n, -1, np.int64)
+    if len(idx):
+        shape_id[idx] = (code_pair[0] + 1) * (1 << 31) + (code_pair[1] + 1)
+    return (pa.array(dims, pa.list_(pa.list_(pa.int64()))), pa.array(types, pa.list_(pa.string())),
+            pa.array(shape_id, mask=shape_id < 0))
 
 
 def _parse_dims(d: bytes | None) -> list[list[int]] | None:
@@ -575,7 +581,7 @@ def _post_process(
             ext = pa.compute.unique(k["external_id"].drop_null())
             linked = pa.compute.is_in(h["external_id"], ext).to_numpy(zero_copy_only=False)
             linked &= is_op
-        dims, types = _parse_shapes(
+        dims, types, shape_id = _parse_shapes(
             h["dims_raw"].combine_chunks(), h["types_raw"].combine_chunks(), linked
         )
         host_cols = {
@@ -587,6 +593,7 @@ def _post_process(
             "external_id": h["external_id"],
             "input_dims": dims,
             "input_types": types,
+            "shape_id": shape_id,
             "category": h["category"].combine_chunks(),
             "tid": h["tid"],
             "correlation": h["correlation"],
