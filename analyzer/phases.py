@@ -258,20 +258,20 @@ def _steps_from_annotations(
 ) -> list[dict[str, Any]]:
     # prefer GPU-side ranges when the engine wrote both sides
     gpu = [a for a in anns if a.side == "gpu"]
-    use = gpu if gpu else anns
-    use = merge_nested(sorted(use, key=lambda a: a.start_ns))
+    on_gpu = bool(gpu)
+    use = merge_nested(sorted(gpu if on_gpu else anns, key=lambda a: a.start_ns))
     for a, b in zip(use, use[1:], strict=False):
         if b.start_ns < a.end_ns:
             warnings.append(f"trace {tid}: overlapping step annotations {a.name!r} and {b.name!r}")
             break
     start = df["start"][idx]
-    key = start if use is gpu else launch_ts[idx]
+    key = start if on_gpu else launch_ts[idx]
     rows = []
     k_start = df["start"]
     k_dur = df["dur"]
     for s, a in enumerate(use):
-        lo = np.searchsorted(key, a.start_ns, side="left") if use is gpu else None
-        if use is gpu:
+        lo = np.searchsorted(key, a.start_ns, side="left") if on_gpu else None
+        if on_gpu:
             hi = np.searchsorted(key, a.end_ns, side="left")
             members = idx[lo:hi]
         else:
@@ -285,8 +285,8 @@ def _steps_from_annotations(
             phase[m] = a.phase
             tokens[m] = a.tokens
         ks, ke = k_start[members], k_start[members] + k_dur[members]
-        lo_t = min(int(ks.min()), a.start_ns) if use is gpu else int(ks.min())
-        hi_t = max(int(ke.max()), a.end_ns) if use is gpu else int(ke.max())
+        lo_t = min(int(ks.min()), a.start_ns) if on_gpu else int(ks.min())
+        hi_t = max(int(ke.max()), a.end_ns) if on_gpu else int(ke.max())
         rows.append(_step_row(tid, df, members, s, a.phase, lo_t, hi_t, a.tokens, "annotation:" + a.name[:60]))
     return rows
 

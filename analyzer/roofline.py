@@ -61,6 +61,10 @@ ATTN_OPS = {"aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_prod
             "aten::_scaled_dot_product_efficient_attention", "aten::_flash_attention_forward",
             "aten::_efficient_attention_forward", "aten::_cudnn_attention_forward",
             "aten::scaled_dot_product_attention"}
+# reductions: read the input once, write a (much) smaller output
+REDUCTION_OPS = {"aten::mean", "aten::sum", "aten::argmax", "aten::argmin", "aten::max", "aten::min",
+                 "aten::amax", "aten::amin", "aten::prod", "aten::any", "aten::all", "aten::norm",
+                 "aten::linalg_vector_norm", "aten::var", "aten::std", "aten::var_mean", "aten::logsumexp"}
 # gathers / selections whose output size depends on index tensors not recorded in Input Dims
 NO_OUTPUT_SIZE_OPS = {"aten::index", "aten::gather", "aten::nonzero", "aten::masked_select", "aten::take",
                       "aten::index_put_", "aten::scatter", "aten::scatter_add_", "aten::index_add_"}
@@ -174,6 +178,9 @@ def op_work(name: str, dims: list[list[int]] | None, types: list[str] | None) ->
         row = _numel(w[1:]) * _bytes_of(tensors[0][1])
         return 0.0, 2.0 * _numel(idx) * row + _numel(idx) * 8, dtype
     numel = max(_numel(d) for d, _ in tensors)
+    if name in REDUCTION_OPS:
+        # the output is the input with the reduced dimensions gone: small next to the input
+        return float(numel), float(sum(sizes)), dtype
     if name.endswith("_"):
         # in-place / out= style (copy_, add_, fill_): the first tensor is the output, written once
         return float(numel), float(sum(sizes)), dtype
