@@ -20,8 +20,10 @@ demo: install  ## analyze a bundled real trace; writes reports/demo.json (+ repo
 	@mkdir -p reports
 	$(BIN)/llm-kernel-map analyze $(FIXTURE) --json reports/demo.json --html reports/demo.html
 
-test: $(BIN)/python  ## install test dependencies (incl. headless Chromium) and run every test
+test: $(BIN)/python  ## install test dependencies (incl. headless Chromium, CPU torch) and run every test
 	$(BIN)/pip install -q -e '.[test]'
+	@# torch 2.13.0 is a local CPU build on machines of this kind; an unpinned torch would pull GBs
+	$(BIN)/pip install -q torch==2.13.0 || echo "torch not installable: capture tests will skip"
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: browser tests will skip"
 	$(BIN)/python -m pytest
 
