@@ -61,9 +61,13 @@ def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.
     op_names, op_dims = launching_ops(kernels, host_ops)
     stage = cols["stage"]
     apply_op_hints(stage, op_names, op_dims)
-    order = np.lexsort((kernels["start_ns"].to_numpy(zero_copy_only=False),
-                        kernels["device"].to_numpy(zero_copy_only=False),
-                        kernels["trace_id"].to_numpy(zero_copy_only=False)))
+    order = np.lexsort(
+        (
+            kernels["start_ns"].to_numpy(zero_copy_only=False),
+            kernels["device"].to_numpy(zero_copy_only=False),
+            kernels["trace_id"].to_numpy(zero_copy_only=False),
+        )
+    )
     layer = np.full(kernels.num_rows, -1, np.int64)
     timed = ~kernels["aggregate"].to_numpy(zero_copy_only=False)
     tid = kernels["trace_id"].to_numpy(zero_copy_only=False)
@@ -82,8 +86,9 @@ def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.
     category = [categories.get(s, "other") for s in stage]
     out = kernels
     idx = out.schema.get_field_index("norm_name")
-    out = out.set_column(idx, "norm_name", cols["norm_name"].dictionary_encode()
-                         .cast(pa.dictionary(pa.int32(), pa.string())))
+    out = out.set_column(
+        idx, "norm_name", cols["norm_name"].dictionary_encode().cast(pa.dictionary(pa.int32(), pa.string()))
+    )
     extra = {
         "stage": pa.array(stage, pa.string()),
         "category": pa.array(category, pa.string()),
@@ -127,8 +132,10 @@ def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
         cols[f] = per_name.take(indices)
     # memcpy/memset rows are classified by kind, whatever their name says
     kind = kernels["kind"].combine_chunks()
-    is_mem = pc.and_(pc.is_in(kind, pa.array(["memcpy", "memset"])),
-                     pc.invert(pc.is_in(cols["stage"], pa.array(["memcpy", "memset"]))))
+    is_mem = pc.and_(
+        pc.is_in(kind, pa.array(["memcpy", "memset"])),
+        pc.invert(pc.is_in(cols["stage"], pa.array(["memcpy", "memset"]))),
+    )
     if pc.any(is_mem).as_py():
         cols["stage"] = pc.if_else(is_mem, kind, cols["stage"])
         cols["provider"] = pc.if_else(is_mem, pa.scalar("runtime"), cols["provider"])
@@ -172,8 +179,11 @@ def launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, 
         return None
     # several ops share an external id when nested: the innermost is the latest to start
     ops = ops.sort_by([("start_ns", "descending")])
-    keys = _op_keys(ops["trace_id"], ops["external_id"]).combine_chunks() if isinstance(
-        ops["trace_id"], pa.ChunkedArray) else _op_keys(ops["trace_id"], ops["external_id"])
+    keys = (
+        _op_keys(ops["trace_id"], ops["external_id"]).combine_chunks()
+        if isinstance(ops["trace_id"], pa.ChunkedArray)
+        else _op_keys(ops["trace_id"], ops["external_id"])
+    )
     first = pc.index_in(keys, value_set=keys)  # first occurrence = latest start
     ops = ops.filter(pc.equal(first, pa.array(np.arange(ops.num_rows), pa.int32())))
     keys = _op_keys(ops["trace_id"].combine_chunks(), ops["external_id"].combine_chunks())
@@ -210,7 +220,9 @@ def _is_embedding_lookup(op: str, dims: Any) -> bool:
     return table is not None and len(table) == 2 and table[0] >= 8192 and table[0] >= 4 * table[1]
 
 
-def apply_op_hints(stage: list[str], op_names: Sequence[str | None], op_dims: dict[int, Any] | None = None) -> None:
+def apply_op_hints(
+    stage: list[str], op_names: Sequence[str | None], op_dims: dict[int, Any] | None = None
+) -> None:
     table = op_hint_table()
     op_dims = op_dims or {}
     for i, op in enumerate(op_names):
@@ -227,7 +239,9 @@ def apply_op_hints(stage: list[str], op_names: Sequence[str | None], op_dims: di
 # --------------------------------------------------------------------------- 3. structure
 
 
-def _gemm_ops(seq: np.ndarray, stage: list[str], norm: list[str], launch: np.ndarray) -> list[tuple[int, int]]:
+def _gemm_ops(
+    seq: np.ndarray, stage: list[str], norm: list[str], launch: np.ndarray
+) -> list[tuple[int, int]]:
     """(first, last) positions in ``seq`` of each logical GEMM."""
     ops: list[tuple[int, int]] = []
     prev_pos = -2
@@ -321,7 +335,9 @@ def walk_sequence(
             b = op_start[p]
             follow = nxt[b + 1]
             routing_next = nxt_or_gemm[b + 1] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
-            role, region, layer_no = _role(region, follow, gemm_ahead[b + 1], norm_seen, layer_no, routing_next)
+            role, region, layer_no = _role(
+                region, follow, gemm_ahead[b + 1], norm_seen, layer_no, routing_next
+            )
             norm_seen = False
             for q in range(p, b + 1):
                 if stage[rows[q]] in GEMM_STAGES:
@@ -351,8 +367,9 @@ def walk_sequence(
     _shift_prologue_to_next_layer(seq, stage, layer)
 
 
-def _role(region: str, follow: str, gemm_ahead: bool, norm_seen: bool, layer_no: int,
-          routing_next: bool = False) -> tuple[str, str, int]:
+def _role(
+    region: str, follow: str, gemm_ahead: bool, norm_seen: bool, layer_no: int, routing_next: bool = False
+) -> tuple[str, str, int]:
     """(role, new region, layer number) of a GEMM from where we are and what comes next."""
     if region == "attn":
         return "o_gemm", "attn_out", layer_no
@@ -390,7 +407,9 @@ _KV_OPS = ("aten::cat", "aten::copy_", "aten::index_copy_", "aten::index_put_", 
 _NORM_OPS = {"aten::rsqrt", "aten::mean", "aten::pow", "aten::var_mean", "aten::native_layer_norm"}
 
 
-def _label_generic(seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], region_of: list[str]) -> None:
+def _label_generic(
+    seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], region_of: list[str]
+) -> None:
     rows = seq.tolist()
     n = len(rows)
     p = 0
@@ -446,8 +465,9 @@ def _label_first_norm(rows: list[int], run: list[int], lo: int, hi: int, stage: 
             stage[rows[i]] = "norm"
 
 
-def _label_moe_block(rows: list[int], run: list[int], lo: int, hi: int, stage: list[str],
-                     op_names: Sequence[str | None]) -> None:
+def _label_moe_block(
+    rows: list[int], run: list[int], lo: int, hi: int, stage: list[str], op_names: Sequence[str | None]
+) -> None:
     """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm."""
     gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
     last = gemms[-1] if gemms else lo - 1
@@ -472,8 +492,9 @@ def _has_norm_after(rows: list[int], add: int, end: int, stage: list[str]) -> bo
     return any(stage[rows[i]] == "norm" for i in range(add + 1, end))
 
 
-def _has_norm_signal(rows: list[int], run: list[int], op_names: Sequence[str | None], stage: list[str],
-                     lo: int, hi: int) -> bool:
+def _has_norm_signal(
+    rows: list[int], run: list[int], op_names: Sequence[str | None], stage: list[str], lo: int, hi: int
+) -> bool:
     if any(stage[rows[i]] == "norm" for i in range(lo, hi)):
         return True
     ops = {op_names[rows[i]] for i in run}

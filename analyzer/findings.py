@@ -28,8 +28,16 @@ if TYPE_CHECKING:
 
 FINDINGS_TOML = RULES_DIR / "findings.toml"
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-GEMM_STAGES = {"qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm", "lm_head_gemm", "moe_gate_gemm", "gemm",
-               "moe_expert_gemm"}
+GEMM_STAGES = {
+    "qkv_gemm",
+    "o_gemm",
+    "gate_up_gemm",
+    "down_gemm",
+    "lm_head_gemm",
+    "moe_gate_gemm",
+    "gemm",
+    "moe_expert_gemm",
+}
 
 
 @dataclasses.dataclass
@@ -39,7 +47,9 @@ class Context:
     total_ns: int
 
 
-def load_settings(overrides: dict[str, str] | None = None, path: Path = FINDINGS_TOML) -> dict[str, dict[str, Any]]:
+def load_settings(
+    overrides: dict[str, str] | None = None, path: Path = FINDINGS_TOML
+) -> dict[str, dict[str, Any]]:
     """Default thresholds with ``--set`` overrides applied (values parsed as the default's type)."""
     with open(path, "rb") as f:
         cfg = tomllib.load(f)
@@ -84,10 +94,28 @@ def check_all(ctx: Context, cfg: dict[str, dict[str, Any]]) -> list[dict[str, An
     return out
 
 
-def _finding(c: dict[str, Any], check: str, severity: str | None, phase: str | None, title: str,
-             group_keys: list[str], evidence: dict[str, Any], suggestion: str, cost: float) -> dict[str, Any]:
-    return {"id": c["id"], "check": check, "severity": severity or c["severity"], "phase": phase, "title": title,
-            "group_keys": group_keys, "evidence": evidence, "suggestion": suggestion, "_cost": cost}
+def _finding(
+    c: dict[str, Any],
+    check: str,
+    severity: str | None,
+    phase: str | None,
+    title: str,
+    group_keys: list[str],
+    evidence: dict[str, Any],
+    suggestion: str,
+    cost: float,
+) -> dict[str, Any]:
+    return {
+        "id": c["id"],
+        "check": check,
+        "severity": severity or c["severity"],
+        "phase": phase,
+        "title": title,
+        "group_keys": group_keys,
+        "evidence": evidence,
+        "suggestion": suggestion,
+        "_cost": cost,
+    }
 
 
 def _ms(ns: float) -> str:
@@ -112,8 +140,11 @@ def _tokens_per_step(ctx: Context, phase: str) -> float | None:
 def same_kernel_both_phases(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
     """One kernel configuration (group_key + block size) serving both prefill and decode."""
     df = ctx.df
-    sub = df[df["phase"].isin(["prefill", "decode"]) & ~df["stage"].isin(c["exclude_stages"])
-             & ~df["provider"].isin(c["exclude_providers"])]
+    sub = df[
+        df["phase"].isin(["prefill", "decode"])
+        & ~df["stage"].isin(c["exclude_stages"])
+        & ~df["provider"].isin(c["exclude_providers"])
+    ]
     out = []
     for (gk, _stage), g in sub.groupby(["group_key", "stage"], sort=False):
         phases = set(g["phase"])
@@ -134,7 +165,8 @@ def same_kernel_both_phases(ctx: Context, c: dict[str, Any]) -> list[dict[str, A
         # the kernel itself must do more work per launch in prefill (an lm_head over the last token
         # only, or a sampler, runs the same problem in both phases: benign)
         stretched = (work_ratio or 0) >= c["same_size_ratio"] and (
-            (tok_ratio or 0) >= c["stretch_ratio"] or (work_ratio or 0) >= c["stretch_ratio"])
+            (tok_ratio or 0) >= c["stretch_ratio"] or (work_ratio or 0) >= c["stretch_ratio"]
+        )
         ev["token_ratio"] = tok_ratio
         ev["work_ratio"] = work_ratio
         ev["work_basis"] = work_basis
@@ -145,11 +177,14 @@ def same_kernel_both_phases(ctx: Context, c: dict[str, Any]) -> list[dict[str, A
         if stretched:
             sev = "critical" if ev["share_of_run"] >= c["critical_share"] else "warning"
             ratio = f"{tok_ratio:,.0f}x the tokens" if tok_ratio else f"{dur_ratio:,.0f}x the time per launch"
-            title = (f"one {stage} configuration serves prefill and decode ({ratio} in prefill): "
-                     f"{_short(name)}")
-            sugg = ("Tune prefill and decode separately: a large-tile/prefill-shaped configuration wastes "
-                    "decode's skinny problem (and vice versa); pick per-phase kernels or tuned configs "
-                    "(skinny tiles / split-K for decode GEMMs, paged/decode attention kernels for decode).")
+            title = (
+                f"one {stage} configuration serves prefill and decode ({ratio} in prefill): {_short(name)}"
+            )
+            sugg = (
+                "Tune prefill and decode separately: a large-tile/prefill-shaped configuration wastes "
+                "decode's skinny problem (and vice versa); pick per-phase kernels or tuned configs "
+                "(skinny tiles / split-K for decode GEMMs, paged/decode attention kernels for decode)."
+            )
         else:
             sev = "info"
             title = f"one {stage} configuration serves both phases on a similar problem size (benign): {_short(name)}"
@@ -177,10 +212,15 @@ def _phase_work(x: pd.DataFrame) -> dict[str, Any]:
         f = x["flops"].sum()
         rate = float(f / x.loc[x["flops"].notna(), "dur_ns"].sum() / 1e3)
     fl = x["flops"].dropna() if "flops" in x else pd.Series(dtype=float)
-    return {"time_ns": t, "count": n, "mean_ns": t / n if n else 0.0,
-            "flops_per_launch": float(fl.median()) if len(fl) else None,
-            "tokens": float(toks.median()) if len(toks) else None,
-            "grid_blocks": float(grid.median()) if len(grid) else None, "achieved_tflops": rate}
+    return {
+        "time_ns": t,
+        "count": n,
+        "mean_ns": t / n if n else 0.0,
+        "flops_per_launch": float(fl.median()) if len(fl) else None,
+        "tokens": float(toks.median()) if len(toks) else None,
+        "grid_blocks": float(grid.median()) if len(grid) else None,
+        "achieved_tflops": rate,
+    }
 
 
 def _short(name: str, n: int = 90) -> str:
@@ -196,20 +236,45 @@ def large_tile_decode_gemm(ctx: Context, c: dict[str, Any]) -> list[dict[str, An
     tok = _tokens_per_step(ctx, "decode")
     if tok is None:
         return []
-    dec = df[(df["phase"] == "decode") & df["stage"].isin(GEMM_STAGES) & df["tile_m"].notna() & df["tile_n"].notna()]
+    dec = df[
+        (df["phase"] == "decode")
+        & df["stage"].isin(GEMM_STAGES)
+        & df["tile_m"].notna()
+        & df["tile_n"].notna()
+    ]
     total = _phase_total(ctx, "decode")
     out = []
     for gk, g in dec.groupby("group_key", sort=False):
         skinny = int(min(g["tile_m"].iloc[0], g["tile_n"].iloc[0]))
         cost = int(g["dur_ns"].sum())
-        if skinny < c["min_tile"] or skinny <= c["tile_over_tokens"] * tok or not total or cost / total < c["min_share"]:
+        if (
+            skinny < c["min_tile"]
+            or skinny <= c["tile_over_tokens"] * tok
+            or not total
+            or cost / total < c["min_share"]
+        ):
             continue
-        ev = {"tile": f"{int(g['tile_m'].iloc[0])}x{int(g['tile_n'].iloc[0])}", "skinny_side": skinny,
-              "tokens_per_step": tok, "time_ns": cost, "share_of_decode": cost / total}
-        out.append(_finding(c, "large_tile_decode_gemm", None, "decode",
-                            f"decode GEMM uses a {ev['tile']} tile for {tok:.0f} tokens per step: {_short(str(g['norm_name'].iloc[0]))}",
-                            [gk], ev, "Use skinny tiles (M=16/32) or split-K for decode GEMMs; most of a large "
-                            "tile computes padding when M is the batch of new tokens.", cost))
+        ev = {
+            "tile": f"{int(g['tile_m'].iloc[0])}x{int(g['tile_n'].iloc[0])}",
+            "skinny_side": skinny,
+            "tokens_per_step": tok,
+            "time_ns": cost,
+            "share_of_decode": cost / total,
+        }
+        out.append(
+            _finding(
+                c,
+                "large_tile_decode_gemm",
+                None,
+                "decode",
+                f"decode GEMM uses a {ev['tile']} tile for {tok:.0f} tokens per step: {_short(str(g['norm_name'].iloc[0]))}",
+                [gk],
+                ev,
+                "Use skinny tiles (M=16/32) or split-K for decode GEMMs; most of a large "
+                "tile computes padding when M is the batch of new tokens.",
+                cost,
+            )
+        )
     return out
 
 
@@ -220,7 +285,12 @@ def _below_roof(ctx: Context, c: dict[str, Any], phase: str, bound: str, check: 
     df = ctx.df
     if "pct_of_peak" not in df:
         return []
-    sub = df[(df["phase"] == phase) & df["stage"].isin(c["stages"]) & (df["bound"] == bound) & df["pct_of_peak"].notna()]
+    sub = df[
+        (df["phase"] == phase)
+        & df["stage"].isin(c["stages"])
+        & (df["bound"] == bound)
+        & df["pct_of_peak"].notna()
+    ]
     total = _phase_total(ctx, phase)
     out = []
     for gk, g in sub.groupby("group_key", sort=False):
@@ -229,19 +299,40 @@ def _below_roof(ctx: Context, c: dict[str, Any], phase: str, bound: str, check: 
         pct = float(np.average(g["pct_of_peak"].to_numpy(np.float64), weights=w)) if w.sum() else 0.0
         if not total or cost / total < c["min_share"] or pct >= c["max_pct"]:
             continue
-        ev = {"pct_of_roof": pct, "time_ns": cost, f"share_of_{phase}": cost / total,
-              "achieved_tflops": float(np.nanmedian(g["achieved_tflops"])) if g["achieved_tflops"].notna().any() else None,
-              "achieved_tbps": float(np.nanmedian(g["achieved_tbps"])) if g["achieved_tbps"].notna().any() else None,
-              "stage": str(g["stage"].iloc[0])}
+        ev = {
+            "pct_of_roof": pct,
+            "time_ns": cost,
+            f"share_of_{phase}": cost / total,
+            "achieved_tflops": float(np.nanmedian(g["achieved_tflops"]))
+            if g["achieved_tflops"].notna().any()
+            else None,
+            "achieved_tbps": float(np.nanmedian(g["achieved_tbps"]))
+            if g["achieved_tbps"].notna().any()
+            else None,
+            "stage": str(g["stage"].iloc[0]),
+        }
         roof = "memory bandwidth" if bound == "memory" else "compute"
-        sugg = ("Decode is memory-bound: a decode GEMM should stream its weights near HBM bandwidth; check "
-                "tile/split-K choice, weight layout (pre-shuffled), and that attention reads the KV cache "
-                "once (paged decode kernel with enough splits)." if bound == "memory" else
-                "Prefill GEMMs should run near the compute roof: check tile shape vs M/N/K, dtype (fp8 where "
-                "allowed), and that the tuned config for this shape is being picked.")
-        out.append(_finding(c, check, None, phase,
-                            f"{phase} {ev['stage']} at {100 * pct:.0f}% of the {roof} roof: {_short(str(g['norm_name'].iloc[0]))}",
-                            [gk], ev, sugg, cost))
+        sugg = (
+            "Decode is memory-bound: a decode GEMM should stream its weights near HBM bandwidth; check "
+            "tile/split-K choice, weight layout (pre-shuffled), and that attention reads the KV cache "
+            "once (paged decode kernel with enough splits)."
+            if bound == "memory"
+            else "Prefill GEMMs should run near the compute roof: check tile shape vs M/N/K, dtype (fp8 where "
+            "allowed), and that the tuned config for this shape is being picked."
+        )
+        out.append(
+            _finding(
+                c,
+                check,
+                None,
+                phase,
+                f"{phase} {ev['stage']} at {100 * pct:.0f}% of the {roof} roof: {_short(str(g['norm_name'].iloc[0]))}",
+                [gk],
+                ev,
+                sugg,
+                cost,
+            )
+        )
     return out
 
 
@@ -271,15 +362,34 @@ def launch_overhead_chain(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any
         if share < c["min_share"] or per_step < c["min_per_step"]:
             continue
         by_stage = short.groupby("stage")["dur_ns"].agg(["count", "sum"]).sort_values("sum", ascending=False)
-        ev = {"short_kernels_per_step": per_step, "share_of_phase": float(share), "time_ns": int(short["dur_ns"].sum()),
-              "graph_replayed": float(short["graph_launch"].mean()) if len(short) else 0.0,
-              "by_stage": {s: {"count": int(r["count"]), "time_ns": int(r["sum"])} for s, r in by_stage.head(6).iterrows()}}
-        sugg = ("Fuse the small kernels (add+RMSNorm+quant, RoPE+KV-store, act+mul) and capture the step in a "
-                "CUDA/HIP graph; each launch costs microseconds that the GPU spends idle or underused.")
-        out.append(_finding(c, "launch_overhead_chain", None, phase,
-                            f"{phase}: {per_step:.0f} short (<{c['max_kernel_ns'] / 1000:.0f} us) norm/RoPE/elementwise "
-                            f"kernels per step take {100 * share:.0f}% of the time",
-                            list(short["group_key"].value_counts().index[:5]), ev, sugg, int(short["dur_ns"].sum())))
+        ev = {
+            "short_kernels_per_step": per_step,
+            "share_of_phase": float(share),
+            "time_ns": int(short["dur_ns"].sum()),
+            "graph_replayed": float(short["graph_launch"].mean()) if len(short) else 0.0,
+            "by_stage": {
+                s: {"count": int(r["count"]), "time_ns": int(r["sum"])}
+                for s, r in by_stage.head(6).iterrows()
+            },
+        }
+        sugg = (
+            "Fuse the small kernels (add+RMSNorm+quant, RoPE+KV-store, act+mul) and capture the step in a "
+            "CUDA/HIP graph; each launch costs microseconds that the GPU spends idle or underused."
+        )
+        out.append(
+            _finding(
+                c,
+                "launch_overhead_chain",
+                None,
+                phase,
+                f"{phase}: {per_step:.0f} short (<{c['max_kernel_ns'] / 1000:.0f} us) norm/RoPE/elementwise "
+                f"kernels per step take {100 * share:.0f}% of the time",
+                list(short["group_key"].value_counts().index[:5]),
+                ev,
+                sugg,
+                int(short["dur_ns"].sum()),
+            )
+        )
     return out
 
 
@@ -297,12 +407,26 @@ def decode_gpu_idle(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
     idle = 1 - busy / span if span else 0.0
     if idle <= c["max_idle"]:
         return []
-    ev = {"idle_fraction": idle, "decode_steps": len(d), "step_p50_ns": int(d["dur_ns"].median()),
-          "busy_p50_ns": int(d["busy_ns"].median())}
-    return [_finding(c, "decode_gpu_idle", None, "decode",
-                     f"GPU idle {100 * idle:.0f}% of decode step time: the host cannot keep the GPU fed",
-                     [], ev, "Fix the host path first: capture decode in CUDA/HIP graphs, overlap scheduling with "
-                     "the previous step, remove host syncs (.item(), DtoH copies) from the step loop.", span - busy)]
+    ev = {
+        "idle_fraction": idle,
+        "decode_steps": len(d),
+        "step_p50_ns": int(d["dur_ns"].median()),
+        "busy_p50_ns": int(d["busy_ns"].median()),
+    }
+    return [
+        _finding(
+            c,
+            "decode_gpu_idle",
+            None,
+            "decode",
+            f"GPU idle {100 * idle:.0f}% of decode step time: the host cannot keep the GPU fed",
+            [],
+            ev,
+            "Fix the host path first: capture decode in CUDA/HIP graphs, overlap scheduling with "
+            "the previous step, remove host syncs (.item(), DtoH copies) from the step loop.",
+            span - busy,
+        )
+    ]
 
 
 # --------------------------------------------------------------------------- F007
@@ -321,15 +445,26 @@ def moe_gate_sort_share(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]
         if share <= c["max_share"]:
             continue
         by = gs.groupby("stage")["dur_ns"].sum().to_dict()
-        ev = {"share_of_phase": float(share), "time_ns": int(gs["dur_ns"].sum()),
-              "by_stage": {k: int(v) for k, v in by.items()}}
-        out.append(_finding(c, "moe_gate_sort_share", None, phase,
-                            f"{phase}: MoE gate + sort takes {100 * share:.0f}% of kernel time",
-                            list(gs.groupby("group_key")["dur_ns"].sum().sort_values(ascending=False).index[:5]), ev,
-                            "Use a fused top-k softmax and a single-pass token sort (e.g. aiter/vLLM "
-                            "topk_softmax + moe_align/sorting kernels) instead of framework topk/one-hot/index "
-                            "chains; in decode the routing should be a couple of microsecond kernels.",
-                            int(gs["dur_ns"].sum())))
+        ev = {
+            "share_of_phase": float(share),
+            "time_ns": int(gs["dur_ns"].sum()),
+            "by_stage": {k: int(v) for k, v in by.items()},
+        }
+        out.append(
+            _finding(
+                c,
+                "moe_gate_sort_share",
+                None,
+                phase,
+                f"{phase}: MoE gate + sort takes {100 * share:.0f}% of kernel time",
+                list(gs.groupby("group_key")["dur_ns"].sum().sort_values(ascending=False).index[:5]),
+                ev,
+                "Use a fused top-k softmax and a single-pass token sort (e.g. aiter/vLLM "
+                "topk_softmax + moe_align/sorting kernels) instead of framework topk/one-hot/index "
+                "chains; in decode the routing should be a couple of microsecond kernels.",
+                int(gs["dur_ns"].sum()),
+            )
+        )
     return out
 
 
@@ -361,14 +496,27 @@ def communication_not_overlapped(ctx: Context, c: dict[str, Any]) -> list[dict[s
         share = exposed / busy if busy else 0.0
         if share < c["min_share"]:
             continue
-        ev = {"exposed_ns": int(exposed), "share_of_busy": float(share), "comm_kernels": int(len(comm)),
-              "comm_time_ns": int(comm["dur_ns"].sum())}
-        out.append(_finding(c, "communication_not_overlapped", None, phase,
-                            f"{phase}: {100 * share:.0f}% of GPU busy time is communication with no compute beside it",
-                            list(comm["group_key"].value_counts().index[:3]), ev,
-                            "Overlap collectives with compute (separate stream, fused all-reduce + RMSNorm, "
-                            "custom one-shot all-reduce for small decode messages); check rank skew before blaming "
-                            "the interconnect.", int(exposed)))
+        ev = {
+            "exposed_ns": int(exposed),
+            "share_of_busy": float(share),
+            "comm_kernels": int(len(comm)),
+            "comm_time_ns": int(comm["dur_ns"].sum()),
+        }
+        out.append(
+            _finding(
+                c,
+                "communication_not_overlapped",
+                None,
+                phase,
+                f"{phase}: {100 * share:.0f}% of GPU busy time is communication with no compute beside it",
+                list(comm["group_key"].value_counts().index[:3]),
+                ev,
+                "Overlap collectives with compute (separate stream, fused all-reduce + RMSNorm, "
+                "custom one-shot all-reduce for small decode messages); check rank skew before blaming "
+                "the interconnect.",
+                int(exposed),
+            )
+        )
     return out
 
 
@@ -382,13 +530,26 @@ def unclassified_time(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
     if share <= c["max_share"]:
         return []
     top = un.groupby("norm_name")["dur_ns"].sum().sort_values(ascending=False)
-    ev = {"share_of_run": float(share), "time_ns": int(un["dur_ns"].sum()), "names": int(len(top)),
-          "top": {_short(str(k), 120): int(v) for k, v in top.head(5).items()}}
-    return [_finding(c, "unclassified_time", None, None,
-                     f"{100 * share:.1f}% of kernel time is in kernels no rule recognises",
-                     list(un["group_key"].value_counts().index[:5]), ev,
-                     "Add rules for them (`llm-kernel-map rules classify NAME`, then a rule in an --rules file) "
-                     "and send them upstream.", int(un["dur_ns"].sum()))]
+    ev = {
+        "share_of_run": float(share),
+        "time_ns": int(un["dur_ns"].sum()),
+        "names": int(len(top)),
+        "top": {_short(str(k), 120): int(v) for k, v in top.head(5).items()},
+    }
+    return [
+        _finding(
+            c,
+            "unclassified_time",
+            None,
+            None,
+            f"{100 * share:.1f}% of kernel time is in kernels no rule recognises",
+            list(un["group_key"].value_counts().index[:5]),
+            ev,
+            "Add rules for them (`llm-kernel-map rules classify NAME`, then a rule in an --rules file) "
+            "and send them upstream.",
+            int(un["dur_ns"].sum()),
+        )
+    ]
 
 
 CHECKS: dict[str, Callable[[Context, dict[str, Any]], list[dict[str, Any]]]] = {

@@ -32,7 +32,9 @@ def output_file(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
 
 
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
-    data = orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    data = orjson.dumps(
+        obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+    )
     with output_file(path, "wb") as f:
         f.write(data)
         f.write(b"\n")

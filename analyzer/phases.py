@@ -42,8 +42,16 @@ from analyzer.paths import RULES_DIR  # noqa: E402
 
 PHASES = ("prefill", "decode", "mixed", "unknown")
 ATTENTION = ("flash_attention", "paged_attention", "mla_attention")
-GEMMS = ("qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm", "lm_head_gemm", "moe_gate_gemm", "gemm",
-         "moe_expert_gemm")
+GEMMS = (
+    "qkv_gemm",
+    "o_gemm",
+    "gate_up_gemm",
+    "down_gemm",
+    "lm_head_gemm",
+    "moe_gate_gemm",
+    "gemm",
+    "moe_expert_gemm",
+)
 # how many times longer a step's typical heavy kernel must be than in the run's lightest steps
 PREFILL_WORK_RATIO = 3.0
 # an idle gap this many times the median inter-kernel gap (and >= 200 us) cuts a step when there
@@ -150,8 +158,19 @@ def step_annotations(annotations: pa.Table) -> tuple[list[StepAnnotation], list[
         eng, phase, tokens = hit
         engines.add(eng)
         r = df.iloc[i]
-        out.append(StepAnnotation(int(r.start_ns), int(r.end_ns), str(r.side), phase or "unknown", tokens, name,
-                                  int(r["trace_id"]), int(r["rank"]), capture=phase is None))
+        out.append(
+            StepAnnotation(
+                int(r.start_ns),
+                int(r.end_ns),
+                str(r.side),
+                phase or "unknown",
+                tokens,
+                name,
+                int(r["trace_id"]),
+                int(r["rank"]),
+                capture=phase is None,
+            )
+        )
     return out, sorted(engines)
 
 
@@ -165,8 +184,11 @@ def run(analysis: Analysis, options: Options) -> None:
     phase, step, tokens, steps, warnings = split_phases(kernels, analysis.trace.host_ops, anns)
     analysis.warnings.extend(warnings)
     analysis.steps = steps
-    for name, arr in (("phase", pa.array(phase, pa.string())), ("step", pa.array(step, pa.int32())),
-                      ("tokens", pa.array(tokens, pa.int64()))):
+    for name, arr in (
+        ("phase", pa.array(phase, pa.string())),
+        ("step", pa.array(step, pa.int32())),
+        ("tokens", pa.array(tokens, pa.int64())),
+    ):
         if name in kernels.column_names:
             kernels = kernels.set_column(kernels.schema.get_field_index(name), name, arr)
         else:
@@ -174,8 +196,19 @@ def run(analysis: Analysis, options: Options) -> None:
     analysis.kernels = kernels
 
 
-STEP_COLUMNS = ["trace_id", "rank", "step", "phase", "start_ns", "dur_ns", "busy_ns", "kernel_ns", "kernels",
-                "tokens", "source"]
+STEP_COLUMNS = [
+    "trace_id",
+    "rank",
+    "step",
+    "phase",
+    "start_ns",
+    "dur_ns",
+    "busy_ns",
+    "kernel_ns",
+    "kernels",
+    "tokens",
+    "source",
+]
 
 
 def split_phases(
@@ -211,8 +244,10 @@ def split_phases(
         capture = [a for a in t_anns if a.capture]
         execs = [a for a in t_anns if not a.capture]
         if capture and not execs:
-            warnings.append(f"trace {tid}: only graph-capture annotations ({capture[0].name} ...): "
-                            "kernels inside them are capture, not execution")
+            warnings.append(
+                f"trace {tid}: only graph-capture annotations ({capture[0].name} ...): "
+                "kernels inside them are capture, not execution"
+            )
         if execs:
             rows = _steps_from_annotations(idx, df, launch_ts, execs, step, phase, tokens, warnings, tid)
         else:
@@ -224,8 +259,10 @@ def split_phases(
     if outside.any() and (~outside).any():
         share = df["dur"][outside].sum() / max(df["dur"].sum(), 1)
         if share > 0.001:
-            warnings.append(f"{int(outside.sum())} GPU activities ({100 * share:.1f}% of kernel time) are outside "
-                            "every step (phase unknown)")
+            warnings.append(
+                f"{int(outside.sum())} GPU activities ({100 * share:.1f}% of kernel time) are outside "
+                "every step (phase unknown)"
+            )
     steps = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     return phase, step, tokens, steps, warnings
 
@@ -236,14 +273,19 @@ def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
     if host_ops.num_rows == 0:
         return start.copy()
     cat = host_ops["category"].cast(pa.string())
-    calls = host_ops.filter(pc.and_(pc.is_in(cat, pa.array(["runtime", "driver"])),
-                                    pc.is_valid(host_ops["correlation"])))
+    calls = host_ops.filter(
+        pc.and_(pc.is_in(cat, pa.array(["runtime", "driver"])), pc.is_valid(host_ops["correlation"]))
+    )
     if calls.num_rows == 0:
         return start.copy()
     c = calls.select(["trace_id", "correlation", "start_ns"]).to_pandas()
     c = c.drop_duplicates(["trace_id", "correlation"])
-    k = pd.DataFrame({"trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
-                      "correlation": kernels["correlation"].to_pandas()})
+    k = pd.DataFrame(
+        {
+            "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
+            "correlation": kernels["correlation"].to_pandas(),
+        }
+    )
     m = k.merge(c, on=["trace_id", "correlation"], how="left")
     out = m["start_ns"].to_numpy(dtype="float64")
     return np.where(np.isnan(out), start, out).astype(np.int64)
@@ -253,8 +295,15 @@ def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
 
 
 def _steps_from_annotations(
-    idx: np.ndarray, df: pd.DataFrame, launch_ts: np.ndarray, anns: list[StepAnnotation],
-    step: np.ndarray, phase: list[str], tokens: list[int | None], warnings: list[str], tid: int,
+    idx: np.ndarray,
+    df: pd.DataFrame,
+    launch_ts: np.ndarray,
+    anns: list[StepAnnotation],
+    step: np.ndarray,
+    phase: list[str],
+    tokens: list[int | None],
+    warnings: list[str],
+    tid: int,
 ) -> list[dict[str, Any]]:
     # prefer GPU-side ranges when the engine wrote both sides
     gpu = [a for a in anns if a.side == "gpu"]
@@ -287,7 +336,9 @@ def _steps_from_annotations(
         ks, ke = k_start[members], k_start[members] + k_dur[members]
         lo_t = min(int(ks.min()), a.start_ns) if on_gpu else int(ks.min())
         hi_t = max(int(ke.max()), a.end_ns) if on_gpu else int(ke.max())
-        rows.append(_step_row(tid, df, members, s, a.phase, lo_t, hi_t, a.tokens, "annotation:" + a.name[:60]))
+        rows.append(
+            _step_row(tid, df, members, s, a.phase, lo_t, hi_t, a.tokens, "annotation:" + a.name[:60])
+        )
     return rows
 
 
@@ -306,16 +357,29 @@ def merge_nested(anns: list[StepAnnotation]) -> list[StepAnnotation]:
                 if "unknown" not in (a.phase, b.phase) and a.phase != b.phase:
                     phase = "mixed"
                 out[-1] = dataclasses.replace(
-                    b, start_ns=min(a.start_ns, b.start_ns), end_ns=max(a.end_ns, b.end_ns), phase=phase,
+                    b,
+                    start_ns=min(a.start_ns, b.start_ns),
+                    end_ns=max(a.end_ns, b.end_ns),
+                    phase=phase,
                     tokens=b.tokens if b.tokens is not None else a.tokens,
-                    name=b.name if len(b.name) <= len(a.name) else a.name)
+                    name=b.name if len(b.name) <= len(a.name) else a.name,
+                )
                 continue
         out.append(a)
     return out
 
 
-def _step_row(tid: int, df: pd.DataFrame, members: np.ndarray, s: int, ph: str, lo: int, hi: int,
-              tok: int | None, source: str) -> dict[str, Any]:
+def _step_row(
+    tid: int,
+    df: pd.DataFrame,
+    members: np.ndarray,
+    s: int,
+    ph: str,
+    lo: int,
+    hi: int,
+    tok: int | None,
+    source: str,
+) -> dict[str, Any]:
     st = df["start"][members]
     en = st + df["dur"][members]
     return {
@@ -359,12 +423,19 @@ def forward_starts(stages: np.ndarray) -> np.ndarray:
 
 
 def _steps_from_structure(
-    idx: np.ndarray, df: pd.DataFrame, kernels: pa.Table, host_ops: pa.Table,
-    step: np.ndarray, phase: list[str], tokens: list[int | None], tid: int,
+    idx: np.ndarray,
+    df: pd.DataFrame,
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    step: np.ndarray,
+    phase: list[str],
+    tokens: list[int | None],
+    tid: int,
 ) -> list[dict[str, Any]]:
     stages = df["stage"][idx]
-    starts = _graph_launch_start(forward_starts(stages), df["corr"][idx],
-                                 kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx])
+    starts = _graph_launch_start(
+        forward_starts(stages), df["corr"][idx], kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx]
+    )
     source = "forward"
     k_st = df["start"][idx]
     k_du = df["dur"][idx]
@@ -453,10 +524,16 @@ def _query_lengths(kernels: pa.Table, host_ops: pa.Table) -> dict[tuple[int, int
     if host_ops.num_rows == 0:
         return {}
     names = host_ops["name"].cast(pa.string())
-    sel = host_ops.filter(pc.and_(pc.is_in(names, pa.array(list(_ATTN_OPS))), pc.is_valid(host_ops["input_dims"])))
+    sel = host_ops.filter(
+        pc.and_(pc.is_in(names, pa.array(list(_ATTN_OPS))), pc.is_valid(host_ops["input_dims"]))
+    )
     out: dict[tuple[int, int], tuple[int, int]] = {}
-    for t, e, d in zip(sel["trace_id"].to_pylist(), sel["external_id"].to_pylist(), sel["input_dims"].to_pylist(),
-                       strict=True):
+    for t, e, d in zip(
+        sel["trace_id"].to_pylist(),
+        sel["external_id"].to_pylist(),
+        sel["input_dims"].to_pylist(),
+        strict=True,
+    ):
         if e is None or not d or len(d[0]) != 4:
             continue
         b, _, q, _ = d[0]
@@ -464,8 +541,9 @@ def _query_lengths(kernels: pa.Table, host_ops: pa.Table) -> dict[tuple[int, int
     return out
 
 
-def _attention_hits(seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
-                    ) -> list[tuple[int, int]]:
+def _attention_hits(
+    seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
+) -> list[tuple[int, int]]:
     """(batch, query length) of the attention ops behind the attention kernels of one step."""
     if not q_lens:
         return []
@@ -480,15 +558,17 @@ def _attention_hits(seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tupl
     return out
 
 
-def _prefill_batch(segments: list[np.ndarray], df: Any,
-                   q_lens: dict[tuple[int, int], tuple[int, int]]) -> int | None:
+def _prefill_batch(
+    segments: list[np.ndarray], df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
+) -> int | None:
     """Batch size of the run's prefill (attention op shapes), when all shape-labelled steps agree."""
     batches = {b for seg in segments for b, q in _attention_hits(seg, df, q_lens)[:1] if q > 1}
     return batches.pop() if len(batches) == 1 else None
 
 
-def _label_from_shapes(seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
-                       ) -> tuple[str | None, int | None]:
+def _label_from_shapes(
+    seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
+) -> tuple[str | None, int | None]:
     hits = _attention_hits(seg, df, q_lens)
     if not hits:
         return None, None

@@ -66,8 +66,15 @@ def load_inputs(
     from analyzer.executor import read_traces
 
     files = expand_inputs(list(paths))
-    traces = read_traces(files, jobs=jobs, cache=cache, executor=executor, scheduler=scheduler,
-                         progress=progress, byte_progress=byte_progress)
+    traces = read_traces(
+        files,
+        jobs=jobs,
+        cache=cache,
+        executor=executor,
+        scheduler=scheduler,
+        progress=progress,
+        byte_progress=byte_progress,
+    )
     trace = concat_traces(traces) if len(traces) > 1 else traces[0]
     for i, m in enumerate(trace.inputs):
         m.trace_id = i

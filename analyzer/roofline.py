@@ -51,26 +51,87 @@ LATENCY_NS = 10_000  # a kernel shorter than this that reaches < LATENCY_PCT of 
 LATENCY_PCT = 0.10
 
 _DTYPE_BYTES = {
-    "c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "c10::Float8_e4m3fn": 1,
-    "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "long int": 8,
-    "int": 4, "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2, "c10::complex<float>": 8,
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "float": 4,
+    "double": 8,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1,
+    "long int": 8,
+    "int": 4,
+    "bool": 1,
+    "unsigned char": 1,
+    "signed char": 1,
+    "short int": 2,
+    "c10::complex<float>": 8,
 }
-GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-            "aten::_scaled_mm", "aten::_grouped_mm", "aten::_scaled_grouped_mm"}
-ATTN_OPS = {"aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention",
-            "aten::_scaled_dot_product_efficient_attention", "aten::_flash_attention_forward",
-            "aten::_efficient_attention_forward", "aten::_cudnn_attention_forward",
-            "aten::scaled_dot_product_attention"}
+GEMM_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::_scaled_mm",
+    "aten::_grouped_mm",
+    "aten::_scaled_grouped_mm",
+}
+ATTN_OPS = {
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_flash_attention_forward",
+    "aten::_efficient_attention_forward",
+    "aten::_cudnn_attention_forward",
+    "aten::scaled_dot_product_attention",
+}
 # reductions: read the input once, write a (much) smaller output
-REDUCTION_OPS = {"aten::mean", "aten::sum", "aten::argmax", "aten::argmin", "aten::max", "aten::min",
-                 "aten::amax", "aten::amin", "aten::prod", "aten::any", "aten::all", "aten::norm",
-                 "aten::linalg_vector_norm", "aten::var", "aten::std", "aten::var_mean", "aten::logsumexp"}
+REDUCTION_OPS = {
+    "aten::mean",
+    "aten::sum",
+    "aten::argmax",
+    "aten::argmin",
+    "aten::max",
+    "aten::min",
+    "aten::amax",
+    "aten::amin",
+    "aten::prod",
+    "aten::any",
+    "aten::all",
+    "aten::norm",
+    "aten::linalg_vector_norm",
+    "aten::var",
+    "aten::std",
+    "aten::var_mean",
+    "aten::logsumexp",
+}
 # gathers / selections whose output size depends on index tensors not recorded in Input Dims
-NO_OUTPUT_SIZE_OPS = {"aten::index", "aten::gather", "aten::nonzero", "aten::masked_select", "aten::take",
-                      "aten::index_put_", "aten::scatter", "aten::scatter_add_", "aten::index_add_"}
+NO_OUTPUT_SIZE_OPS = {
+    "aten::index",
+    "aten::gather",
+    "aten::nonzero",
+    "aten::masked_select",
+    "aten::take",
+    "aten::index_put_",
+    "aten::scatter",
+    "aten::scatter_add_",
+    "aten::index_add_",
+}
 # ops whose kernels move data without meaningful arithmetic: bytes = inputs + output, flops = numel
-COPY_OPS = {"aten::copy_", "aten::cat", "aten::index_select", "aten::embedding", "aten::index",
-            "aten::clone", "aten::contiguous", "aten::index_copy_", "aten::index_put_", "aten::_to_copy"}
+COPY_OPS = {
+    "aten::copy_",
+    "aten::cat",
+    "aten::index_select",
+    "aten::embedding",
+    "aten::index",
+    "aten::clone",
+    "aten::contiguous",
+    "aten::index_copy_",
+    "aten::index_put_",
+    "aten::_to_copy",
+}
 
 
 # --------------------------------------------------------------------------- entry point
@@ -80,28 +141,38 @@ def run(analysis: Analysis, options: Options) -> None:
     spec, reason = resolve_gpu(analysis, options.gpu)
     analysis.gpu = gpu_summary(spec, reason)
     if spec is None:
-        analysis.warnings.append(f"GPU not known to rules/hardware.toml ({reason}): times only, no bounds "
-                                 "(use --gpu NAME)")
+        analysis.warnings.append(
+            f"GPU not known to rules/hardware.toml ({reason}): times only, no bounds (use --gpu NAME)"
+        )
     model = None
     if options.model:
         model = architectures.load_model(options.model)
         analysis.model = model
-    flops, nbytes, source, dtype = kernel_work(analysis.kernels, analysis.trace.host_ops, model,
-                                               world_size=max(m.world_size for m in analysis.trace.inputs))
+    flops, nbytes, source, dtype = kernel_work(
+        analysis.kernels,
+        analysis.trace.host_ops,
+        model,
+        world_size=max(m.world_size for m in analysis.trace.inputs),
+    )
     cols = rates(analysis.kernels["dur_ns"].to_numpy(zero_copy_only=False), flops, nbytes, dtype, spec)
     cols["flops_source"] = source
     k = analysis.kernels
     for name, typ in COLUMNS.items():
         arr = pa.array(cols[name], typ, from_pandas=True)
-        k = (k.set_column(k.schema.get_field_index(name), name, arr) if name in k.column_names
-             else k.append_column(name, arr))
+        k = (
+            k.set_column(k.schema.get_field_index(name), name, arr)
+            if name in k.column_names
+            else k.append_column(name, arr)
+        )
     analysis.kernels = k
     invalid = np.asarray(cols["bound"]) == "invalid"
     if invalid.any():
         names = pd.Series(k["norm_name"].to_pylist())[invalid].value_counts()
         top = "; ".join(f"{n[:60]} (x{c})" for n, c in names.head(3).items())
-        analysis.warnings.append(f"{int(invalid.sum())} kernels exceed a peak of {spec.name if spec else '?'} "
-                                 f"(bound=invalid, rates not trusted): {top}")
+        analysis.warnings.append(
+            f"{int(invalid.sum())} kernels exceed a peak of {spec.name if spec else '?'} "
+            f"(bound=invalid, rates not trusted): {top}"
+        )
 
 
 def resolve_gpu(analysis: Analysis, override: str | None) -> tuple[hardware.GpuSpec | None, str]:
@@ -122,8 +193,15 @@ def gpu_summary(spec: hardware.GpuSpec | None, reason: str) -> dict[str, Any]:
         return {"name": None, "arch": None, "peaks": {}, "reason": reason}
     peaks = {f"{d}_tflops": v for d, v in spec.peaks.items()}
     peaks["hbm_tbps"] = spec.hbm_tbps
-    return {"name": spec.name, "key": spec.key, "arch": spec.arch, "peaks": peaks,
-            "measured": dict(spec.measured), "source": spec.source, "reason": reason}
+    return {
+        "name": spec.name,
+        "key": spec.key,
+        "arch": spec.arch,
+        "peaks": peaks,
+        "measured": dict(spec.measured),
+        "source": spec.source,
+        "reason": reason,
+    }
 
 
 # --------------------------------------------------------------------------- work per kernel
@@ -137,7 +215,9 @@ def _numel(shape: Sequence[int] | None) -> int:
     return int(math.prod(shape)) if shape else 0
 
 
-def op_work(name: str, dims: list[list[int]] | None, types: list[str] | None) -> tuple[float, float, str] | None:
+def op_work(
+    name: str, dims: list[list[int]] | None, types: list[str] | None
+) -> tuple[float, float, str] | None:
     """(flops, bytes, dtype) of one host op from its recorded shapes; None when not derivable."""
     if not dims:
         return None
@@ -145,7 +225,9 @@ def op_work(name: str, dims: list[list[int]] | None, types: list[str] | None) ->
     tensors = [(d, types[i] if i < len(types) else "") for i, d in enumerate(dims) if d]
     if not tensors:
         return None
-    dt = next((t for _, t in tensors if t in _DTYPE_BYTES and t not in ("long int", "int", "bool")), "c10::BFloat16")
+    dt = next(
+        (t for _, t in tensors if t in _DTYPE_BYTES and t not in ("long int", "int", "bool")), "c10::BFloat16"
+    )
     b = _bytes_of(dt)
     dtype = hardware.normalize_dtype(dt) or "bf16"
     if name in GEMM_OPS:
@@ -213,7 +295,9 @@ def _gemm(name: str, d: list[list[int]]) -> tuple[int, int, int, int] | None:
     return None
 
 
-def _weight_bytes(name: str, tensors: list[tuple[list[int], str]], batch: int, k: int, n: int, b: float) -> float:
+def _weight_bytes(
+    name: str, tensors: list[tuple[list[int], str]], batch: int, k: int, n: int, b: float
+) -> float:
     """Bytes of the B operand (the weights of a linear layer)."""
     return b * batch * k * n
 
@@ -227,12 +311,14 @@ def kernel_work(
     nbytes = np.full(n, np.nan)
     source = ["none"] * n
     dtype = ["bf16"] * n
-    kdf = pd.DataFrame({
-        "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
-        "ext": kernels["launch_op_id"].to_pandas(),
-        "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False),
-        "kind": kernels["kind"].to_pandas(),
-    })
+    kdf = pd.DataFrame(
+        {
+            "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
+            "ext": kernels["launch_op_id"].to_pandas(),
+            "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False),
+            "kind": kernels["kind"].to_pandas(),
+        }
+    )
     # 1. shapes: the numbers of each launching op go to its longest kernel
     from analyzer.classify import launching_op_rows
 
@@ -248,21 +334,35 @@ def kernel_work(
         op_rows = p[lead]
         sub = ops.take(pa.array(op_rows))
         name_col = sub["name"].combine_chunks()
-        name_idx = (name_col.indices if isinstance(name_col, pa.DictionaryArray)
-                    else name_col.dictionary_encode().indices).to_numpy(zero_copy_only=False)
-        names = (name_col.dictionary if isinstance(name_col, pa.DictionaryArray)
-                 else name_col.dictionary_encode().dictionary).to_pylist()
+        name_idx = (
+            name_col.indices
+            if isinstance(name_col, pa.DictionaryArray)
+            else name_col.dictionary_encode().indices
+        ).to_numpy(zero_copy_only=False)
+        names = (
+            name_col.dictionary
+            if isinstance(name_col, pa.DictionaryArray)
+            else name_col.dictionary_encode().dictionary
+        ).to_pylist()
         sid = sub["shape_id"].combine_chunks()
         if sid.null_count < len(sid):
             # the same op on the same shapes repeats every layer and step: one computation per pair
             # shape ids are per input file: the trace id is part of the key
-            pairs = np.stack([name_idx.astype(np.int64), pc.fill_null(sid, -1).to_numpy(),
-                              sub["trace_id"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)], axis=1)
+            pairs = np.stack(
+                [
+                    name_idx.astype(np.int64),
+                    pc.fill_null(sid, -1).to_numpy(),
+                    sub["trace_id"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64),
+                ],
+                axis=1,
+            )
             uniq, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
             dims = sub["input_dims"].combine_chunks().take(pa.array(first)).to_pylist()
             types = sub["input_types"].combine_chunks().take(pa.array(first)).to_pylist()
-            work = [op_work(names[int(u[0])], d, ty) if d is not None else None
-                    for u, d, ty in zip(uniq, dims, types, strict=True)]
+            work = [
+                op_work(names[int(u[0])], d, ty) if d is not None else None
+                for u, d, ty in zip(uniq, dims, types, strict=True)
+            ]
             per_row = [work[j] for j in np.asarray(inverse).reshape(-1).tolist()]
         else:
             dims = sub["input_dims"].combine_chunks().to_pylist()
@@ -284,8 +384,14 @@ def kernel_work(
     return flops, nbytes, source, dtype
 
 
-def _model_work(kernels: pa.Table, model: architectures.ModelArch, tp: int, flops: np.ndarray,
-                nbytes: np.ndarray, source: list[str]) -> None:
+def _model_work(
+    kernels: pa.Table,
+    model: architectures.ModelArch,
+    tp: int,
+    flops: np.ndarray,
+    nbytes: np.ndarray,
+    source: list[str],
+) -> None:
     if "tokens" not in kernels.column_names:
         return
     stage = kernels["stage"].to_pylist()
@@ -316,8 +422,9 @@ def _model_work(kernels: pa.Table, model: architectures.ModelArch, tp: int, flop
 # --------------------------------------------------------------------------- rates and bounds
 
 
-def rates(dur_ns: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, dtype: list[str],
-          spec: hardware.GpuSpec | None) -> dict[str, Any]:
+def rates(
+    dur_ns: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, dtype: list[str], spec: hardware.GpuSpec | None
+) -> dict[str, Any]:
     dur = np.asarray(dur_ns, np.float64)
     flops = np.asarray(flops, np.float64)
     nbytes = np.asarray(nbytes, np.float64)
@@ -351,5 +458,12 @@ def rates(dur_ns: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, dtype: list
         bound = np.where(over, "invalid", bound).astype(object)
         tflops = np.where(over, np.nan, tflops)
         tbps = np.where(over, np.nan, tbps)
-    return {"flops": flops, "bytes": nbytes, "achieved_tflops": tflops, "achieved_tbps": tbps,
-            "pct_of_peak": pct, "intensity": intensity, "bound": bound.tolist()}
+    return {
+        "flops": flops,
+        "bytes": nbytes,
+        "achieved_tflops": tflops,
+        "achieved_tbps": tbps,
+        "pct_of_peak": pct,
+        "intensity": intensity,
+        "bound": bound.tolist(),
+    }

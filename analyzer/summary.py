@@ -191,8 +191,14 @@ def provider_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     rows = []
     for provider, g in df.groupby("provider", sort=True, observed=True):
         t = int(g["dur_ns"].sum())
-        rows.append({"provider": provider, "time_ns": t, "share": t / total if total else 0.0,
-                     "count": int(g["count"].sum())})
+        rows.append(
+            {
+                "provider": provider,
+                "time_ns": t,
+                "share": t / total if total else 0.0,
+                "count": int(g["count"].sum()),
+            }
+        )
     rows.sort(key=lambda r: (-r["time_ns"], r["provider"]))
     return rows
 
@@ -212,10 +218,16 @@ def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
     keys = ["group_key", "phase", "stage", "provider"]
     if len(df) == 0:
         return []
-    agg = df.groupby(keys, observed=True, sort=True).agg(
-        count=("count", "sum"), time_ns=("dur_ns", "sum"),
-        flops=("flops", lambda x: x.sum(min_count=1)), bytes=("bytes", lambda x: x.sum(min_count=1)),
-    ) if "flops" in df else df.groupby(keys, observed=True, sort=True).agg(count=("count", "sum"), time_ns=("dur_ns", "sum"))
+    agg = (
+        df.groupby(keys, observed=True, sort=True).agg(
+            count=("count", "sum"),
+            time_ns=("dur_ns", "sum"),
+            flops=("flops", lambda x: x.sum(min_count=1)),
+            bytes=("bytes", lambda x: x.sum(min_count=1)),
+        )
+        if "flops" in df
+        else df.groupby(keys, observed=True, sort=True).agg(count=("count", "sum"), time_ns=("dur_ns", "sum"))
+    )
     bounds = dominant_bounds(df, keys)
     rows = []
     for key, r in zip(agg.index, agg.itertuples(index=False), strict=True):
@@ -234,7 +246,9 @@ def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
                 "bytes": nbytes,
                 "achieved_tflops": flops / t / 1e3 if t and flops is not None else None,
                 "achieved_tbps": nbytes / t / 1e3 if t and nbytes is not None else None,
-                "bound": bounds.get(tuple(key), "unknown") if "bound" in df and df["bound"].notna().any() else None,
+                "bound": bounds.get(tuple(key), "unknown")
+                if "bound" in df and df["bound"].notna().any()
+                else None,
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["group_key"], r["phase"]))
@@ -283,8 +297,14 @@ def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     rows = []
     for name, g in sub.groupby("norm_name", sort=False, observed=True):
         t = int(g["dur_ns"].sum())
-        rows.append({"norm_name": name, "count": int(g["count"].sum()), "time_ns": t,
-                     "share": t / total if total else 0.0})
+        rows.append(
+            {
+                "norm_name": name,
+                "count": int(g["count"].sum()),
+                "time_ns": t,
+                "share": t / total if total else 0.0,
+            }
+        )
     rows.sort(key=lambda r: (-r["time_ns"], r["norm_name"]))
     return rows
 

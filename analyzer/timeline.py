@@ -36,9 +36,7 @@ def span_ns(start: np.ndarray, end: np.ndarray) -> int:
     return int(np.max(end) - np.min(start))
 
 
-def busy_within(
-    start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray
-) -> np.ndarray:
+def busy_within(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Busy ns of the union of intervals clipped to each window ``[lo[i], hi[i])``."""
     ms, me = merge_intervals(start, end)
     if len(ms) == 0:

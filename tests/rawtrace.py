@@ -32,7 +32,12 @@ def stream_busy(events: list[dict[str, Any]]) -> dict[tuple[int, int], int]:
     by: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for e in events:
         a = e.get("args", {})
-        key = (int(e["pid"]), int(a.get("stream", e.get("tid"))) if str(a.get("stream", e.get("tid"))).lstrip("-").isdigit() else -1)
+        key = (
+            int(e["pid"]),
+            int(a.get("stream", e.get("tid")))
+            if str(a.get("stream", e.get("tid"))).lstrip("-").isdigit()
+            else -1,
+        )
         s = ns(e["ts"])
         by.setdefault(key, []).append((s, s + ns(e["dur"])))
     out = {}

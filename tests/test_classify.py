@@ -46,8 +46,15 @@ def test_at_least_99_percent_of_kernel_time_has_a_stage(path: Path) -> None:
 def test_library_names_get_their_provider() -> None:
     # GIVEN kernels whose names identify their library in every real trace
     # (the library's namespace or prefix opens the kernel's own name)
-    expect = {r"^nvjet_": "cublas", r"^cudnn": "cudnn", r"^ncclDevKernel": "nccl", r"^Cijk_\w*_UserArgs": "hipblaslt",
-              r"^(?:void )?aiter::": "aiter", r"^(?:void )?ck_tile::": "ck", r"^(?:void )?paged_attention_ll4mi": "vllm"}
+    expect = {
+        r"^nvjet_": "cublas",
+        r"^cudnn": "cudnn",
+        r"^ncclDevKernel": "nccl",
+        r"^Cijk_\w*_UserArgs": "hipblaslt",
+        r"^(?:void )?aiter::": "aiter",
+        r"^(?:void )?ck_tile::": "ck",
+        r"^(?:void )?paged_attention_ll4mi": "vllm",
+    }
     seen = 0
     for param in ALL_KINETO:
         path = param.values[0]
@@ -66,7 +73,9 @@ def _meta(path: Path) -> tuple:
     return from_meta_arch(meta["arch"]), meta.get("tensor_parallel", 1)
 
 
-@pytest.mark.parametrize("path", [H200_DENSE, H200_MOE, H200_TP2[0], H200_TP2[1]], ids=lambda p: p.parent.name + p.name)
+@pytest.mark.parametrize(
+    "path", [H200_DENSE, H200_MOE, H200_TP2[0], H200_TP2[1]], ids=lambda p: p.parent.name + p.name
+)
 def test_position_roles_agree_with_shape_roles(path: Path) -> None:
     # GIVEN roles from shapes (host ops kept) and from position alone (host ops withheld)
     arch, tp = _meta(path)
@@ -131,8 +140,12 @@ def test_generic_kernels_get_the_stage_of_their_layer_step() -> None:
     _, a = _analyse(H200_DENSE)
     k = a.kernels.to_pandas()
     names = k["norm_name"].astype(str)
-    for needle, stage in (("rsqrt_kernel", "norm"), ("MeanOps", "norm"), ("silu", "activation"),
-                          ("cos_kernel", "rope")):
+    for needle, stage in (
+        ("rsqrt_kernel", "norm"),
+        ("MeanOps", "norm"),
+        ("silu", "activation"),
+        ("cos_kernel", "rope"),
+    ):
         assert set(k.loc[names.str.contains(needle, regex=False), "stage"]) == {stage}, needle
     dec = k[k["phase"] == "decode"]
     share = dec.loc[dec["stage"] == "elementwise", "dur_ns"].sum() / dec["dur_ns"].sum()

@@ -24,8 +24,17 @@ def test_analyze_prints_summary_and_writes_json(capsys, tmp_path: Path) -> None:
     out_json = tmp_path / "s.json"
     code, out, err = run(capsys, "analyze", str(H200_MOE), "--json", str(out_json))
     assert code == 0
-    for text in ("NVIDIA H200", "Phases", "prefill", "decode", "Time by stage", "Time by provider", "Top kernels",
-                 "Unclassified", "Findings"):
+    for text in (
+        "NVIDIA H200",
+        "Phases",
+        "prefill",
+        "decode",
+        "Time by stage",
+        "Time by provider",
+        "Top kernels",
+        "Unclassified",
+        "Findings",
+    ):
         assert text in out
     s = json.loads(out_json.read_text())
     assert s["format_version"] == 1 and s["totals"]["kernels"] == 5377
@@ -40,9 +49,27 @@ def test_export_csv_and_parquet(capsys, tmp_path: Path) -> None:
     assert t.num_rows == p.num_rows == 5377
     for f in KERNEL_SCHEMA:
         assert f.name in t.column_names and p.schema.field(f.name).type == f.type
-    for col in ("stage", "category", "provider", "rule_id", "tile_m", "split_k", "group_key", "layer", "phase", "step",
-                "tokens", "flops", "bytes", "flops_source", "achieved_tflops", "achieved_tbps", "pct_of_peak",
-                "intensity", "bound"):
+    for col in (
+        "stage",
+        "category",
+        "provider",
+        "rule_id",
+        "tile_m",
+        "split_k",
+        "group_key",
+        "layer",
+        "phase",
+        "step",
+        "tokens",
+        "flops",
+        "bytes",
+        "flops_source",
+        "achieved_tflops",
+        "achieved_tbps",
+        "pct_of_peak",
+        "intensity",
+        "bound",
+    ):
         assert col in t.column_names
 
 
@@ -50,11 +77,25 @@ def test_export_csv_and_parquet(capsys, tmp_path: Path) -> None:
     "make,msg",
     [
         (lambda d: d / "missing.json", "no such file"),
-        (lambda d: (d / "empty.json").write_bytes(b"") and d / "empty.json" or d / "empty.json", "empty file"),
+        (
+            lambda d: (d / "empty.json").write_bytes(b"") and d / "empty.json" or d / "empty.json",
+            "empty file",
+        ),
         (lambda d: (d / "x.json").write_text("not json at all") and d / "x.json", "not a recognised trace"),
         (lambda d: (d / "y.json").write_text('{"a": [1, 2]}') and d / "y.json", "not a recognised trace"),
-        (lambda d: (d / "z.json.gz").write_bytes(H200_DENSE.read_bytes()[:5000]) and d / "z.json.gz", "gzip|truncated"),
-        (lambda d: (d / "nogpu.json").write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}]}') and d / "nogpu.json", "no GPU activity"),
+        (
+            lambda d: (d / "z.json.gz").write_bytes(H200_DENSE.read_bytes()[:5000]) and d / "z.json.gz",
+            "gzip|truncated",
+        ),
+        (
+            lambda d: (
+                (d / "nogpu.json").write_text(
+                    '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}]}'
+                )
+                and d / "nogpu.json"
+            ),
+            "no GPU activity",
+        ),
         (lambda d: (d / "sub").mkdir() or d / "sub", "holds no trace"),
     ],
 )
@@ -92,16 +133,27 @@ def test_rules_commands(capsys, tmp_path: Path) -> None:
     code, out, _ = run(capsys, "rules", "explain", rid)
     assert code == 0 and "pattern" in out
     assert run(capsys, "rules", "explain", "ZZZ999")[0] == 2
-    code, out, _ = run(capsys, "rules", "classify", "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_TNT",
-                       "_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16EEEvv")
-    assert code == 0 and "cublas" in out and "aiter" in out and "tile: 64x8x64" in out and "split_k: -1" in out
+    code, out, _ = run(
+        capsys,
+        "rules",
+        "classify",
+        "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_splitK_TNT",
+        "_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16EEEvv",
+    )
+    assert (
+        code == 0 and "cublas" in out and "aiter" in out and "tile: 64x8x64" in out and "split_k: -1" in out
+    )
     good = tmp_path / "r.toml"
-    good.write_text("[[rule]]\nid = 'USR001'\npattern = '^my_kernel'\nstage = 'norm'\nprovider = 'vllm'\n"
-                    "examples = ['my_kernel_v2']\nnote = 'test rule'\n")
+    good.write_text(
+        "[[rule]]\nid = 'USR001'\npattern = '^my_kernel'\nstage = 'norm'\nprovider = 'vllm'\n"
+        "examples = ['my_kernel_v2']\nnote = 'test rule'\n"
+    )
     assert run(capsys, "rules", "check", str(good))[0] == 0
     bad = tmp_path / "bad.toml"
-    bad.write_text("[[rule]]\nid = 'USR002'\npattern = '(a+)+$'\nstage = 'norm'\nprovider = 'vllm'\n"
-                   "examples = ['aaa']\nnote = 'catastrophic'\n")
+    bad.write_text(
+        "[[rule]]\nid = 'USR002'\npattern = '(a+)+$'\nstage = 'norm'\nprovider = 'vllm'\n"
+        "examples = ['aaa']\nnote = 'catastrophic'\n"
+    )
     code, _, err = run(capsys, "rules", "check", str(bad))
     assert code == 2 and len(err.strip().splitlines()) == 1
 

@@ -34,8 +34,12 @@ def tp2() -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def sglang() -> dict[str, list[dict]]:
-    return _ids([shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz"),
-                 shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_decode.json.gz")])
+    return _ids(
+        [
+            shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz"),
+            shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_decode.json.gz"),
+        ]
+    )
 
 
 def _edited(tmp_path: Path, src: Path, rename: dict[str, str]) -> Path:
@@ -44,7 +48,7 @@ def _edited(tmp_path: Path, src: Path, rename: dict[str, str]) -> Path:
         if e.get("cat") == "kernel":
             for old, new in rename.items():
                 if e["name"].startswith(old):
-                    e["name"] = new + e["name"][len(old):]
+                    e["name"] = new + e["name"][len(old) :]
     p = tmp_path / "edited.json.gz"
     p.write_bytes(gzip.compress(json.dumps(obj).encode()))
     return p

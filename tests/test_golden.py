@@ -25,11 +25,15 @@ CASES = {
 def golden_text(summary: dict) -> str:
     lines = []
     t = summary["totals"]
-    lines.append(f"totals kernels={t['kernels']} kernel_ns={t['kernel_ns']} wall_ns={t['wall_ns']} busy_ns={t['busy_ns']}")
+    lines.append(
+        f"totals kernels={t['kernels']} kernel_ns={t['kernel_ns']} wall_ns={t['wall_ns']} busy_ns={t['busy_ns']}"
+    )
     lines.append(f"gpu {summary['gpu'].get('name')} annotations={','.join(summary['annotations'])}")
     for ph, p in sorted(summary["phases"].items()):
-        lines.append(f"phase {ph} steps={p['steps']} kernel_ns={p['kernel_ns']} p50={p['step_ns']['p50']} "
-                     f"tokens={p['tokens']}")
+        lines.append(
+            f"phase {ph} steps={p['steps']} kernel_ns={p['kernel_ns']} p50={p['step_ns']['p50']} "
+            f"tokens={p['tokens']}"
+        )
         for r in p["profile"]:
             lines.append(f"  profile {ph} {r['category']} {r['share']:.4f} {r['bound']}")
     for r in sorted(summary["stages"], key=lambda r: (r["phase"], r["stage"], r["provider"])):

@@ -77,9 +77,14 @@ def test_phase_summary_numbers() -> None:
         ("step[EXTEND bs=15 toks=15360]", ("sglang", "prefill", 15360)),
         ("step[DECODE bs=32]", ("sglang", "decode", 32)),
         ("step[MIXED bs=8 toks=300]", ("sglang", "mixed", 300)),
-        ("execute_15360_context_15(sq15360sk15360sqsq15360sqsk15360)_generation_0(sq0sk0sqsq0sqsk0)",
-         ("vllm-detailed", "prefill", 15360)),
-        ("execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk7000sqsq1sqsk7000)", ("vllm-detailed", "decode", 32)),
+        (
+            "execute_15360_context_15(sq15360sk15360sqsq15360sqsk15360)_generation_0(sq0sk0sqsq0sqsk0)",
+            ("vllm-detailed", "prefill", 15360),
+        ),
+        (
+            "execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk7000sqsq1sqsk7000)",
+            ("vllm-detailed", "decode", 32),
+        ),
         ("execute_40_context_1(sq8sk8)_generation_32(sq32sk900)", ("vllm-detailed", "mixed", 40)),
         ("execute_new_4_cached_0", ("vllm", "prefill", None)),
         ("execute_new_0_cached_16", ("vllm", "decode", None)),
@@ -96,15 +101,18 @@ def test_engine_annotations(name: str, expect: tuple) -> None:
     assert phases.parse_annotation(name) == expect
 
 
-@pytest.mark.parametrize("name", ["ProfilerStep#3", "aten::mm", "gt_phase::prefill::q512", "nccl:all_reduce",
-                                  "my_decoder_block"])
+@pytest.mark.parametrize(
+    "name", ["ProfilerStep#3", "aten::mm", "gt_phase::prefill::q512", "nccl:all_reduce", "my_decoder_block"]
+)
 def test_not_step_annotations(name: str) -> None:
     assert phases.parse_annotation(name) is None
 
 
 def test_sglang_annotated_steps_are_used_exactly() -> None:
-    paths = [shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz"),
-             shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_decode.json.gz")]
+    paths = [
+        shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz"),
+        shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_decode.json.gz"),
+    ]
     a = analyze_trace(load_inputs([str(p) for p in paths]))
     k = a.kernels.to_pandas()
     assert set(a.annotations_found) >= {"sglang"}
@@ -116,10 +124,17 @@ def test_sglang_annotated_steps_are_used_exactly() -> None:
 
 
 def _ann(rows: list[tuple[str, int, int, str]]) -> pa.Table:
-    return table_from_columns({
-        "trace_id": [0] * len(rows), "rank": [0] * len(rows), "name": [r[0] for r in rows],
-        "start_ns": [r[1] for r in rows], "end_ns": [r[2] for r in rows], "side": [r[3] for r in rows]},
-        ANNOTATION_SCHEMA)
+    return table_from_columns(
+        {
+            "trace_id": [0] * len(rows),
+            "rank": [0] * len(rows),
+            "name": [r[0] for r in rows],
+            "start_ns": [r[1] for r in rows],
+            "end_ns": [r[2] for r in rows],
+            "side": [r[3] for r in rows],
+        },
+        ANNOTATION_SCHEMA,
+    )
 
 
 def test_bad_annotations_warn_and_never_drop_kernels() -> None:
@@ -127,9 +142,13 @@ def test_bad_annotations_warn_and_never_drop_kernels() -> None:
     k = trace.kernels
     t0 = int(k["start_ns"][0].as_py())
     t1 = int(k["start_ns"][k.num_rows // 2].as_py())
-    anns = _ann([("step[EXTEND bs=8 toks=2048]", t0, t1, "gpu"),
-                 ("step[DECODE bs=8]", t1 - 1000, t1 + 10**7, "gpu"),   # overlaps the first
-                 ("step[DECODE bs=8]", t0 - 10**9, t0 - 10**8, "gpu")])  # holds no kernel
+    anns = _ann(
+        [
+            ("step[EXTEND bs=8 toks=2048]", t0, t1, "gpu"),
+            ("step[DECODE bs=8]", t1 - 1000, t1 + 10**7, "gpu"),  # overlaps the first
+            ("step[DECODE bs=8]", t0 - 10**9, t0 - 10**8, "gpu"),
+        ]
+    )  # holds no kernel
     a = analyze_trace(dataclasses.replace(trace, annotations=anns))
     text = " ".join(a.warnings)
     assert "overlapping" in text and "holds no kernel" in text and "outside every step" in text

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from analyzer import timeline
 from analyzer.errors import InputError
-from analyzer.readers import read_trace, sniff
-from analyzer.readers import kineto
+from analyzer.readers import kineto, read_trace, sniff
 from tests import rawtrace
 from tests.conftest import H200_TRACES, SHARED, shared, shared_kineto_traces
 
@@ -100,7 +99,9 @@ def test_rocm_devices_and_workitem_grids() -> None:
     assert set(trace.kernels["device"].to_pylist()) == {0}
     k = trace.kernels.to_pandas()
     # hipBLASLt via hipExtModuleLaunchKernel: grid in work-items -> work-groups
-    tensile = k[k["name"].astype(str).str.startswith("Cijk_") & (k["launch_api"] == "hipExtModuleLaunchKernel")]
+    tensile = k[
+        k["name"].astype(str).str.startswith("Cijk_") & (k["launch_api"] == "hipExtModuleLaunchKernel")
+    ]
     assert len(tensile) > 0
     raw_by_corr = {e["args"]["correlation"]: e for e in raw}
     for r in tensile.itertuples():
@@ -139,14 +140,26 @@ def _write(tmp: Path, name: str, data: bytes) -> Path:
         ("blank.json", b"  \n ", "empty file"),
         ("text.json", b"hello, world", "not a recognised trace format"),
         ("other.json", b'{"a": 1, "b": [1, 2]}', "not a recognised trace format"),
-        ("nogpu.json", b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}',
-         "no GPU activity"),
-        ("trunc.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2},',
-         "truncated"),
-        ("badtype.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "args": {"grid": "x"}}]}',
-         "unexpected field type"),
-        ("negdur.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": -2}]}',
-         "negative"),
+        (
+            "nogpu.json",
+            b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 1, "dur": 2}]}',
+            "no GPU activity",
+        ),
+        (
+            "trunc.json",
+            b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2},',
+            "truncated",
+        ),
+        (
+            "badtype.json",
+            b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "args": {"grid": "x"}}]}',
+            "unexpected field type",
+        ),
+        (
+            "negdur.json",
+            b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": -2}]}',
+            "negative",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error(tmp_path: Path, name: str, data: bytes, msg: str) -> None:
@@ -175,18 +188,35 @@ _SMALL = rawtrace.load(H200_TRACES[1])
 _EVENTS = _SMALL["traceEvents"][:400]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     drop=st.lists(st.integers(0, len(_EVENTS) - 1), max_size=30),
-    mutate=st.lists(st.tuples(st.integers(0, len(_EVENTS) - 1),
-                              st.sampled_from(["ts", "dur", "args", "cat", "name", "pid", "ph"]),
-                              st.one_of(st.none(), st.integers(-5, 10**12), st.text(max_size=5),
-                                        st.floats(allow_nan=False), st.lists(st.integers(), max_size=3))),
-                    max_size=10),
+    mutate=st.lists(
+        st.tuples(
+            st.integers(0, len(_EVENTS) - 1),
+            st.sampled_from(["ts", "dur", "args", "cat", "name", "pid", "ph"]),
+            st.one_of(
+                st.none(),
+                st.integers(-5, 10**12),
+                st.text(max_size=5),
+                st.floats(allow_nan=False),
+                st.lists(st.integers(), max_size=3),
+            ),
+        ),
+        max_size=10,
+    ),
     cut=st.one_of(st.none(), st.integers(1, 20000)),
 )
-def test_reader_never_crashes_on_mutated_traces(tmp_path_factory: pytest.TempPathFactory, drop: list[int],
-                                                mutate: list[tuple[int, str, object]], cut: int | None) -> None:
+def test_reader_never_crashes_on_mutated_traces(
+    tmp_path_factory: pytest.TempPathFactory,
+    drop: list[int],
+    mutate: list[tuple[int, str, object]],
+    cut: int | None,
+) -> None:
     events = [dict(e) for i, e in enumerate(_EVENTS) if i not in set(drop)]
     for i, key, val in mutate:
         if i < len(events):
@@ -202,6 +232,11 @@ def test_reader_never_crashes_on_mutated_traces(tmp_path_factory: pytest.TempPat
         return
     # whatever was read is a valid trace and never loses a kernel it accepted
     trace.validate()
-    gpu = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"
-           and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    gpu = [
+        e
+        for e in events
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
     assert trace.kernels.num_rows == len(gpu)

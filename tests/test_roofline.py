@@ -16,7 +16,9 @@ def test_gemm_formulas() -> None:
     assert b == 2 * (4 * 4096 + 4096 * 14336 + 4 * 14336)
     f, _, _ = roofline.op_work("aten::addmm", [[14336], [8, 4096], [4096, 14336]], ["c10::BFloat16"] * 3)
     assert f == 2 * 8 * 4096 * 14336
-    f, _, _ = roofline.op_work("aten::linear", [[4, 512, 4096], [1024, 4096], []], ["c10::BFloat16"] * 2 + [""])
+    f, _, _ = roofline.op_work(
+        "aten::linear", [[4, 512, 4096], [1024, 4096], []], ["c10::BFloat16"] * 2 + [""]
+    )
     assert f == 2 * 4 * 512 * 4096 * 1024
     f, _, _ = roofline.op_work("aten::bmm", [[64, 1536, 2048], [64, 2048, 1]], ["c10::BFloat16"] * 2)
     assert f == 2 * 64 * 1536 * 2048
@@ -24,16 +26,23 @@ def test_gemm_formulas() -> None:
 
 def test_attention_formula_halves_causal_prefill() -> None:
     q, kv = [4, 32, 512, 128], [4, 8, 512, 128]
-    f, b, _ = roofline.op_work("aten::_scaled_dot_product_cudnn_attention", [q, kv, kv], ["c10::BFloat16"] * 3)
+    f, b, _ = roofline.op_work(
+        "aten::_scaled_dot_product_cudnn_attention", [q, kv, kv], ["c10::BFloat16"] * 3
+    )
     assert f == 2 * 4 * 32 * 512 * 512 * 256 * 0.5
     assert b == 2 * (4 * 32 * 512 * 128 * 2 + 2 * 4 * 8 * 512 * 128)
-    f1, _, _ = roofline.op_work("aten::_scaled_dot_product_cudnn_attention", [[4, 32, 1, 128], [4, 8, 513, 128],
-                                [4, 8, 513, 128]], ["c10::BFloat16"] * 3)
+    f1, _, _ = roofline.op_work(
+        "aten::_scaled_dot_product_cudnn_attention",
+        [[4, 32, 1, 128], [4, 8, 513, 128], [4, 8, 513, 128]],
+        ["c10::BFloat16"] * 3,
+    )
     assert f1 == 2 * 4 * 32 * 1 * 513 * 256
 
 
 def test_memory_bound_ops_and_unknowns() -> None:
-    _, b, _ = roofline.op_work("aten::copy_", [[4, 512, 4096], [4, 512, 4096], []], ["float", "c10::BFloat16", "Scalar"])
+    _, b, _ = roofline.op_work(
+        "aten::copy_", [[4, 512, 4096], [4, 512, 4096], []], ["float", "c10::BFloat16", "Scalar"]
+    )
     assert b == 4 * 512 * 4096 * (4 + 2)  # write fp32 dst, read bf16 src
     assert roofline.op_work("aten::index", [[128, 1536, 2048], []], ["c10::BFloat16", ""]) is None
     assert roofline.op_work("sgl_kernel::store_kvcache", [[8, 4096]], ["c10::BFloat16"]) is None

@@ -19,8 +19,19 @@ def dense():
 
 def test_skeleton(dense) -> None:
     _, s = dense
-    for key in ("format_version", "inputs", "rules_sha256", "gpu", "totals", "phases", "stages", "groups", "steps",
-                "findings", "warnings"):
+    for key in (
+        "format_version",
+        "inputs",
+        "rules_sha256",
+        "gpu",
+        "totals",
+        "phases",
+        "stages",
+        "groups",
+        "steps",
+        "findings",
+        "warnings",
+    ):
         assert key in s
     assert s["format_version"] == FORMAT_VERSION
     assert len(s["inputs"][0]["sha256"]) == 64 and len(s["rules_sha256"]) == 64

@@ -13,13 +13,23 @@ from analyzer.output import write_json
 
 @click.command()
 @shared_options
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary (DESIGN §6) here.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary (DESIGN §6) here."
+)
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the HTML report here.")
 @click.option("--top", default=10, show_default=True, help="Kernel groups listed in the text summary.")
 @click.option("--compare", is_flag=True, help="Analyse each input on its own and set them side by side.")
-def analyze(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, model: str | None,
-            settings: tuple[str, ...], json_path: str | None, html_path: str | None, top: int,
-            compare: bool) -> int:
+def analyze(
+    traces: tuple[str, ...],
+    rules: tuple[str, ...],
+    gpu: str | None,
+    model: str | None,
+    settings: tuple[str, ...],
+    json_path: str | None,
+    html_path: str | None,
+    top: int,
+    compare: bool,
+) -> int:
     """Analyse TRACE... as one run (ranks of one job, or prefill + decode traces of one workload).
 
     A directory means every trace inside it. Prints inputs, GPU, wall and busy time, phases, time by

@@ -14,13 +14,28 @@ from analyzer.pipeline import Analysis, Options, analyze_trace, load_inputs
 
 def shared_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate a command with --rules, --gpu, --model, --set, the scale options and the TRACE arguments."""
-    f = click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-                     help="Finding threshold override, e.g. --set same_kernel.min_share=0.01.")(f)
-    f = click.option("--model", metavar="CONFIG_OR_NAME",
-                     help="HF config.json or built-in architecture name (rules/models.toml).")(f)
-    f = click.option("--gpu", metavar="NAME", help="GPU to assume instead of detecting it (rules/hardware.toml).")(f)
-    f = click.option("--rules", "rules", multiple=True, type=click.Path(exists=True, dir_okay=False),
-                     help="Extra rule file (TOML); its rules take precedence.")(f)
+    f = click.option(
+        "--set",
+        "settings",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Finding threshold override, e.g. --set same_kernel.min_share=0.01.",
+    )(f)
+    f = click.option(
+        "--model",
+        metavar="CONFIG_OR_NAME",
+        help="HF config.json or built-in architecture name (rules/models.toml).",
+    )(f)
+    f = click.option(
+        "--gpu", metavar="NAME", help="GPU to assume instead of detecting it (rules/hardware.toml)."
+    )(f)
+    f = click.option(
+        "--rules",
+        "rules",
+        multiple=True,
+        type=click.Path(exists=True, dir_okay=False),
+        help="Extra rule file (TOML); its rules take precedence.",
+    )(f)
     f = click.argument("traces", nargs=-1, required=True, type=click.Path())(f)
     f = scale_options(f)
     return f
@@ -39,14 +54,35 @@ def scale_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
     They are kept in the click context (not passed to the command), and ``run_analysis`` reads them.
     """
-    f = click.option("--scheduler", metavar="ADDRESS", expose_value=False, callback=_remember,
-                     help="Dask scheduler to parse the traces on, e.g. tcp://host:8786 (implies --executor dask).")(f)
-    f = click.option("--executor", type=click.Choice(["local", "dask"]), expose_value=False, callback=_remember,
-                     help="Where traces are parsed: local processes (default) or a Dask cluster.")(f)
-    f = click.option("--no-cache", is_flag=True, expose_value=False, callback=_remember,
-                     help="Parse the traces again instead of using the parsed-trace cache ($LKM_CACHE_DIR).")(f)
-    f = click.option("--jobs", "-j", type=click.IntRange(min=1), expose_value=False, callback=_remember,
-                     help="Processes parsing traces at once (default: one per trace, at most one per CPU).")(f)
+    f = click.option(
+        "--scheduler",
+        metavar="ADDRESS",
+        expose_value=False,
+        callback=_remember,
+        help="Dask scheduler to parse the traces on, e.g. tcp://host:8786 (implies --executor dask).",
+    )(f)
+    f = click.option(
+        "--executor",
+        type=click.Choice(["local", "dask"]),
+        expose_value=False,
+        callback=_remember,
+        help="Where traces are parsed: local processes (default) or a Dask cluster.",
+    )(f)
+    f = click.option(
+        "--no-cache",
+        is_flag=True,
+        expose_value=False,
+        callback=_remember,
+        help="Parse the traces again instead of using the parsed-trace cache ($LKM_CACHE_DIR).",
+    )(f)
+    f = click.option(
+        "--jobs",
+        "-j",
+        type=click.IntRange(min=1),
+        expose_value=False,
+        callback=_remember,
+        help="Processes parsing traces at once (default: one per trace, at most one per CPU).",
+    )(f)
     return f
 
 
@@ -58,7 +94,12 @@ def scale_settings() -> dict[str, Any]:
     executor = got.get("executor") or ("dask" if scheduler else "local")
     if scheduler and executor != "dask":
         raise UsageError("--scheduler needs --executor dask")
-    return {"jobs": got.get("jobs"), "cache": not got.get("no_cache"), "executor": executor, "scheduler": scheduler}
+    return {
+        "jobs": got.get("jobs"),
+        "cache": not got.get("no_cache"),
+        "executor": executor,
+        "scheduler": scheduler,
+    }
 
 
 def parse_settings(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -71,7 +112,9 @@ def parse_settings(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def make_options(rules: tuple[str, ...], gpu: str | None, model: str | None, settings: tuple[str, ...]) -> Options:
+def make_options(
+    rules: tuple[str, ...], gpu: str | None, model: str | None, settings: tuple[str, ...]
+) -> Options:
     return Options(rules=list(rules), gpu=gpu, model=model, settings=parse_settings(settings))
 
 
@@ -102,6 +145,7 @@ def _byte_progress() -> Callable[[int, int], None] | None:
 
 def run_analysis(traces: tuple[str, ...], options: Options) -> Analysis:
     """Load and analyse the inputs as one run, showing progress on a terminal."""
-    trace = load_inputs(list(traces), progress=_progress_printer(), byte_progress=_byte_progress(),
-                        **scale_settings())
+    trace = load_inputs(
+        list(traces), progress=_progress_printer(), byte_progress=_byte_progress(), **scale_settings()
+    )
     return analyze_trace(trace, options)

@@ -22,10 +22,21 @@ def plain_columns(table: pa.Table) -> pa.Table:
 
 @click.command()
 @shared_options
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="kernels.csv or kernels.parquet (format from the extension).")
-def export(traces: tuple[str, ...], rules: tuple[str, ...], gpu: str | None, model: str | None,
-           settings: tuple[str, ...], output: str) -> int:
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="kernels.csv or kernels.parquet (format from the extension).",
+)
+def export(
+    traces: tuple[str, ...],
+    rules: tuple[str, ...],
+    gpu: str | None,
+    model: str | None,
+    settings: tuple[str, ...],
+    output: str,
+) -> int:
     """Write the kernels table of TRACE... with every analysis column (stage, phase, roofline ...)."""
     if not output.endswith((".csv", ".parquet")):
         raise UsageError(f"{output}: the output must end in .csv or .parquet")

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from analyzer import rules as rules_mod
-from analyzer.names import normalize_name
 from analyzer.errors import UsageError
+from analyzer.names import normalize_name
 
 
 @click.group()
@@ -21,20 +21,34 @@ def _ruleset(extra: tuple[str, ...]) -> rules_mod.RuleSet:
 
 
 @rules.command("list")
-@click.option("--rules", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Extra rule file first.")
+@click.option(
+    "--rules",
+    "extra",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Extra rule file first.",
+)
 def list_rules(extra: tuple[str, ...]) -> int:
     """One line per rule, in matching order: id, stage, provider, pattern."""
     rs = _ruleset(extra)
     for r in rs.rules:
         click.echo(f"{r.id}  {r.stage:<16} {r.provider:<11} {r.pattern}")
-    click.echo(f"{len(rs.rules)} rules; unmatched names -> stage {rs.taxonomy.unclassified_stage}, "
-               f"provider {rs.taxonomy.unclassified_provider} ({rs.taxonomy.unclassified_rule_id})")
+    click.echo(
+        f"{len(rs.rules)} rules; unmatched names -> stage {rs.taxonomy.unclassified_stage}, "
+        f"provider {rs.taxonomy.unclassified_provider} ({rs.taxonomy.unclassified_rule_id})"
+    )
     return 0
 
 
 @rules.command("explain")
 @click.argument("rule_id")
-@click.option("--rules", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Extra rule file first.")
+@click.option(
+    "--rules",
+    "extra",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Extra rule file first.",
+)
 def explain(rule_id: str, extra: tuple[str, ...]) -> int:
     """Everything about one rule: pattern, stage, provider, note, examples."""
     rs = _ruleset(extra)
@@ -81,14 +95,22 @@ def check(file: str) -> int:
 
 @rules.command("classify")
 @click.argument("names", nargs=-1, required=True)
-@click.option("--rules", "extra", multiple=True, type=click.Path(exists=True, dir_okay=False), help="Extra rule file first.")
+@click.option(
+    "--rules",
+    "extra",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Extra rule file first.",
+)
 def classify(names: tuple[str, ...], extra: tuple[str, ...]) -> int:
     """Classify kernel NAME... by name alone: normalized name, stage, provider, rule id, decoded fields."""
     rs = _ruleset(extra)
     for r in rules_mod.classify_names(list(names), rs):
         click.echo(r["name"])
         click.echo(f"  normalized: {r['norm_name']}")
-        click.echo(f"  stage: {r['stage']} ({r['category']})  provider: {r['provider']}  rule: {r['rule_id']}")
+        click.echo(
+            f"  stage: {r['stage']} ({r['category']})  provider: {r['provider']}  rule: {r['rule_id']}"
+        )
         tile = [r.get(f"tile_{a}") for a in "mnk"]
         if any(t is not None for t in tile):
             click.echo("  tile: " + "x".join("?" if t is None else str(t) for t in tile))

@@ -79,14 +79,10 @@ def sniff(path: str | os.PathLike[str]) -> ModuleType:
     for mod in readers():
         if mod.sniff(p, head):
             return mod
-    raise InputError(
-        f"{p}: not a recognised trace format (supported: {', '.join(supported_formats())})"
-    )
+    raise InputError(f"{p}: not a recognised trace format (supported: {', '.join(supported_formats())})")
 
 
-def read_trace(
-    path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None
-) -> Trace:
+def read_trace(path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> Trace:
     """Read one trace file of any supported format into a validated :class:`Trace`.
 
     ``progress(done_bytes, total_bytes)`` is called while large files are read (readers that

@@ -140,9 +140,7 @@ def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
         kernels, host_ops, annotations = builder.finish()
     meta = _input_meta(path, meta_obj, _uses_hip(host_ops))
     meta.sha256 = file_sha256(path)
-    kernels, host_ops, annotations, warnings = _post_process(
-        kernels, host_ops, annotations, meta, meta_obj
-    )
+    kernels, host_ops, annotations, warnings = _post_process(kernels, host_ops, annotations, meta, meta_obj)
     if kernels.num_rows == 0:
         raise InputError(f"{path}: no GPU activity recorded (no kernel, memcpy or memset events)")
     return Trace(kernels, host_ops, annotations, [meta], warnings)
@@ -178,9 +176,7 @@ def _read_block(f: io.BufferedIOBase, path: Path) -> bytes:
         raise InputError(f"{path}: corrupt or truncated gzip file ({e})") from None
 
 
-def _stream_events(
-    path: Path, builder: _Builder, progress: Callable[[int], None] | None
-) -> dict[str, Any]:
+def _stream_events(path: Path, builder: _Builder, progress: Callable[[int], None] | None) -> dict[str, Any]:
     """Feed every event of ``path`` to ``builder``; return the top-level metadata object."""
     with _open(path) as f:
         buf = b""
@@ -312,8 +308,7 @@ def _raise_not_trace(path: Path, buf: bytes) -> None:
     except orjson.JSONDecodeError:
         raise InputError(f"{path}: not JSON") from None
     raise InputError(
-        f"{path}: JSON but not a PyTorch profiler trace (no traceEvents; top level is "
-        f"{type(obj).__name__})"
+        f"{path}: JSON but not a PyTorch profiler trace (no traceEvents; top level is {type(obj).__name__})"
     )
 
 
@@ -470,7 +465,9 @@ def _parse_shapes(
         if not isinstance(raw, pa.DictionaryArray):
             raw = raw.dictionary_encode()
         sel = raw.indices.take(pa.array(idx))
-        codes = sel.to_numpy(zero_copy_only=False) if sel.null_count == 0 else pc.fill_null(sel, -1).to_numpy()
+        codes = (
+            sel.to_numpy(zero_copy_only=False) if sel.null_count == 0 else pc.fill_null(sel, -1).to_numpy()
+        )
         values = raw.dictionary
         parsed: dict[int, Any] = {}
         for c in np.unique(codes).tolist():
@@ -481,8 +478,11 @@ def _parse_shapes(
     shape_id = np.full(n, -1, np.int64)
     if len(idx):
         shape_id[idx] = (code_pair[0] + 1) * (1 << 31) + (code_pair[1] + 1)
-    return (pa.array(dims, pa.list_(pa.list_(pa.int64()))), pa.array(types, pa.list_(pa.string())),
-            pa.array(shape_id, mask=shape_id < 0))
+    return (
+        pa.array(dims, pa.list_(pa.list_(pa.int64()))),
+        pa.array(types, pa.list_(pa.string())),
+        pa.array(shape_id, mask=shape_id < 0),
+    )
 
 
 def _parse_dims(d: bytes | None) -> list[list[int]] | None:
@@ -554,7 +554,9 @@ def _table(cols: dict[str, Any]) -> pa.Table:
             try:
                 arrays[k] = pa.array(v, pa.int64())
             except (pa.ArrowInvalid, OverflowError, TypeError):
-                arrays[k] = pa.array([x if isinstance(x, int) and -(2**63) <= x < 2**63 else None for x in v], pa.int64())
+                arrays[k] = pa.array(
+                    [x if isinstance(x, int) and -(2**63) <= x < 2**63 else None for x in v], pa.int64()
+                )
     return pa.table(arrays)
 
 
@@ -703,12 +705,18 @@ def _base_ns(meta_obj: dict[str, Any]) -> int:
 def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
     """Name of the runtime/driver call with the same correlation, and whether it is a graph launch."""
     n = k.num_rows
-    corr = k["correlation"].combine_chunks() if isinstance(k["correlation"], pa.ChunkedArray) else k["correlation"]
+    corr = (
+        k["correlation"].combine_chunks()
+        if isinstance(k["correlation"], pa.ChunkedArray)
+        else k["correlation"]
+    )
     none = pa.nulls(n, pa.string()), pa.array(np.zeros(n, bool))
     if host.num_rows == 0 or corr.null_count == n:
         return none
     cats = host["category"].cast(pa.string())
-    launches = host.filter(pc.and_(pc.is_in(cats, pa.array(["runtime", "driver"])), pc.is_valid(host["correlation"])))
+    launches = host.filter(
+        pc.and_(pc.is_in(cats, pa.array(["runtime", "driver"])), pc.is_valid(host["correlation"]))
+    )
     if launches.num_rows == 0:
         return none
     pos = pc.index_in(corr, value_set=launches["correlation"].combine_chunks())  # first match per correlation

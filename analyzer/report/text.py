@@ -56,8 +56,15 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
     gpu = summary.get("gpu") or {}
     if gpu.get("name"):
         peaks = gpu.get("peaks") or {}
-        pk = ", ".join(f"{k} {v:g}" for k, v in peaks.items() if k in ("bf16_tflops", "fp8_tflops", "hbm_tbps"))
-        out.write(f"  GPU: {gpu['name']}" + (f" ({gpu.get('arch')})" if gpu.get("arch") else "") + (f"; peaks {pk}" if pk else "") + "\n")
+        pk = ", ".join(
+            f"{k} {v:g}" for k, v in peaks.items() if k in ("bf16_tflops", "fp8_tflops", "hbm_tbps")
+        )
+        out.write(
+            f"  GPU: {gpu['name']}"
+            + (f" ({gpu.get('arch')})" if gpu.get("arch") else "")
+            + (f"; peaks {pk}" if pk else "")
+            + "\n"
+        )
     else:
         out.write(f"  GPU: unknown ({gpu.get('reason', 'not detected')}); times only, no roofline\n")
     if summary.get("model"):
@@ -72,7 +79,9 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
         f"kernel time {fmt_ns(t['kernel_ns'])} in {t['kernels']:,} GPU activities\n"
     )
     if t.get("aggregate_rows"):
-        out.write(f"  note: {t['aggregate_rows']} rows are totals only (no timeline): phases and steps skip them\n")
+        out.write(
+            f"  note: {t['aggregate_rows']} rows are totals only (no timeline): phases and steps skip them\n"
+        )
     _phases(summary, out)
     _stages(summary, out)
     _providers(summary, out)
@@ -98,22 +107,37 @@ def _phases(summary: dict[str, Any], out: TextIO) -> None:
         if not ph:
             continue
         s = ph["step_ns"]
-        rows.append([p, str(ph["steps"]), fmt_ns(ph["kernel_ns"]), fmt_ns(s["p50"]), fmt_ns(s["p90"]),
-                     fmt_ns(s["p99"]), "-" if ph["tokens"] is None else f"{ph['tokens']:,}", fmt_pct(ph["idle_fraction"])])
+        rows.append(
+            [
+                p,
+                str(ph["steps"]),
+                fmt_ns(ph["kernel_ns"]),
+                fmt_ns(s["p50"]),
+                fmt_ns(s["p90"]),
+                fmt_ns(s["p99"]),
+                "-" if ph["tokens"] is None else f"{ph['tokens']:,}",
+                fmt_pct(ph["idle_fraction"]),
+            ]
+        )
     _table(out, ["phase", "steps", "kernel time", "step p50", "p90", "p99", "tokens", "GPU idle"], rows)
     for p in PHASE_ORDER:
         ph = phases.get(p)
         if not ph or not ph["profile"]:
             continue
         out.write(f"\n  {p} profile\n")
-        rows = [[r["label"], fmt_pct(r["share"]), fmt_ns(r["time_ns"]), r.get("bound") or "-"] for r in ph["profile"]]
+        rows = [
+            [r["label"], fmt_pct(r["share"]), fmt_ns(r["time_ns"]), r.get("bound") or "-"]
+            for r in ph["profile"]
+        ]
         _table(out, ["Category", "Time%", "time", "Bound-by"], rows, indent="    ")
 
 
 def _stages(summary: dict[str, Any], out: TextIO) -> None:
     out.write("\nTime by stage\n")
-    rows = [[r["phase"], r["stage"], r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"]
-            for r in summary["stages"][:25]]
+    rows = [
+        [r["phase"], r["stage"], r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"]
+        for r in summary["stages"][:25]
+    ]
     _table(out, ["phase", "stage", "provider", "time", "share", "count"], rows)
     if len(summary["stages"]) > 25:
         out.write(f"  ... {len(summary['stages']) - 25} more (see --json)\n")
@@ -121,7 +145,10 @@ def _stages(summary: dict[str, Any], out: TextIO) -> None:
 
 def _providers(summary: dict[str, Any], out: TextIO) -> None:
     out.write("\nTime by provider\n")
-    rows = [[r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"] for r in summary["providers"]]
+    rows = [
+        [r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"]
+        for r in summary["providers"]
+    ]
     _table(out, ["provider", "time", "share", "count"], rows)
 
 
@@ -129,8 +156,17 @@ def _top(summary: dict[str, Any], out: TextIO, top: int) -> None:
     out.write("\nTop kernels\n")
     rows = []
     for r in summary["top_kernels"][:top]:
-        rows.append([fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", r["stage"], r["provider"],
-                     "/".join(r["phases"]), _short(r["norm_name"], 70)])
+        rows.append(
+            [
+                fmt_pct(r["share"]),
+                fmt_ns(r["time_ns"]),
+                f"{r['count']:,}",
+                r["stage"],
+                r["provider"],
+                "/".join(r["phases"]),
+                _short(r["norm_name"], 70),
+            ]
+        )
     _table(out, ["share", "time", "count", "stage", "provider", "phase", "kernel"], rows)
 
 
