@@ -98,12 +98,31 @@ def read_trace(path: str | os.PathLike[str], progress: Callable[[int, int], None
     return trace
 
 
+_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def _stat_key(path: str | os.PathLike[str]) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+def remember_sha256(path: str | os.PathLike[str], digest: str) -> None:
+    """Record a digest computed while streaming the file, so nobody hashes it again."""
+    _SHA_MEMO[_stat_key(path)] = digest
+
+
 def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of the file's bytes (memoised by path, size and mtime within one process)."""
+    key = _stat_key(path)
+    hit = _SHA_MEMO.get(key)
+    if hit is not None:
+        return hit
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
-    return h.hexdigest()
+    _SHA_MEMO[key] = h.hexdigest()
+    return _SHA_MEMO[key]
 
 
 def expand_inputs(paths: list[str]) -> list[Path]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
+import hashlib
 import io
 import re
 import zlib
@@ -161,12 +162,34 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _open(path: Path) -> io.BufferedIOBase:
+class _Hashing(io.RawIOBase):
+    """A file whose bytes are hashed as they are read: the trace's sha256 costs no second pass."""
+
+    def __init__(self, path: Path) -> None:
+        self._f = open(path, "rb")
+        self.sha = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = self._f.readinto(b)
+        if n:
+            self.sha.update(memoryview(b)[:n])
+        return n or 0
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _open(path: Path) -> tuple[io.BufferedIOBase, _Hashing]:
     with open(path, "rb") as f:
         magic = f.read(2)
+    raw = _Hashing(path)
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
+        return gzip.GzipFile(fileobj=io.BufferedReader(raw, 1 << 20), mode="rb"), raw  # type: ignore[return-value]
+    return io.BufferedReader(raw, 1 << 20), raw  # type: ignore[return-value]
 
 
 def _read_block(f: io.BufferedIOBase, path: Path) -> bytes:
@@ -178,7 +201,8 @@ def _read_block(f: io.BufferedIOBase, path: Path) -> bytes:
 
 def _stream_events(path: Path, builder: _Builder, progress: Callable[[int], None] | None) -> dict[str, Any]:
     """Feed every event of ``path`` to ``builder``; return the top-level metadata object."""
-    with _open(path) as f:
+    f, hashing = _open(path)
+    with f, hashing:
         buf = b""
         total = 0
         prefix = b""
@@ -233,6 +257,11 @@ def _stream_events(path: Path, builder: _Builder, progress: Callable[[int], None
                 buf = buf[1:]
         # 3. the rest: last events, "]", then the tail of the top-level object
         tail = _decode_last(buf, builder, path)
+        while hashing.readinto(bytearray(1 << 20)):  # bytes after the gzip stream, if any
+            pass
+        from analyzer.readers import remember_sha256
+
+        remember_sha256(path, hashing.sha.hexdigest())
     if prefix is None:
         return {}
     try:
@@ -810,7 +839,8 @@ def _rank_from_name(name: str) -> int | None:
 
 def iter_raw_events(path: Path) -> Iterator[dict[str, Any]]:
     """All events of a (small) trace as plain dicts; for tests and tools, not for analysis."""
-    with _open(path) as f:
+    f, hashing = _open(path)
+    with f, hashing:
         data = f.read()
     obj = orjson.loads(data)
     yield from obj["traceEvents"] if isinstance(obj, dict) else obj
