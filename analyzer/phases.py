@@ -231,6 +231,7 @@ def split_phases(
         "stage": stage,
         "is_attn": np.isin(stage, ATTENTION),
         "is_heavy": np.isin(stage, GEMMS + ATTENTION),
+        "fill": _is_fill(kernels),
         "corr": kernels["correlation"].to_numpy(zero_copy_only=False),
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
     }
@@ -265,6 +266,13 @@ def split_phases(
             )
     steps = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     return phase, step, tokens, steps, warnings
+
+
+def _is_fill(kernels: pa.Table) -> np.ndarray:
+    """Buffer fills: memsets and the framework's fill kernels."""
+    name = kernels["norm_name"].cast(pa.string()) if "norm_name" in kernels.column_names else kernels["name"]
+    fill = pc.or_(pc.equal(kernels["kind"], "memset"), pc.match_substring(name.cast(pa.string()), "FillFunctor"))
+    return pc.fill_null(fill, False).to_numpy(zero_copy_only=False)
 
 
 def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
@@ -434,7 +442,8 @@ def _steps_from_structure(
 ) -> list[dict[str, Any]]:
     stages = df["stage"][idx]
     starts = _graph_launch_start(
-        forward_starts(stages), df["corr"][idx], kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx]
+        forward_starts(stages), df["corr"][idx], kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx],
+        df["fill"][idx],
     )
     source = "forward"
     k_st = df["start"][idx]
@@ -484,14 +493,22 @@ def _steps_from_structure(
     return rows
 
 
-def _graph_launch_start(starts: np.ndarray, corr: np.ndarray, graph: np.ndarray) -> np.ndarray:
+MAX_STAGING_FILLS = 4
+
+
+def _graph_launch_start(starts: np.ndarray, corr: np.ndarray, graph: np.ndarray, fill: np.ndarray) -> np.ndarray:
     """A forward replayed from a CUDA/HIP graph begins with the graph's first kernel (position ids,
-    buffer fills ... come before the embedding), so move each start back to it."""
+    buffer fills ... come before the embedding), so move each start back to it; the eager fills
+    launched right before the replay reset its static input buffers, so they open the step too."""
     out = []
     for s in starts.tolist():
         if graph[s]:
             while s > 0 and graph[s - 1] and corr[s - 1] == corr[s]:
                 s -= 1
+            k = 0
+            while s > 0 and k < MAX_STAGING_FILLS and not graph[s - 1] and fill[s - 1]:
+                s -= 1
+                k += 1
         out.append(s)
     return np.unique(np.asarray(out, np.int64))
 
