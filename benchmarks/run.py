@@ -1,0 +1,643 @@
+"""Speed and memory of ``llm-kernel-map analyze`` on scaled real traces, against DESIGN §7's targets.
+
+Usage::
+
+    python benchmarks/run.py                      # 250MB and 1GB from the dense Llama trace
+    python benchmarks/run.py --sizes 100MB --no-hta --no-gzip    # a quick look
+    python benchmarks/run.py --profile            # also cProfile analyze on the largest file
+
+Every measurement runs in its own child process, one at a time, so each peak RSS (``ru_maxrss`` of
+the child, from ``wait4``) belongs to that measurement alone. The files are read once first so all
+measurements see the page cache warm. Per plain file:
+
+* ``orjson``   ``orjson.loads`` of the file's bytes with the GC off: the time of the call alone
+  (reading the bytes is reported apart), and the child's peak RSS;
+* ``read``     the reader alone (``analyzer.readers.read_trace``), wall time inside the child;
+* ``analyze``  the full CLI, ``llm-kernel-map analyze FILE --json OUT``, wall time of the whole process
+  (interpreter start and imports included) and its peak RSS;
+* ``hta``      HolisticTraceAnalysis 0.5 (own venv under benchmarks/data/hta-venv): ``TraceAnalysis``
+  load + ``get_gpu_kernel_breakdown()``, when it installs;
+
+and for the gzip copy of the same bytes: ``gunzip`` (decompressing it to nowhere, 16 MB reads) and
+``analyze`` on the ``.json.gz``. Results: a table on stdout, ``benchmarks/results/latest.json`` and
+``benchmarks/results/latest.md``.
+
+Targets (DESIGN §7, 1 GB plain file): analyze time / orjson.loads time <= 1.0; analyze peak RSS /
+file size <= 1.0; analyze(.gz) - analyze(plain) <= gunzip time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gzip
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DATA = HERE / "data"
+RESULTS = HERE / "results"
+HTA_VENV = DATA / "hta-venv"
+DEFAULT_SOURCE = ROOT / "fixtures" / "h200-llama3-8b-dense" / "trace.json.gz"
+SOURCES = {
+    "dense": DEFAULT_SOURCE,
+    "moe": ROOT / "fixtures" / "h200-qwen3-30b-a3b-moe" / "trace.json.gz",
+    "tp2-graph": ROOT / "fixtures" / "h200-tp2-llama3-8b-graph" / "rank0.json.gz",
+}
+
+sys.path.insert(0, str(HERE))
+from scale_trace import parse_size, size_label  # noqa: E402
+
+# --------------------------------------------------------------------------- child programs
+
+ORJSON_CHILD = """
+import gc, json, sys, time
+import orjson
+gc.disable()
+t0 = time.perf_counter()
+with open(sys.argv[1], "rb") as f:
+    data = f.read()
+t1 = time.perf_counter()
+c1 = time.process_time()
+obj = orjson.loads(data)
+t2 = time.perf_counter()
+c2 = time.process_time()
+n = len(obj["traceEvents"]) if isinstance(obj, dict) else len(obj)
+print(json.dumps({"read_s": t1 - t0, "op_s": t2 - t1, "op_cpu_s": c2 - c1, "events": n}))
+"""
+
+READER_CHILD = """
+import json, sys, time
+t0 = time.perf_counter()
+from analyzer.readers import read_trace
+t1 = time.perf_counter()
+c1 = time.process_time()
+t = read_trace(sys.argv[1])
+t2 = time.perf_counter()
+c2 = time.process_time()
+print(json.dumps({"import_s": t1 - t0, "op_s": t2 - t1, "op_cpu_s": c2 - c1, "kernels": t.kernels.num_rows,
+                  "host_ops": t.host_ops.num_rows}))
+"""
+
+GUNZIP_CHILD = """
+import gzip, json, sys, time
+t0 = time.perf_counter()
+c0 = time.process_time()
+n = 0
+with gzip.open(sys.argv[1], "rb") as f:
+    while True:
+        b = f.read(16 << 20)
+        if not b:
+            break
+        n += len(b)
+print(json.dumps({"op_s": time.perf_counter() - t0, "op_cpu_s": time.process_time() - c0, "bytes": n}))
+"""
+
+HTA_CHILD = """
+import json, logging, sys, time
+logging.disable(logging.WARNING)
+t0 = time.perf_counter()
+from hta.trace_analysis import TraceAnalysis
+t1 = time.perf_counter()
+a = TraceAnalysis(trace_dir=sys.argv[1])
+t2 = time.perf_counter()
+kinds, kernels = a.get_gpu_kernel_breakdown(visualize=False)
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "breakdown_s": t3 - t2, "op_s": t3 - t1,
+                  "kernel_rows": len(kernels)}))
+"""
+
+
+def run_child(cmd: list[str], timeout: float, mem_limit: int | None = None, env: dict | None = None) -> dict:
+    """Run ``cmd``; return wall time, peak RSS (bytes), return code, its last JSON line and stderr tail."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+
+        def limit() -> None:
+            if mem_limit:
+                resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        p = subprocess.Popen(
+            cmd, stdout=out, stderr=err, cwd=ROOT, preexec_fn=limit, env={**os.environ, **(env or {})}
+        )
+        deadline = t0 + timeout
+        killed = False
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                p.kill()
+                killed = True
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.02)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode(errors="replace")
+        stderr = err.read().decode(errors="replace")
+    res: dict = {
+        "wall_s": round(wall, 3),
+        "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),  # user + system time of the whole process
+        "peak_rss": ru.ru_maxrss * 1024,  # Linux: kilobytes
+        "rc": p.returncode,
+        "load1_before": round(load, 2),  # other work on the machine skews the times
+    }
+    if killed:
+        res["error"] = f"timed out after {timeout:.0f} s"
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                res.update(json.loads(line))
+                break
+    if p.returncode != 0 and "error" not in res:
+        tail = [ln for ln in stderr.strip().splitlines() if ln.strip()][-3:]
+        res["error"] = " | ".join(tail)[-400:] or f"exit code {p.returncode}"
+    return res
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _rel(p: Path) -> str:
+    p = Path(p).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def ensure_plain(source: Path, size: int, name: str) -> Path:
+    out = DATA / f"{name}-{size_label(size)}.json"
+    if not out.exists():
+        print(f"making {_rel(out)} ...", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, str(HERE / "scale_trace.py"), str(source), "--size", str(size), "-o", str(out)],
+            check=True,
+        )
+    return out
+
+
+def ensure_gzip(plain: Path) -> Path:
+    out = plain.with_name(plain.name + ".gz")
+    if not out.exists() or out.stat().st_mtime < plain.stat().st_mtime:
+        print(f"compressing {_rel(out)} ...", file=sys.stderr)
+        tmp = out.with_name(out.name + ".part")
+        with open(plain, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 16 << 20)
+        tmp.replace(out)
+    return out
+
+
+def warm(path: Path) -> None:
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
+
+
+def hta_python() -> Path | None:
+    """The HTA venv's python, creating it (pip from the registry) on first use; None if that fails."""
+    py = HTA_VENV / "bin" / "python"
+    ok = (
+        py.exists()
+        and subprocess.run([str(py), "-c", "import hta.trace_analysis"], capture_output=True).returncode == 0
+    )
+    if ok:
+        return py
+    print("installing HolisticTraceAnalysis into benchmarks/data/hta-venv ...", file=sys.stderr)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "HolisticTraceAnalysis"], check=True, capture_output=True
+        )
+        subprocess.run([str(py), "-c", "import hta.trace_analysis"], check=True, capture_output=True)
+    except (subprocess.CalledProcessError, OSError) as e:
+        print(f"HolisticTraceAnalysis not available ({e}); skipping it", file=sys.stderr)
+        return None
+    return py
+
+
+def cli_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "llm-kernel-map"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "analyzer"]
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def measure_file(plain: Path, args: argparse.Namespace, hta_py: Path | None) -> dict:
+    size = plain.stat().st_size
+    row: dict = {"file": _rel(plain), "bytes": size}
+    out_json = DATA / "bench-out.json"
+    timeout = args.timeout
+    py = sys.executable
+
+    def best(cmd: list[str], **kw) -> dict:
+        return best_of(lambda: run_child(cmd, timeout, **kw))
+
+    def best_of(once) -> dict:  # noqa: ANN001
+        runs = [once() for _ in range(args.repeat)]
+        good = [r for r in runs if r["rc"] == 0] or runs
+        key = "op_s" if "op_s" in good[0] else "wall_s"
+        r = min(good, key=lambda r: r.get(key, r["wall_s"]))
+        if len(runs) > 1:
+            r["runs"] = [x.get(key, x["wall_s"]) for x in runs]
+        return r
+
+    warm(plain)
+    cache = DATA / "bench-cache"  # the parsed-trace cache of the analyze runs; emptied before each cold one
+
+    def cold(target: Path) -> list[str]:
+        shutil.rmtree(cache, ignore_errors=True)
+        return [*cli_cmd(), "analyze", str(target), "--json", str(out_json)]
+
+    env = {"LKM_CACHE_DIR": str(cache)}
+    for step in ("orjson", "read", "analyze", "analyze_cached"):
+        print(f"  {plain.name}: {step} ...", file=sys.stderr, flush=True)
+        if step == "orjson":
+            row[step] = best([py, "-c", ORJSON_CHILD, str(plain)])
+        elif step == "read":
+            row[step] = best([py, "-c", READER_CHILD, str(plain)])
+        elif step == "analyze":
+            row[step] = best_of(lambda: run_child(cold(plain), timeout, env=env))
+        else:  # the cache now holds this file's tables: a second analyze reads them instead
+            row[step] = run_child(
+                [*cli_cmd(), "analyze", str(plain), "--json", str(out_json)], timeout, env=env
+            )
+        print(f"    {_brief(row[step])}", file=sys.stderr)
+    if args.gzip:
+        gz = ensure_gzip(plain)
+        warm(gz)
+        row["gz_bytes"] = gz.stat().st_size
+        print(f"  {gz.name}: gunzip, analyze ...", file=sys.stderr, flush=True)
+        row["gunzip"] = best([py, "-c", GUNZIP_CHILD, str(gz)])
+        row["analyze_gz"] = best_of(lambda: run_child(cold(gz), timeout, env=env))
+        print(f"    {_brief(row['gunzip'])}; {_brief(row['analyze_gz'])}", file=sys.stderr)
+    shutil.rmtree(cache, ignore_errors=True)
+    if hta_py is not None:
+        tdir = DATA / "hta-dirs" / plain.stem
+        tdir.mkdir(parents=True, exist_ok=True)
+        for old in tdir.iterdir():
+            old.unlink()
+        (tdir / plain.name).symlink_to(plain.resolve())
+        print(f"  {plain.name}: HolisticTraceAnalysis ...", file=sys.stderr, flush=True)
+        limit = int(_ram_bytes() * 0.85) if _ram_bytes() else None
+        row["hta"] = run_child([str(hta_py), "-c", HTA_CHILD, str(tdir)], args.hta_timeout, mem_limit=limit)
+        print(f"    {_brief(row['hta'])}", file=sys.stderr)
+    with contextlib.suppress(FileNotFoundError):
+        out_json.unlink()
+    _ratios(row)
+    return row
+
+
+def _brief(r: dict) -> str:
+    s = f"wall {r['wall_s']:.2f} s, cpu {r['cpu_s']:.2f} s, peak RSS {r['peak_rss'] / 1e6:,.0f} MB"
+    if "op_s" in r:
+        s += f", op {r['op_s']:.2f} s"
+    if r.get("error"):
+        s += f", ERROR: {r['error']}"
+    return s
+
+
+def _ok(r: dict | None) -> bool:
+    return r is not None and r.get("rc") == 0 and not r.get("error")
+
+
+def _ratios(row: dict) -> None:
+    size = row["bytes"]
+    rat: dict = {}
+    oj = row["orjson"]["op_s"] if _ok(row.get("orjson")) else None
+    for key in ("analyze", "read"):
+        r = row.get(key)
+        if _ok(r) and oj:
+            t = r["wall_s"] if key == "analyze" else r["op_s"]
+            rat[f"{key}_time_over_orjson"] = round(t / oj, 3)
+            rat[f"{key}_rss_over_file"] = round(r["peak_rss"] / size, 3)
+    # CPU time: far less sensitive than wall time to other work on a shared machine
+    if _ok(row.get("analyze")) and _ok(row.get("orjson")) and row["orjson"].get("op_cpu_s"):
+        rat["analyze_cpu_over_orjson_cpu"] = round(row["analyze"]["cpu_s"] / row["orjson"]["op_cpu_s"], 3)
+    if _ok(row.get("read")) and _ok(row.get("orjson")) and row["orjson"].get("op_cpu_s"):
+        rat["read_cpu_over_orjson_cpu"] = round(row["read"]["op_cpu_s"] / row["orjson"]["op_cpu_s"], 3)
+    if _ok(row.get("analyze_gz")) and _ok(row.get("analyze")) and _ok(row.get("gunzip")):
+        extra = row["analyze_gz"]["wall_s"] - row["analyze"]["wall_s"]
+        rat["gz_extra_s"] = round(extra, 3)
+        rat["gz_extra_over_gunzip"] = round(extra / row["gunzip"]["op_s"], 3)
+        extra_cpu = row["analyze_gz"]["cpu_s"] - row["analyze"]["cpu_s"]
+        rat["gz_extra_cpu_over_gunzip_cpu"] = round(extra_cpu / row["gunzip"]["op_cpu_s"], 3)
+    if _ok(row.get("hta")) and _ok(row.get("analyze")):
+        rat["hta_time_over_analyze"] = round(row["hta"]["wall_s"] / row["analyze"]["wall_s"], 2)
+    if _ok(row.get("hta")) and _ok(row.get("read")):
+        rat["hta_time_over_read"] = round(row["hta"]["wall_s"] / row["read"]["op_s"], 2)
+    row["ratios"] = rat
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def profile(plain: Path, top: int) -> str:
+    """cProfile the full CLI on ``plain``; write benchmarks/data/prof.out; return the summary text."""
+    import io
+    import pstats
+
+    prof = DATA / "prof.out"
+    out_json = DATA / "bench-out.json"
+    print(f"profiling analyze on {plain.name} ...", file=sys.stderr, flush=True)
+    cache = DATA / "bench-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cProfile",
+            "-o",
+            str(prof),
+            "-m",
+            "analyzer",
+            "analyze",
+            str(plain),
+            "--json",
+            str(out_json),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LKM_CACHE_DIR": str(cache)},
+    )
+    wall = time.perf_counter() - t0
+    shutil.rmtree(cache, ignore_errors=True)
+    buf = io.StringIO()
+    buf.write(
+        f"cProfile of `llm-kernel-map analyze {_rel(plain)}` "
+        f"(exit {p.returncode}, {wall:.1f} s under the profiler)\n"
+    )
+    if p.returncode != 0:
+        buf.write(f"stderr: {p.stderr.strip()[-400:]}\n")
+    if prof.exists():
+        st = pstats.Stats(str(prof), stream=buf)
+        total = st.total_tt  # type: ignore[attr-defined]
+        buf.write(f"total {total:.2f} s of profiled time\n")
+        buf.write("\n## the project's functions (analyzer/), by cumulative time\n")
+        st.sort_stats("cumulative").print_stats(r"/analyzer/", top)
+        buf.write("\n## everything, by own time\n")
+        st.sort_stats("tottime").print_stats(top)
+    site = str(Path(sys.prefix) / "lib")
+    buf = io.StringIO(buf.getvalue().replace(str(ROOT) + "/", "").replace(site, "<venv>/lib"))
+    with contextlib.suppress(FileNotFoundError):
+        out_json.unlink()
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _ram_bytes() -> int | None:
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    vers = {}
+    for pkg in ("orjson", "msgspec", "pyarrow", "numpy", "pandas"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            vers[pkg] = metadata.version(pkg)
+    git = {}
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        git["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        git["dirty"] = bool(dirty)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_bytes": _ram_bytes(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "packages": vers,
+        "git": git,
+    }
+
+
+def _fmt_t(r: dict | None, key: str = "wall_s") -> str:
+    if r is None:
+        return "-"
+    if not _ok(r):
+        return "FAIL"
+    return f"{r.get(key, r['wall_s']):.2f}"
+
+
+def _fmt_m(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    if not _ok(r):
+        return "FAIL"
+    return f"{r['peak_rss'] / 1e6:,.0f}"
+
+
+def _fmt_r(v: float | None, target: float | None = None) -> str:
+    if v is None:
+        return "-"
+    s = f"{v:.2f}"
+    if target is not None:
+        s += " ok" if v <= target else " OVER"
+    return s
+
+
+def _load(row: dict) -> str:
+    """The highest 1-minute load average any measurement of the row started under."""
+    loads = [v["load1_before"] for v in row.values() if isinstance(v, dict) and "load1_before" in v]
+    return f"{max(loads):.1f}" if loads else "-"
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| file | MB | orjson.loads s | orjson RSS MB | read s | read RSS MB | analyze s | analyze RSS MB "
+        "| analyze/orjson (<=1) | CPU analyze/orjson | RSS/file (<=1) | cached analyze s | gunzip s "
+        "| analyze .gz s "
+        "| .gz extra / gunzip (<=1) "
+        "| HTA s | HTA RSS MB | HTA/analyze | load |"
+    )
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        rat = r["ratios"]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    Path(r["file"]).name,
+                    f"{r['bytes'] / 1e6:,.0f}",
+                    _fmt_t(r.get("orjson"), "op_s"),
+                    _fmt_m(r.get("orjson")),
+                    _fmt_t(r.get("read"), "op_s"),
+                    _fmt_m(r.get("read")),
+                    _fmt_t(r.get("analyze")),
+                    _fmt_m(r.get("analyze")),
+                    _fmt_r(rat.get("analyze_time_over_orjson"), 1.0),
+                    _fmt_r(rat.get("analyze_cpu_over_orjson_cpu")),
+                    _fmt_r(rat.get("analyze_rss_over_file"), 1.0),
+                    _fmt_t(r.get("analyze_cached")),
+                    _fmt_t(r.get("gunzip"), "op_s"),
+                    _fmt_t(r.get("analyze_gz")),
+                    _fmt_r(rat.get("gz_extra_over_gunzip"), 1.0),
+                    _fmt_t(r.get("hta")),
+                    _fmt_m(r.get("hta")),
+                    _fmt_r(rat.get("hta_time_over_analyze")),
+                    _load(r),
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def failures(rows: list[dict]) -> list[str]:
+    out = []
+    for r in rows:
+        for k in ("orjson", "read", "analyze", "analyze_cached", "gunzip", "analyze_gz", "hta"):
+            if r.get(k) is not None and not _ok(r[k]):
+                out.append(f"{Path(r['file']).name} {k}: {r[k].get('error')}")
+    return out
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [
+        "# Benchmark results (latest run)",
+        "",
+        f"Run {result['date']} on {m['cpu']}, {m['cores']} cores, {(m['ram_bytes'] or 0) / 2**30:.0f} GiB RAM, "
+        f"Python {m['python']} ({', '.join(f'{k} {v}' for k, v in m['packages'].items())}); "
+        f"commit {m['git'].get('commit', '?')}{' + local changes' if m['git'].get('dirty') else ''}.",
+        f"Command: `{result['command']}`. Source trace: `{result['source']}`. "
+        f"Times in seconds (best of {result['repeat']}), RSS = peak resident set of the measuring process.",
+        "",
+        "analyze s = wall time of the whole `llm-kernel-map analyze FILE --json OUT` process, first "
+        "analysis (empty parsed-trace cache, so it parses and writes the cache); cached analyze s = "
+        "the same command again, reading the cached tables; "
+        "orjson.loads s = the call alone, GC off; read s = `read_trace` alone inside its process; "
+        "CPU analyze/orjson = the same ratio in CPU time (user + system; the whole analyze process), "
+        "which other work on the machine disturbs far less than wall time. "
+        "load = highest 1-minute load average a measurement started under (2 cores: above ~1, other "
+        "work was running and the times are inflated).",
+        "",
+        table(result["rows"]),
+        "",
+    ]
+    fails = failures(result["rows"])
+    if fails:
+        lines += ["Failures:", ""] + [f"- {f}" for f in fails] + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--source",
+        default="dense",
+        help=f"trace to scale: one of {', '.join(SOURCES)} or a path (default dense)",
+    )
+    p.add_argument("--sizes", default="250MB,1GB", help="comma-separated target sizes (default 250MB,1GB)")
+    p.add_argument("--files", nargs="*", type=Path, help="measure these plain .json files instead")
+    p.add_argument("--repeat", type=int, default=1, help="runs per measurement, best kept (default 1)")
+    p.add_argument("--no-gzip", dest="gzip", action="store_false", help="skip the .json.gz variant")
+    p.add_argument("--no-hta", dest="hta", action="store_false", help="skip HolisticTraceAnalysis")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also cProfile analyze on the largest file (benchmarks/data/prof.out)",
+    )
+    p.add_argument("--profile-top", type=int, default=40, help="rows of the profile summary (default 40)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per measurement (default 1800)")
+    p.add_argument("--hta-timeout", type=float, default=3600, help="seconds for HTA (default 3600)")
+    p.add_argument("--no-write", dest="write", action="store_false", help="do not update benchmarks/results")
+    p.add_argument("--render", action="store_true", help="only rewrite results/latest.md from latest.json")
+    a = p.parse_args(argv)
+    if a.render:
+        result = json.loads((RESULTS / "latest.json").read_text())
+        (RESULTS / "latest.md").write_text(markdown(result))
+        print(table(result["rows"]))
+        return 0
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    source = SOURCES.get(a.source, Path(a.source))
+    name = a.source if a.source in SOURCES else source.name.split(".")[0]
+    if a.files:
+        files = [f.resolve() for f in a.files]
+    else:
+        files = [ensure_plain(source, parse_size(s), name) for s in a.sizes.split(",") if s.strip()]
+    hta_py = hta_python() if a.hta else None
+
+    rows = []
+    for f in files:
+        print(f"{f.name} ({f.stat().st_size / 1e6:,.0f} MB)", file=sys.stderr)
+        rows.append(measure_file(f, a, hta_py))
+    result = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "source": _rel(source),
+        "repeat": a.repeat,
+        "machine": machine(),
+        "targets": {
+            "analyze_time_over_orjson": 1.0,
+            "analyze_rss_over_file": 1.0,
+            "gz_extra_over_gunzip": 1.0,
+        },
+        "hta": "measured" if hta_py else ("skipped (--no-hta)" if not a.hta else "not installable"),
+        "rows": rows,
+    }
+    print()
+    print(table(rows))
+    for f in failures(rows):
+        print(f"FAILED {f}")
+    if a.profile:
+        biggest = max(files, key=lambda f: f.stat().st_size)
+        print(f"timing the stages of analyze on {biggest.name} ...", file=sys.stderr, flush=True)
+        st = subprocess.run(
+            [sys.executable, str(HERE / "stages.py"), str(biggest)], cwd=ROOT, capture_output=True, text=True
+        )
+        stages_text = st.stdout + (f"\nstderr: {st.stderr.strip()[-400:]}\n" if st.returncode else "")
+        text = profile(biggest, a.profile_top)
+        result["profile"] = _rel(RESULTS / "profile-latest.txt")
+        result["stages"] = _rel(RESULTS / "stages-latest.txt")
+        if a.write:
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            (RESULTS / "profile-latest.txt").write_text(text)
+            (RESULTS / "stages-latest.txt").write_text(stages_text)
+        print(stages_text)
+        print(text)
+    if a.write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
+        (RESULTS / "latest.md").write_text(markdown(result))
+        print(f"wrote {_rel(RESULTS / 'latest.json')} and latest.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
