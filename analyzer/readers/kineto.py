@@ -49,6 +49,9 @@ READ_BYTES = 8 << 20
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _HOST_CATS = {"cpu_op": "cpu_op", "cuda_runtime": "runtime", "cuda_driver": "driver"}
 _ANN_CATS = {"user_annotation": "cpu", "gpu_user_annotation": "gpu"}
+_KNOWN_CATS = frozenset(_GPU_CATS) | frozenset(_HOST_CATS) | frozenset(_ANN_CATS) | frozenset(
+    {"python_function", "cuda_sync", "overhead", "Trace", "cpu_instant_event", "ac2g", "fwdbwd", "cuda_event"}
+)
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch|^cuGraphLaunch")
 # hipExtModuleLaunchKernel records globalWorkSize (work-items) as "grid" (FORMATS §1.4).
 _WORKITEM_LAUNCH = "hipExtModuleLaunchKernel"
@@ -357,8 +360,8 @@ class _Builder:
         host = [e for e in x if e.cat in _HOST_CATS]
         gpu = [e for e in x if e.cat in _GPU_CATS]
         ann = [e for e in x if e.cat in _ANN_CATS]
-        # early Kineto capitalised categories ("Kernel", "Memcpy" ...)
-        gpu += [e for e in x if e.cat and e.cat not in _GPU_CATS and e.cat.lower() in _GPU_CATS]
+        # early Kineto capitalised categories ("Kernel", "Memcpy" ...): only unknown ones are lowered
+        gpu += [e for e in x if e.cat and e.cat not in _KNOWN_CATS and e.cat.lower() in _GPU_CATS]
         if gpu:
             self.kernels.append(_gpu_table(gpu))
         if host:
