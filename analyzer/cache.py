@@ -155,9 +155,8 @@ def write_entry(
     try:
         for name in TABLES:
             table: pa.Table = getattr(trace, name)
-            pq.write_table(
-                table, tmp / f"{name}.parquet", compression="zstd", row_group_size=max(table.num_rows, 1)
-            )
+            # bounded row groups: the writer never buffers a whole big column at once
+            pq.write_table(table, tmp / f"{name}.parquet", compression="zstd", row_group_size=1 << 18)
         (tmp / META_FILE).write_text(meta, encoding="utf-8")
         try:
             os.rename(tmp, final)
@@ -169,6 +168,7 @@ def write_entry(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        pa.default_memory_pool().release_unused()  # give the writer's buffers back before analysing
     return final
 
 
@@ -250,8 +250,28 @@ def load_trace(
     if hit is not None:
         return hit
     trace = read_trace(path, progress=progress)
-    _try_write(trace, key, cache_dir, path, replace=entry.exists())
+    if DEFER_WRITES:
+        _DEFERRED.append(lambda: _try_write(trace, key, cache_dir, path, replace=entry.exists()))
+    else:
+        _try_write(trace, key, cache_dir, path, replace=entry.exists())
     return trace
+
+
+# The CLI stores new entries after the command's output is done, when the analysis' own tables are
+# gone: the Parquet writer's buffers then never add to the analysis' peak memory.
+DEFER_WRITES = False
+_DEFERRED: list[Callable[[], Any]] = []
+
+
+def flush_deferred() -> None:
+    """Write the cache entries whose writing was deferred (see DEFER_WRITES)."""
+    if _DEFERRED:
+        import gc
+
+        gc.collect()  # the analysis is over: hand its memory back before the writer takes some
+        pa.default_memory_pool().release_unused()
+    while _DEFERRED:
+        _DEFERRED.pop(0)()
 
 
 def _try_write(
