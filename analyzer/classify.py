@@ -167,28 +167,49 @@ def _op_keys(trace_id: pa.Array, ext: pa.Array) -> pa.Array:
     return pc.add(pc.multiply(trace_id.cast(pa.int64()), pa.scalar(1 << 40, pa.int64())), ext)
 
 
+_LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
+
+
 def launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
     """The cpu_ops that launched kernels (innermost per external id) and, per kernel, the row
-    of its op in that table (null when none)."""
+    of its op in that table (null when none). Memoised for the last (host_ops, launch ids) pair:
+    classification and the roofline ask for the same join."""
     if host_ops.num_rows == 0 or kernels["launch_op_id"].null_count == kernels.num_rows:
         return None
+    launch = kernels["launch_op_id"]
+    for h, lid, result in _LAUNCH_MEMO:
+        if h is host_ops and lid.equals(launch):
+            return result
+    result = _launching_op_rows(kernels, host_ops)
+    _LAUNCH_MEMO[:] = [(host_ops, launch, result)]
+    return result
+
+
+def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
     cat = host_ops["category"].cast(pa.string())
     wanted = pc.unique(kernels["launch_op_id"].drop_null())
-    ops = host_ops.filter(pc.and_(pc.equal(cat, "cpu_op"), pc.is_in(host_ops["external_id"], wanted)))
-    if ops.num_rows == 0:
+    mask = pc.and_(pc.equal(cat, "cpu_op"), pc.is_in(host_ops["external_id"], wanted))
+    rows = (
+        pc.indices_nonzero(mask)
+        if hasattr(pc, "indices_nonzero")
+        else pa.array(np.flatnonzero(mask.to_numpy(zero_copy_only=False)))
+    )
+    if len(rows) == 0:
         return None
-    # several ops share an external id when nested: the innermost is the latest to start
-    ops = ops.sort_by([("start_ns", "descending")])
-    keys = (
-        _op_keys(ops["trace_id"], ops["external_id"]).combine_chunks()
-        if isinstance(ops["trace_id"], pa.ChunkedArray)
-        else _op_keys(ops["trace_id"], ops["external_id"])
+    # several ops share an external id when nested: the innermost is the latest to start. Order and
+    # deduplicate on the key columns alone, then take the surviving rows of the full table once.
+    start = host_ops["start_ns"].take(rows)
+    order = pc.array_sort_indices(start.combine_chunks(), order="descending")
+    rows = rows.take(order)
+    keys = _op_keys(
+        host_ops["trace_id"].take(rows).combine_chunks(), host_ops["external_id"].take(rows).combine_chunks()
     )
     first = pc.index_in(keys, value_set=keys)  # first occurrence = latest start
-    ops = ops.filter(pc.equal(first, pa.array(np.arange(ops.num_rows), pa.int32())))
-    keys = _op_keys(ops["trace_id"].combine_chunks(), ops["external_id"].combine_chunks())
+    keep = pc.equal(first, pa.array(np.arange(len(rows)), pa.int32()))
+    rows = rows.filter(keep)
+    ops = host_ops.take(rows)
     kkeys = _op_keys(kernels["trace_id"].combine_chunks(), kernels["launch_op_id"].combine_chunks())
-    return ops, pc.index_in(kkeys, value_set=keys)
+    return ops, pc.index_in(kkeys, value_set=keys.filter(keep))
 
 
 def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | None], dict[int, Any]]:

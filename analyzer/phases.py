@@ -271,7 +271,9 @@ def split_phases(
 def _is_fill(kernels: pa.Table) -> np.ndarray:
     """Buffer fills: memsets and the framework's fill kernels."""
     name = kernels["norm_name"].cast(pa.string()) if "norm_name" in kernels.column_names else kernels["name"]
-    fill = pc.or_(pc.equal(kernels["kind"], "memset"), pc.match_substring(name.cast(pa.string()), "FillFunctor"))
+    fill = pc.or_(
+        pc.equal(kernels["kind"], "memset"), pc.match_substring(name.cast(pa.string()), "FillFunctor")
+    )
     return pc.fill_null(fill, False).to_numpy(zero_copy_only=False)
 
 
@@ -442,7 +444,9 @@ def _steps_from_structure(
 ) -> list[dict[str, Any]]:
     stages = df["stage"][idx]
     starts = _graph_launch_start(
-        forward_starts(stages), df["corr"][idx], kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx],
+        forward_starts(stages),
+        df["corr"][idx],
+        kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx],
         df["fill"][idx],
     )
     source = "forward"
@@ -496,7 +500,9 @@ def _steps_from_structure(
 MAX_STAGING_FILLS = 4
 
 
-def _graph_launch_start(starts: np.ndarray, corr: np.ndarray, graph: np.ndarray, fill: np.ndarray) -> np.ndarray:
+def _graph_launch_start(
+    starts: np.ndarray, corr: np.ndarray, graph: np.ndarray, fill: np.ndarray
+) -> np.ndarray:
     """A forward replayed from a CUDA/HIP graph begins with the graph's first kernel (position ids,
     buffer fills ... come before the embedding), so move each start back to it; the eager fills
     launched right before the replay reset its static input buffers, so they open the step too."""

@@ -49,8 +49,22 @@ READ_BYTES = 8 << 20
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _HOST_CATS = {"cpu_op": "cpu_op", "cuda_runtime": "runtime", "cuda_driver": "driver"}
 _ANN_CATS = {"user_annotation": "cpu", "gpu_user_annotation": "gpu"}
-_KNOWN_CATS = frozenset(_GPU_CATS) | frozenset(_HOST_CATS) | frozenset(_ANN_CATS) | frozenset(
-    {"python_function", "cuda_sync", "overhead", "Trace", "cpu_instant_event", "ac2g", "fwdbwd", "cuda_event"}
+_KNOWN_CATS = (
+    frozenset(_GPU_CATS)
+    | frozenset(_HOST_CATS)
+    | frozenset(_ANN_CATS)
+    | frozenset(
+        {
+            "python_function",
+            "cuda_sync",
+            "overhead",
+            "Trace",
+            "cpu_instant_event",
+            "ac2g",
+            "fwdbwd",
+            "cuda_event",
+        }
+    )
 )
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch|^cuGraphLaunch")
 # hipExtModuleLaunchKernel records globalWorkSize (work-items) as "grid" (FORMATS §1.4).
