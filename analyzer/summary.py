@@ -168,6 +168,37 @@ def dominant_bounds(df: pd.DataFrame, keys: list[str]) -> dict[tuple, str]:
     return {tuple(r[:-2]) if len(keys) > 1 else r[0]: str(r[-2]) for r in t.itertuples(index=False)}
 
 
+def roofline_fields(g: pd.DataFrame) -> dict[str, Any]:
+    """Achieved rates of a set of kernels: summed FLOPs and bytes over the time of the kernels that
+    have them, their intensity, the time-weighted share of the roof reached, and the dominant bound."""
+    if "flops" not in g or (g["flops"].isna().all() and g["bytes"].isna().all()):
+        return {
+            "flops": None,
+            "bytes": None,
+            "achieved_tflops": None,
+            "achieved_tbps": None,
+            "intensity": None,
+            "pct_of_peak": None,
+            "bound": _dominant_bound(g),
+        }
+    known = g[g["flops"].notna() | g["bytes"].notna()]
+    t = float(known["dur_ns"].sum())
+    flops = _none_if_nan(known["flops"].sum(min_count=1))
+    nbytes = _none_if_nan(known["bytes"].sum(min_count=1))
+    pct = known[known["pct_of_peak"].notna()]
+    return {
+        "flops": flops,
+        "bytes": nbytes,
+        "achieved_tflops": flops / t / 1e3 if t and flops is not None else None,
+        "achieved_tbps": nbytes / t / 1e3 if t and nbytes is not None else None,
+        "intensity": flops / nbytes if flops is not None and nbytes else None,
+        "pct_of_peak": float(np.average(pct["pct_of_peak"], weights=pct["dur_ns"]))
+        if len(pct) and pct["dur_ns"].sum() > 0
+        else None,
+        "bound": _dominant_bound(g),
+    }
+
+
 def stage_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     rows = []
     for (phase, stage, provider), g in df.groupby(["phase", "stage", "provider"], sort=True, observed=True):
@@ -181,6 +212,7 @@ def stage_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
                 "time_ns": t,
                 "share": t / total if total else 0.0,
                 "count": int(g["count"].sum()),
+                **roofline_fields(g),
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["phase"], r["stage"], r["provider"]))
@@ -218,22 +250,35 @@ def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
     keys = ["group_key", "phase", "stage", "provider"]
     if len(df) == 0:
         return []
-    agg = (
-        df.groupby(keys, observed=True, sort=True).agg(
+    if "flops" in df:
+        known = df["flops"].notna() | df["bytes"].notna()
+        has_pct = df["pct_of_peak"].notna()
+        df = df.assign(
+            _known_ns=df["dur_ns"].where(known, 0),
+            _pct_w=(df["pct_of_peak"] * df["dur_ns"]).where(has_pct, 0.0),
+            _pct_ns=df["dur_ns"].where(has_pct, 0),
+        )
+        agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"),
             time_ns=("dur_ns", "sum"),
             flops=("flops", lambda x: x.sum(min_count=1)),
             bytes=("bytes", lambda x: x.sum(min_count=1)),
+            known_ns=("_known_ns", "sum"),
+            pct_w=("_pct_w", "sum"),
+            pct_ns=("_pct_ns", "sum"),
         )
-        if "flops" in df
-        else df.groupby(keys, observed=True, sort=True).agg(count=("count", "sum"), time_ns=("dur_ns", "sum"))
-    )
+    else:
+        agg = df.groupby(keys, observed=True, sort=True).agg(
+            count=("count", "sum"), time_ns=("dur_ns", "sum")
+        )
     bounds = dominant_bounds(df, keys)
     rows = []
     for key, r in zip(agg.index, agg.itertuples(index=False), strict=True):
         t = int(r.time_ns)
         flops = _none_if_nan(getattr(r, "flops", None))
         nbytes = _none_if_nan(getattr(r, "bytes", None))
+        kt = float(getattr(r, "known_ns", 0) or 0)  # the time of the kernels that have numbers
+        pct_ns = float(getattr(r, "pct_ns", 0) or 0)
         rows.append(
             {
                 "group_key": str(key[0]),
@@ -244,8 +289,10 @@ def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
                 "time_ns": t,
                 "flops": flops,
                 "bytes": nbytes,
-                "achieved_tflops": flops / t / 1e3 if t and flops is not None else None,
-                "achieved_tbps": nbytes / t / 1e3 if t and nbytes is not None else None,
+                "achieved_tflops": flops / kt / 1e3 if kt and flops is not None else None,
+                "achieved_tbps": nbytes / kt / 1e3 if kt and nbytes is not None else None,
+                "intensity": flops / nbytes if flops is not None and nbytes else None,
+                "pct_of_peak": float(r.pct_w) / pct_ns if pct_ns else None,
                 "bound": bounds.get(tuple(key), "unknown")
                 if "bound" in df and df["bound"].notna().any()
                 else None,
@@ -279,6 +326,7 @@ def top_kernels(df: pd.DataFrame, total: int, n: int = TOP_KERNELS) -> list[dict
                 "mean_ns": int(t / max(int(g["count"].sum()), 1)),
                 "tile": _tile(first),
                 "split_k": None if pd.isna(first.get("split_k")) else int(first["split_k"]),
+                **roofline_fields(g),
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["group_key"]))

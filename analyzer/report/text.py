@@ -152,6 +152,18 @@ def _providers(summary: dict[str, Any], out: TextIO) -> None:
     _table(out, ["provider", "time", "share", "count"], rows)
 
 
+def _rate(r: dict[str, Any]) -> str:
+    """Achieved rate against the roof, as the kernel's bound says: TFLOP/s or TB/s and % of roof."""
+    pct = r.get("pct_of_peak")
+    if r.get("bound") == "compute" and r.get("achieved_tflops") is not None:
+        val = f"{r['achieved_tflops']:.1f} TFLOP/s"
+    elif r.get("achieved_tbps") is not None:
+        val = f"{r['achieved_tbps']:.2f} TB/s"
+    else:
+        return "-"
+    return val + (f" ({100 * pct:.0f}%)" if pct is not None else "")
+
+
 def _top(summary: dict[str, Any], out: TextIO, top: int) -> None:
     out.write("\nTop kernels\n")
     rows = []
@@ -164,10 +176,16 @@ def _top(summary: dict[str, Any], out: TextIO, top: int) -> None:
                 r["stage"],
                 r["provider"],
                 "/".join(r["phases"]),
-                _short(r["norm_name"], 70),
+                _rate(r),
+                r.get("bound") or "-",
+                _short(r["norm_name"], 60),
             ]
         )
-    _table(out, ["share", "time", "count", "stage", "provider", "phase", "kernel"], rows)
+    _table(
+        out,
+        ["share", "time", "count", "stage", "provider", "phase", "achieved (of roof)", "bound", "kernel"],
+        rows,
+    )
 
 
 def _unclassified(summary: dict[str, Any], out: TextIO) -> None:
