@@ -22,22 +22,14 @@ import pandas as pd
 from analyzer import timeline
 from analyzer.errors import UsageError
 from analyzer.paths import RULES_DIR
+from analyzer.phases import GEMMS
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
 
 FINDINGS_TOML = RULES_DIR / "findings.toml"
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-GEMM_STAGES = {
-    "qkv_gemm",
-    "o_gemm",
-    "gate_up_gemm",
-    "down_gemm",
-    "lm_head_gemm",
-    "moe_gate_gemm",
-    "gemm",
-    "moe_expert_gemm",
-}
+GEMM_STAGES = frozenset(GEMMS)
 
 
 @dataclasses.dataclass

@@ -161,10 +161,6 @@ def _check_schema(label: str, table: pa.Table, schema: pa.Schema) -> None:
             raise InputError(f"{label}: column {f.name!r} is {t}, expected {f.type}")
 
 
-def empty_table(schema: pa.Schema) -> pa.Table:
-    return schema.empty_table()
-
-
 def table_from_columns(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
     """Build a table with ``schema`` from Python sequences or Arrow arrays; absent columns are null."""
     n = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -98,7 +97,3 @@ def analyze_paths(
     paths: Sequence[str], options: Options | None = None, progress: ProgressFn | None = None
 ) -> Analysis:
     return analyze_trace(load_inputs(paths, progress), options)
-
-
-def input_paths(analysis: Analysis) -> list[Path]:
-    return [Path(m.path) for m in analysis.trace.inputs]

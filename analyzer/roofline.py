@@ -119,19 +119,8 @@ NO_OUTPUT_SIZE_OPS = {
     "aten::scatter_add_",
     "aten::index_add_",
 }
-# ops whose kernels move data without meaningful arithmetic: bytes = inputs + output, flops = numel
-COPY_OPS = {
-    "aten::copy_",
-    "aten::cat",
-    "aten::index_select",
-    "aten::embedding",
-    "aten::index",
-    "aten::clone",
-    "aten::contiguous",
-    "aten::index_copy_",
-    "aten::index_put_",
-    "aten::_to_copy",
-}
+# gathers that read only the selected rows of their table: bytes = selected rows read + written
+GATHER_OPS = {"aten::index_select", "aten::embedding"}
 
 
 # --------------------------------------------------------------------------- entry point
@@ -236,7 +225,7 @@ def op_work(
             return None
         batch, m, k, n = g
         flops = 2.0 * batch * m * k * n
-        nbytes = b * batch * (m * k + n * m) + _weight_bytes(name, tensors, batch, k, n, b)
+        nbytes = b * batch * (m * k + k * n + m * n)  # A, B (the weights) and C, each once
         return flops, nbytes, dtype
     if name in ATTN_OPS:
         if len(tensors) < 3 or len(tensors[0][0]) != 4:
@@ -254,7 +243,7 @@ def op_work(
     # memory-bound ops: inputs read once + output written once (output ~ largest input)
     sizes = [_numel(d) * _bytes_of(t) for d, t in tensors]
     largest = max(sizes)
-    if name in COPY_OPS and name in ("aten::index_select", "aten::embedding"):
+    if name in GATHER_OPS:
         # gathers read only the selected rows: output = index count x row size
         w, idx = tensors[0][0], tensors[1][0] if len(tensors) > 1 else [1]
         row = _numel(w[1:]) * _bytes_of(tensors[0][1])
@@ -293,13 +282,6 @@ def _gemm(name: str, d: list[list[int]]) -> tuple[int, int, int, int] | None:
     except (IndexError, TypeError):
         return None
     return None
-
-
-def _weight_bytes(
-    name: str, tensors: list[tuple[list[int], str]], batch: int, k: int, n: int, b: float
-) -> float:
-    """Bytes of the B operand (the weights of a linear layer)."""
-    return b * batch * k * n
 
 
 def kernel_work(
@@ -404,10 +386,9 @@ def _model_work(
         t = float(tokens[i])
         if s in shapes and s != "gemm":
             k_in, n_out = shapes[s]
-            shard = tp if s != "lm_head_gemm" or tp > 1 else 1
-            w = k_in * n_out / shard
+            w = k_in * n_out / tp  # each rank holds 1/tp of the weights
             flops[i] = 2.0 * t * w
-            nbytes[i] = wb * (w + t * (k_in + n_out / shard))
+            nbytes[i] = wb * (w + t * (k_in + n_out / tp))
             source[i] = "model"
         elif s == "moe_expert_gemm" and model.is_moe:
             e_in, e_out = model.hidden_size, model.expert_intermediate_size

@@ -34,24 +34,3 @@ def span_ns(start: np.ndarray, end: np.ndarray) -> int:
     if len(start) == 0:
         return 0
     return int(np.max(end) - np.min(start))
-
-
-def busy_within(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Busy ns of the union of intervals clipped to each window ``[lo[i], hi[i])``."""
-    ms, me = merge_intervals(start, end)
-    if len(ms) == 0:
-        return np.zeros(len(lo), np.int64)
-    # cumulative busy time up to t: sum of full intervals ending before t + partial one
-    cum = np.concatenate([[0], np.cumsum(me - ms)])
-
-    def covered(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(ms, t, side="right")  # intervals starting at or before t
-        full = cum[np.maximum(i - 1, 0)]
-        last_s = ms[np.maximum(i - 1, 0)]
-        last_e = me[np.maximum(i - 1, 0)]
-        part = np.clip(t - last_s, 0, last_e - last_s)
-        return np.where(i > 0, full + part, 0)
-
-    lo = np.asarray(lo, np.int64)
-    hi = np.asarray(hi, np.int64)
-    return covered(hi) - covered(lo)

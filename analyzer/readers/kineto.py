@@ -852,12 +852,3 @@ def _rank_from_name(name: str) -> int | None:
         if m:
             return int(m.group(1))
     return None
-
-
-def iter_raw_events(path: Path) -> Iterator[dict[str, Any]]:
-    """All events of a (small) trace as plain dicts; for tests and tools, not for analysis."""
-    f, hashing = _open(path)
-    with f, hashing:
-        data = f.read()
-    obj = orjson.loads(data)
-    yield from obj["traceEvents"] if isinstance(obj, dict) else obj

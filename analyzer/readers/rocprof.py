@@ -55,7 +55,7 @@ from analyzer.model import (
     Trace,
     table_from_columns,
 )
-from analyzer.readers import file_sha256
+from analyzer.readers import file_sha256, read_head
 
 FORMAT = "rocprof"
 READER_VERSION = "1"
@@ -94,7 +94,7 @@ def read(path: Path) -> Trace:
     path = Path(path)
     flavour = "rocprof"
     try:
-        flavour = _flavour(path, _head(path)) or ""
+        flavour = _flavour(path, read_head(path)) or ""
         if not flavour:
             raise InputError(f"{path}: not a rocprof output (unrecognised header)")
         return _READERS[flavour](path)
@@ -148,18 +148,6 @@ def header_columns(line: str) -> list[str]:
     """Column names of a CSV header line, lower-cased, quotes and spaces trimmed."""
     row = next(csv.reader([line.strip()]), [])
     return [c.strip().strip('"').strip().lower() for c in row]
-
-
-def _head(path: Path, n: int = 64 * 1024) -> bytes:
-    with open(path, "rb") as f:
-        raw = f.read(n)
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            with gzip.open(path, "rb") as g:
-                return g.read(n)
-        except (OSError, EOFError, zlib.error) as e:
-            raise InputError(f"{path}: corrupt gzip file ({e})") from None
-    return raw
 
 
 # ---------------------------------------------------------------------------------------------
