@@ -55,3 +55,10 @@ def stream_busy(events: list[dict[str, Any]]) -> dict[tuple[int, int], int]:
             total += cur_e - cur_s
         out[key] = total
     return out
+
+
+def sha256(path: Path) -> str:
+    """sha256 of the file's bytes, with hashlib alone."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

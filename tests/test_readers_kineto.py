@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from analyzer import timeline
 from analyzer.errors import InputError
-from analyzer.readers import kineto, read_trace, sniff
+from analyzer.readers import kineto, kineto_parallel, read_trace, sniff
 from tests import rawtrace
 from tests.conftest import H200_TRACES, SHARED, shared, shared_kineto_traces
 
@@ -122,6 +122,70 @@ def test_chunked_reading_equals_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kineto, "READ_BYTES", 16 << 10)
     chunked = read_trace(H200_TRACES[1]).kernels
     assert chunked.equals(whole)
+
+
+def _tables(trace) -> list:
+    return [trace.kernels, trace.host_ops, trace.annotations]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(H200_TRACES[0], id="h200-dense.gz"), pytest.param(H200_TRACES[3], id="h200-tp2-rank1.gz")]
+    + [
+        pytest.param(SHARED / rel, id=rel)
+        for rel in shared_kineto_traces()
+        if rel.endswith(("prefilldecode.json.gz", "graph_execution.json.gz", "ROCm6_2_kineto.json.gz"))
+    ],
+)
+def test_parallel_reading_equals_sequential(
+    path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN worker processes and small chunks, on the gzip trace and on its plain JSON
+    plain = tmp_path / "trace.json"
+    plain.write_bytes(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
+    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "1")
+    want = read_trace(path)
+    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
+    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", max(4 << 10, plain.stat().st_size // 16))
+    used = []
+    monkeypatch.setattr(kineto_parallel, "_collect", _counting(kineto_parallel._collect, used))
+    for src in (path, plain):
+        got = read_trace(src)
+        # THEN the workers parsed it, and into exactly the sequential tables
+        assert len(used) >= 8, "the parallel path was not taken"
+        used.clear()
+        for a, b in zip(_tables(got), _tables(want), strict=True):
+            assert a.equals(b)
+        assert got.inputs[0].sha256 == rawtrace.sha256(src)
+        assert got.inputs[0].to_dict() | {"path": "", "sha256": ""} == want.inputs[0].to_dict() | {
+            "path": "",
+            "sha256": "",
+        }
+
+
+def _counting(fn, calls: list):
+    def wrapped(*a, **k):
+        calls.append(1)
+        return fn(*a, **k)
+
+    return wrapped
+
+
+def test_parallel_cut_inside_a_string_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN kernel names holding the text of an event boundary, so some cuts land inside strings
+    evil = "void k<{lambda()#1}, {lambda()#2}>"
+    events = [
+        {"ph": "X", "cat": "kernel", "name": evil + "}, {" * 40, "ts": i, "dur": 1, "args": {"device": 0}}
+        for i in range(4000)
+    ]
+    p = tmp_path / "evil.json"
+    p.write_text(json.dumps({"traceEvents": events}, separators=(",", ":")))
+    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
+    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 16 << 10)
+    trace = read_trace(p)
+    # THEN every event is read once, with its name whole
+    assert trace.kernels.num_rows == 4000
+    assert set(trace.kernels["name"].to_pylist()) == {evil + "}, {" * 40}
 
 
 # --------------------------------------------------------------------------- bad input

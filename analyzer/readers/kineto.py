@@ -152,9 +152,13 @@ def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
     """Read one Kineto trace; ``progress`` is called with the bytes read so far."""
     from analyzer.readers import file_sha256
 
-    builder = _Builder()
     with _gc_paused():
-        meta_obj = _stream_events(path, builder, progress)
+        builder = _parallel_read(path, progress)
+        if builder is None:
+            builder = _Builder()
+            meta_obj = _stream_events(path, builder, progress)
+        else:
+            meta_obj = builder.meta
         kernels, host_ops, annotations = builder.finish()
     meta = _input_meta(path, meta_obj, _uses_hip(host_ops))
     meta.sha256 = file_sha256(path)
@@ -162,6 +166,44 @@ def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
     if kernels.num_rows == 0:
         raise InputError(f"{path}: no GPU activity recorded (no kernel, memcpy or memset events)")
     return Trace(kernels, host_ops, annotations, [meta], warnings)
+
+
+def _parallel_read(path: Path, progress: Callable[[int], None] | None) -> _Builder | None:
+    """The tables of a big trace parsed by worker processes; None when it is read here instead."""
+    from analyzer.readers import kineto_parallel, remember_sha256
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            size *= 8  # gzip traces inflate about tenfold
+    jobs = kineto_parallel.jobs_for(path, size)
+    if jobs < 2:
+        return None
+    builder = _Builder()
+    try:
+        prefix, tail, sha = kineto_parallel.stream(
+            path, builder.add_tables, _find_events, jobs, progress, kineto_parallel.CHUNK_BYTES
+        )
+    except (kineto_parallel.Fallback, InputError):
+        return None  # read sequentially: same tables, or the precise error
+    remember_sha256(path, sha)
+    builder.meta = _top_level(path, prefix, tail)
+    return builder
+
+
+def _find_events(head: bytes) -> tuple[bytes | None, int] | None:
+    """(text before the traceEvents array or None for a bare list, offset of its first event)."""
+    m = _EVENTS_KEY.search(head)
+    if m is not None:
+        prefix, pos = head[: m.start()], m.end()
+    else:
+        stripped = head.lstrip()
+        if stripped[:1] != b"[":
+            return None
+        prefix, pos = None, len(head) - len(stripped) + 1
+    while pos < len(head) and head[pos : pos + 1].isspace():
+        pos += 1
+    return (prefix, pos) if head[pos : pos + 1] == b"{" else None
 
 
 # --------------------------------------------------------------------------- byte stream -> events
@@ -220,9 +262,9 @@ def _stream_events(path: Path, builder: _Builder, progress: Callable[[int], None
     """Feed every event of ``path`` to ``builder``; return the top-level metadata object."""
     f, hashing = _open(path)
     with f, hashing:
-        buf = b""
+        buf = bytearray()
         total = 0
-        prefix = b""
+        prefix: bytes | None = b""
         # 1. find the start of the traceEvents array
         while True:
             block = _read_block(f, path)
@@ -230,17 +272,18 @@ def _stream_events(path: Path, builder: _Builder, progress: Callable[[int], None
             buf += block
             m = _EVENTS_KEY.search(buf)
             if m:
-                prefix, buf = buf[: m.start()], buf[m.end() :]
+                prefix = bytes(buf[: m.start()])
+                del buf[: m.end()]
                 break
             stripped = buf.lstrip()
             if stripped[:1] == b"[":  # bare list of events
-                buf = stripped[1:]
+                del buf[: len(buf) - len(stripped) + 1]
                 prefix = None
                 break
             if not block:
                 if not buf.strip():
                     raise InputError(f"{path}: empty file")
-                _raise_not_trace(path, buf)
+                _raise_not_trace(path, bytes(buf))
             if len(buf) > (64 << 20):
                 raise InputError(f"{path}: no traceEvents array in the first 64 MB")
         # 2. decode whole chunks of events as they arrive
@@ -269,16 +312,25 @@ def _stream_events(path: Path, builder: _Builder, progress: Callable[[int], None
             events, cut = found
             builder.add(events)
             del events
-            buf = buf[cut:].lstrip()
-            if buf[:1] == b",":
-                buf = buf[1:]
+            # drop the decoded events and the separator after them (one memmove)
+            m = _SEPARATOR.match(buf, cut)
+            del buf[: m.end() if m else cut]
         # 3. the rest: last events, "]", then the tail of the top-level object
-        tail = _decode_last(buf, builder, path)
+        events, tail = decode_last(bytes(buf), path)
+        builder.add(events)
         while hashing.readinto(bytearray(1 << 20)):  # bytes after the gzip stream, if any
             pass
         from analyzer.readers import remember_sha256
 
         remember_sha256(path, hashing.sha.hexdigest())
+    return _top_level(path, prefix, tail)
+
+
+_SEPARATOR = re.compile(rb"\s*,?")
+
+
+def _top_level(path: Path, prefix: bytes | None, tail: bytes) -> dict[str, Any]:
+    """The top-level object without its events (empty for a bare list of events)."""
     if prefix is None:
         return {}
     try:
@@ -290,12 +342,13 @@ def _stream_events(path: Path, builder: _Builder, progress: Callable[[int], None
     return meta
 
 
-def _decode_at_boundary(buf: bytes, start: int, path: Path) -> tuple[list[_Event], int] | None:
+def _decode_at_boundary(buf: bytearray, start: int, path: Path) -> tuple[list[_Event], int] | None:
     """Decode the events before the first whole-event boundary after ``start``.
 
     A candidate boundary (``}`` ``,`` ``{``) inside a string or a nested object leaves the chunk
     unbalanced, which the decoder reports at the very end of the chunk: then try the next one.
     An error earlier in the chunk is real corruption. Returns None when no boundary is found.
+    The chunk is decoded in place: the bytes around it become ``[`` and ``]`` for the decode.
     """
     pos = start
     while True:
@@ -303,7 +356,9 @@ def _decode_at_boundary(buf: bytes, start: int, path: Path) -> tuple[list[_Event
         if m is None:
             return None
         cut = m.start() + 1
-        chunk = b"[" + buf[:cut] + b"]"
+        chunk = bytearray(cut + 2)
+        chunk[0], chunk[-1] = 0x5B, 0x5D
+        chunk[1:-1] = memoryview(buf)[:cut]
         try:
             return _DECODER.decode(chunk), cut
         except msgspec.ValidationError as e:
@@ -324,11 +379,11 @@ def _error_at_end(msg: str, size: int) -> bool:
     return m is not None and int(m.group(1)) >= size - 2
 
 
-def _decode_last(buf: bytes, builder: _Builder, path: Path) -> bytes:
-    """Decode the final events; return what follows the array (the rest of the top object)."""
+def decode_last(buf: bytes, path: Path | str = "trace") -> tuple[list[Any], bytes]:
+    """Decode the final events; return them and what follows the array (the rest of the top object)."""
     body = buf.lstrip()
     if body[:1] == b"]":
-        return body[1:]
+        return [], body[1:]
     pos = 0
     while True:
         m = _ARRAY_END.search(body, pos)
@@ -336,16 +391,13 @@ def _decode_last(buf: bytes, builder: _Builder, path: Path) -> bytes:
             raise InputError(f"{path}: truncated trace (traceEvents array never ends)")
         chunk = b"[" + body[: m.start() + 1] + b"]"
         try:
-            events = _DECODER.decode(chunk)
+            return _DECODER.decode(chunk), body[m.end() :]
         except msgspec.ValidationError as e:
             raise InputError(f"{path}: event with unexpected field type ({e})") from None
         except msgspec.DecodeError as e:
             if not _error_at_end(str(e), len(chunk)):
                 raise InputError(f"{path}: not valid JSON in traceEvents ({e})") from None
             pos = m.end()
-            continue
-        builder.add(events)
-        return body[m.end() :]
 
 
 def _raise_not_trace(path: Path, buf: bytes) -> None:
@@ -362,34 +414,101 @@ def _raise_not_trace(path: Path, buf: bytes) -> None:
 
 
 class _Builder:
-    """Accumulates Arrow record batches chunk by chunk; Python objects die with each chunk."""
+    """Accumulates Arrow tables chunk by chunk; the Python objects of a chunk die with it."""
 
     def __init__(self) -> None:
         self.kernels: list[pa.Table] = []
         self.host: list[pa.Table] = []
         self.ann: list[pa.Table] = []
+        self.meta: dict[str, Any] = {}
 
     def add(self, events: list[Any]) -> None:
-        x = [e for e in events if type(e) is _X or (type(e) is _Event and e.ph == "X")]
-        host = [e for e in x if e.cat in _HOST_CATS]
-        gpu = [e for e in x if e.cat in _GPU_CATS]
-        ann = [e for e in x if e.cat in _ANN_CATS]
-        # early Kineto capitalised categories ("Kernel", "Memcpy" ...): only unknown ones are lowered
-        gpu += [e for e in x if e.cat and e.cat not in _KNOWN_CATS and e.cat.lower() in _GPU_CATS]
-        if gpu:
-            self.kernels.append(_gpu_table(gpu))
-        if host:
-            self.host.append(_host_table(host))
-        if ann:
-            self.ann.append(_ann_table(ann))
+        self.add_tables(*chunk_tables(events))
 
-    def finish(self) -> tuple[pa.Table, pa.Table, pa.Table]:
+    def add_tables(self, k: pa.Table | None, h: pa.Table | None, a: pa.Table | None) -> None:
+        for parts, t in ((self.kernels, k), (self.host, h), (self.ann, a)):
+            if t is not None and t.num_rows:
+                parts.append(t)
+
+    def finish(self) -> tuple[pa.Table | None, pa.Table | None, pa.Table | None]:
         def join(parts: list[pa.Table]) -> pa.Table | None:
             if not parts:
                 return None
-            return pa.concat_tables(parts, promote_options="default").unify_dictionaries().combine_chunks()
+            return pa.concat_tables(parts, promote_options="default").unify_dictionaries()
 
-        return join(self.kernels), join(self.host), join(self.ann)
+        out = join(self.kernels), join(self.host), join(self.ann)
+        self.kernels, self.host, self.ann = [], [], []
+        return out
+
+
+# cpu_ops that only make views, allocate or read metadata: they never launch GPU work, so no kernel
+# can name them; skipping them before column building saves a third of the host rows of a trace.
+_NEVER_LAUNCH = frozenset(
+    {
+        "aten::as_strided",
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::reshape",
+        "aten::transpose",
+        "aten::t",
+        "aten::permute",
+        "aten::expand",
+        "aten::slice",
+        "aten::select",
+        "aten::unsqueeze",
+        "aten::squeeze",
+        "aten::narrow",
+        "aten::split",
+        "aten::chunk",
+        "aten::unbind",
+        "aten::detach",
+        "aten::alias",
+        "aten::empty",
+        "aten::empty_strided",
+        "aten::empty_like",
+        "aten::result_type",
+        "aten::resolve_conj",
+        "aten::resolve_neg",
+        "aten::lift_fresh",
+        "aten::set_",
+    }
+)
+
+
+def chunk_tables(events: list[Any]) -> tuple[pa.Table | None, pa.Table | None, pa.Table | None]:
+    """Decoded events of one chunk -> (gpu, host, annotation) tables; None where a kind is absent.
+
+    Host rows come as the chunk's cpu_ops, then its runtime/driver calls (each in file order).
+    """
+    gpu: list[Any] = []
+    ops: list[Any] = []
+    calls: list[Any] = []
+    ann: list[Any] = []
+    to_gpu, to_op, to_call, to_ann = gpu.append, ops.append, calls.append, ann.append
+    gpu_cats, ann_cats, skip = _GPU_CATS, _ANN_CATS, _NEVER_LAUNCH
+    for e in events:
+        t = type(e)
+        if t is not _X and (t is not _Event or e.ph != "X"):
+            continue
+        c = e.cat
+        if c == "cpu_op":
+            if e.name not in skip:
+                to_op(e)
+        elif c in gpu_cats:
+            to_gpu(e)
+        elif c == "cuda_runtime" or c == "cuda_driver":
+            to_call(e)
+        elif c in ann_cats:
+            to_ann(e)
+        elif c and c not in _KNOWN_CATS and c.lower() in gpu_cats:
+            # early Kineto capitalised categories ("Kernel", "Memcpy" ...)
+            to_gpu(e)
+    host = [t for t in (_op_table(ops) if ops else None, _call_table(calls) if calls else None) if t]
+    return (
+        _gpu_table(gpu) if gpu else None,
+        (host[0] if len(host) == 1 else pa.concat_tables(host, promote_options="default")) if host else None,
+        _ann_table(ann) if ann else None,
+    )
 
 
 def _int(v: Any) -> int | None:
@@ -441,58 +560,143 @@ def _us_to_ns(values: list[Any]) -> pa.Array:
     return pa.array(ns.astype(np.int64), mask=mask)
 
 
-def _dims3(vals: list[list[int] | None]) -> list[pa.Array]:
-    """x, y, z columns of grid/block triples (missing entries null)."""
-    try:
-        arr = pa.array(vals, pa.list_(pa.int64(), 3))  # fixed-size: every present list has 3 entries
-        return [pc.list_element(arr, i) for i in range(3)]
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        return [_ints([v[i] if isinstance(v, list) and len(v) > i else None for v in vals]) for i in range(3)]
-
-
 def _gpu_table(evs: list[_Event]) -> pa.Table:
-    args = [e.args or _EMPTY_ARGS for e in evs]
-    grids = [a.grid for a in args]
-    blocks = [a.block for a in args]
+    name, cat, ts, dur, pid, tid = [], [], [], [], [], []
+    dev, stream, corr, ext, regs, smem, nbytes, grid, block = [], [], [], [], [], [], [], [], []
+    cats, empty = _GPU_CATS, _EMPTY_ARGS
+    for e in evs:
+        name.append(e.name)
+        c = e.cat
+        cat.append(cats.get(c) or cats.get((c or "").lower()))
+        ts.append(e.ts)
+        dur.append(e.dur)
+        pid.append(e.pid)
+        tid.append(e.tid)
+        a = e.args or empty
+        dev.append(a.device)
+        stream.append(a.stream)
+        corr.append(a.correlation)
+        ext.append(a.external_id)
+        regs.append(a.registers)
+        smem.append(a.shared_memory)
+        nbytes.append(a.nbytes)
+        grid.append(a.grid)
+        block.append(a.block)
     cols: dict[str, Any] = {
-        "name": [e.name or "" for e in evs],
-        "cat": [_GPU_CATS.get(e.cat or "", _GPU_CATS.get((e.cat or "").lower())) for e in evs],
-        "ts": _us_to_ns([e.ts for e in evs]),
-        "dur": _us_to_ns([e.dur for e in evs]),
-        "pid": _ints([e.pid for e in evs]),
-        "tid": _ints([e.tid for e in evs]),
-        "device": _ints([a.device for a in args]),
-        "stream": _ints([a.stream for a in args]),
-        "correlation": _ints([a.correlation for a in args]),
-        "external_id": _ints([a.external_id for a in args]),
-        "registers": _ints([a.registers for a in args]),
-        "shared_mem": _ints([a.shared_memory for a in args]),
-        "bytes": _ints([a.nbytes for a in args]),
+        "name": _dict_strings(name),
+        "cat": _dict_strings(cat),
+        "ts": _us_to_ns(ts),
+        "dur": _us_to_ns(dur),
+        "pid": _ints(pid),
+        "tid": _ints(tid),
+        "device": _ints(dev),
+        "stream": _ints(stream),
+        "correlation": _ints(corr),
+        "external_id": _ints(ext),
+        "registers": _ints(regs),
+        "shared_mem": _ints(smem),
+        "bytes": _ints(nbytes),
     }
-    for ax, g, b in zip("xyz", _dims3(grids), _dims3(blocks), strict=True):
-        cols[f"grid_{ax}"] = g
-        cols[f"block_{ax}"] = b
-    return _table(cols)
+    for field, vals in (("grid", grid), ("block", block)):
+        for ax, col in zip("xyz", _dims3(vals), strict=True):
+            cols[f"{field}_{ax}"] = col
+    return pa.table(cols)
 
 
 _EMPTY_ARGS = _Args()
+_NO_DIMS = (None, None, None)
 
 
-def _host_table(evs: list[_Event]) -> pa.Table:
-    args = [e.args or _EMPTY_ARGS for e in evs]
-    cols = {
-        "name": [e.name or "" for e in evs],
-        "category": [_HOST_CATS[e.cat or ""] for e in evs],
-        "ts": _us_to_ns([e.ts for e in evs]),
-        "dur": _us_to_ns([e.dur for e in evs]),
-        "tid": _ints([e.tid for e in evs]),
-        "external_id": _ints([a.external_id for a in args]),
-        "correlation": _ints([a.correlation for a in args]),
-        # shapes repeat every layer and step: dictionary-encoded they cost 4 bytes a row
-        "dims_raw": pa.array([bytes(a.input_dims) or None for a in args], pa.binary()).dictionary_encode(),
-        "types_raw": pa.array([bytes(a.input_type) or None for a in args], pa.binary()).dictionary_encode(),
-    }
-    return _table(cols)
+def _dims3(vals: list[list[int] | None]) -> list[pa.Array]:
+    """x, y, z columns of grid/block triples (missing entries null)."""
+    flat = [v for d in vals for v in (d if d is not None and len(d) == 3 else _NO_DIMS)]
+    arr = _ints(flat).to_numpy(zero_copy_only=False)  # float64 with NaN where null
+    if arr.dtype.kind == "f":
+        return [_float_to_int(arr[i::3]) for i in range(3)]
+    return [pa.array(arr[i::3]) for i in range(3)]
+
+
+def _float_to_int(a: np.ndarray) -> pa.Array:
+    mask = np.isnan(a)
+    return pa.array(np.where(mask, 0, a).astype(np.int64), mask=mask)
+
+
+def _dict_strings(values: list[str | None]) -> pa.DictionaryArray:
+    return pa.array(values, pa.string()).dictionary_encode()
+
+
+_LINES = msgspec.json.Encoder()
+
+
+def _dict_raw(values: list[msgspec.Raw]) -> pa.DictionaryArray:
+    """Raw JSON fragments dictionary-encoded (an absent one is null). msgspec writes them out as
+    lines in one call, which beats copying each fragment to ``bytes`` in Python by far."""
+    blob = _LINES.encode_lines(values)
+    parts = blob.split(b"\n")
+    parts.pop()  # after the last newline
+    if len(parts) != len(values):  # a fragment that spans lines: copy one by one
+        parts = [bytes(v) for v in values]
+    arr = pa.array(parts, pa.binary())
+    arr = pc.if_else(pc.equal(pc.binary_length(arr), 0), pa.scalar(None, pa.binary()), arr)
+    return arr.dictionary_encode()
+
+
+def _op_table(evs: list[_Event]) -> pa.Table:
+    name, ts, dur, tid, ext, dims, types = [], [], [], [], [], [], []
+    empty = _EMPTY_ARGS
+    for e in evs:
+        name.append(e.name)
+        ts.append(e.ts)
+        dur.append(e.dur)
+        tid.append(e.tid)
+        a = e.args or empty
+        ext.append(a.external_id)
+        dims.append(a.input_dims)
+        types.append(a.input_type)
+    n = len(evs)
+    return pa.table(
+        {
+            "name": _dict_strings(name),
+            "category": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array(["cpu_op"])),
+            "ts": _us_to_ns(ts),
+            "dur": _us_to_ns(dur),
+            "tid": _ints(tid),
+            "external_id": _ints(ext),
+            "correlation": pa.nulls(n, pa.int64()),
+            # shapes repeat every layer and step: dictionary-encoded they cost 4 bytes a row
+            "dims_raw": _dict_raw(dims),
+            "types_raw": _dict_raw(types),
+        }
+    )
+
+
+def _call_table(evs: list[_Event]) -> pa.Table:
+    name, cat, ts, dur, tid, ext, corr = [], [], [], [], [], [], []
+    cats, empty = _HOST_CATS, _EMPTY_ARGS
+    for e in evs:
+        name.append(e.name)
+        cat.append(cats[e.cat])
+        ts.append(e.ts)
+        dur.append(e.dur)
+        tid.append(e.tid)
+        a = e.args or empty
+        ext.append(a.external_id)
+        corr.append(a.correlation)
+    n = len(evs)
+    none = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.binary()))
+    return pa.table(
+        {
+            "name": _dict_strings(name),
+            "category": _dict_strings(cat),
+            "ts": _us_to_ns(ts),
+            "dur": _us_to_ns(dur),
+            "tid": _ints(tid),
+            "external_id": _ints(ext),
+            "correlation": _ints(corr),
+            "dims_raw": none,
+            "types_raw": none,
+        }
+    )
 
 
 def _parse_shapes(
@@ -580,30 +784,14 @@ def _clean_types(t: Any) -> list[str] | None:
 
 
 def _ann_table(evs: list[_Event]) -> pa.Table:
-    cols = {
-        "name": [e.name or "" for e in evs],
-        "side": [_ANN_CATS[e.cat or ""] for e in evs],
-        "ts": _us_to_ns([e.ts for e in evs]),
-        "dur": _us_to_ns([e.dur for e in evs]),
-    }
-    return _table(cols)
-
-
-def _table(cols: dict[str, Any]) -> pa.Table:
-    arrays = {}
-    for k, v in cols.items():
-        if isinstance(v, pa.Array):
-            arrays[k] = v
-        elif k in ("name", "category", "cat", "side"):
-            arrays[k] = pa.array(v, pa.string()).dictionary_encode()
-        else:
-            try:
-                arrays[k] = pa.array(v, pa.int64())
-            except (pa.ArrowInvalid, OverflowError, TypeError):
-                arrays[k] = pa.array(
-                    [x if isinstance(x, int) and -(2**63) <= x < 2**63 else None for x in v], pa.int64()
-                )
-    return pa.table(arrays)
+    return pa.table(
+        {
+            "name": _dict_strings([e.name or "" for e in evs]),
+            "side": _dict_strings([_ANN_CATS[e.cat or ""] for e in evs]),
+            "ts": _us_to_ns([e.ts for e in evs]),
+            "dur": _us_to_ns([e.dur for e in evs]),
+        }
+    )
 
 
 # --------------------------------------------------------------------------- columns -> model
@@ -621,14 +809,16 @@ def _post_process(
     rank = meta.rank
     # host ops
     if h is not None and h.num_rows:
-        h = h.unify_dictionaries().combine_chunks()
-        nh = h.num_rows
-        is_op = pa.compute.equal(h["category"].cast(pa.string()), "cpu_op").to_numpy(zero_copy_only=False)
-        linked = np.zeros(nh, bool)
+        # keep the launch calls and the cpu_ops some GPU activity names; the rest is never used
+        is_op = pc.equal(h["category"].cast(pa.string()), "cpu_op")
         if k is not None and k.num_rows:
-            ext = pa.compute.unique(k["external_id"].drop_null())
-            linked = pa.compute.is_in(h["external_id"], ext).to_numpy(zero_copy_only=False)
-            linked &= is_op
+            launched = pc.is_in(h["external_id"], pc.unique(k["external_id"].drop_null()))
+            keep = pc.or_(pc.invert(is_op), pc.fill_null(launched, False))
+        else:
+            keep = pc.invert(is_op)
+        h = h.filter(keep).unify_dictionaries().combine_chunks()
+        nh = h.num_rows
+        linked = pc.equal(h["category"].cast(pa.string()), "cpu_op").to_numpy(zero_copy_only=False)
         dims, types, shape_id = _parse_shapes(
             h["dims_raw"].combine_chunks(), h["types_raw"].combine_chunks(), linked
         )
@@ -668,6 +858,7 @@ def _post_process(
         ann = ANNOTATION_SCHEMA.empty_table()
     if k is None or k.num_rows == 0:
         return KERNEL_SCHEMA.empty_table(), host, ann, warnings
+    k = k.combine_chunks()
     n = k.num_rows
     if k["ts"].null_count or k["dur"].null_count:
         raise InputError(f"{meta.path}: GPU event without ts or dur")

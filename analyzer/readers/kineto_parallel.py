@@ -1,0 +1,330 @@
+"""Parse one big Kineto trace in several processes: the ``traceEvents`` array is cut into byte ranges at
+event boundaries, each worker decodes its ranges into Arrow tables, and this process joins them.
+
+Contract: :func:`stream` feeds a builder exactly the tables the sequential reader would (in file
+order) and returns the top-level metadata object, or raises :class:`Fallback` when it cannot be sure
+of that: a cut that lands inside a string or a nested object, corrupt JSON, an odd layout. The
+caller then reads the file sequentially, which reports bad input precisely. Nothing is pickled but
+ranges and paths one way and Arrow IPC bytes the other.
+
+* plain files: workers read their own ranges (``pread``), this process only probes for the cuts and
+  hashes the file in a thread;
+* gzip: this process decompresses (and hashes the compressed bytes) and ships each chunk's bytes.
+
+A cut is a ``}`` ``,`` ``{`` sequence found near each multiple of ``chunk_bytes``. If it lies
+inside a string or a nested object, the text before it does not close as an array, so the worker's
+decode fails and the whole file goes the sequential way: a wrong cut never yields wrong tables.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import io
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+MIN_BYTES = 48 << 20  # smaller traces: starting workers costs more than it saves
+CHUNK_BYTES = 16 << 20
+PROBE_BYTES = 1 << 20
+ENV_JOBS = "LKM_READ_JOBS"
+
+
+class Fallback(Exception):
+    """The parallel path cannot vouch for this file: read it sequentially."""
+
+
+def jobs_for(path: Path, size: int) -> int:
+    """Worker processes for a trace of ``size`` bytes (1: read it here)."""
+    env = os.environ.get(ENV_JOBS)
+    if env is not None:
+        try:
+            want = int(env)
+        except ValueError:
+            want = 1
+    else:
+        want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if size < MIN_BYTES:
+            return 1
+    if want < 2 or multiprocessing.current_process().daemon or not _can_fork():
+        return 1
+    return want
+
+
+def _can_fork() -> bool:
+    # Workers are forked: they start at once and import nothing. Where fork is unsafe or missing
+    # (macOS, Windows) a fresh interpreter would re-import the caller's main script, which a script
+    # without a ``__main__`` guard cannot survive: there the file is read in this process.
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+# --------------------------------------------------------------------------------------- this process
+
+
+def stream(
+    path: Path,
+    add: Callable[[pa.Table | None, pa.Table | None, pa.Table | None], None],
+    find_events: Callable[[bytes], tuple[bytes | None, int] | None],
+    jobs: int,
+    progress: Callable[[int], None] | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[bytes | None, bytes, str]:
+    """Parse ``path`` with ``jobs`` workers; return (prefix, tail, sha256) of the top-level object.
+
+    ``find_events(head)`` gives (text before the array or None for a bare list, offset of the first
+    event) or None; ``add`` receives each chunk's tables in file order.
+    """
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    pieces = (
+        _gzip_pieces(path, find_events, chunk_bytes) if gz else _file_pieces(path, find_events, chunk_bytes)
+    )
+    ctx = multiprocessing.get_context("fork")
+    pending: list[tuple[Future[Any], int]] = []
+    head: bytes | None = None
+    last: Future[Any] | None = None
+    last_done = 0
+    sha = ""
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker)
+    try:
+        # fork every worker now, before the hashing thread starts: a fork copies no other thread
+        pool.submit(_init_worker).result()
+        pieces = (_gzip_pieces if gz else _file_pieces)(path, find_events, chunk_bytes)
+        for kind, value, done in pieces:
+            if kind == "prefix":
+                head = value
+            elif kind == "task":
+                pending.append((pool.submit(_work, value), done))
+                # a few chunks in flight at most: gzip chunks wait in memory until they are parsed
+                while len(pending) > 2 * jobs + 2 or (pending and pending[0][0].done()):
+                    _collect(pending.pop(0), add, progress)
+            elif kind == "last":
+                last = pool.submit(_work, value, True)
+                last_done = done
+            elif kind == "sha":
+                sha = value
+        while pending:
+            _collect(pending.pop(0), add, progress)
+        if last is None:
+            raise Fallback("no last chunk")
+        tail = _collect((last, last_done), add, progress)
+    except BrokenProcessPool:
+        raise Fallback("a worker died") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return head, tail, sha
+
+
+def _collect(
+    item: tuple[Future[Any], int],
+    add: Callable[[pa.Table | None, pa.Table | None, pa.Table | None], None],
+    progress: Callable[[int], None] | None,
+) -> bytes:
+    fut, done = item
+    status, *payload = fut.result()
+    if status != "ok":
+        raise Fallback(payload[0])
+    add(*(_from_ipc(b) for b in payload[:3]))
+    if progress:
+        progress(done)
+    return payload[3]
+
+
+def _file_pieces(
+    path: Path, find_events: Callable[[bytes], tuple[bytes | None, int] | None], chunk: int
+) -> Iterator[tuple[str, Any, int]]:
+    """("prefix", text before the array), ("task", (path, start, end)) ..., ("last", bytes), ("sha", hex)."""
+    size = os.path.getsize(path)
+    hasher = _FileHasher(path)
+    hasher.start()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(PROBE_BYTES)
+            found = find_events(head)
+            if found is None:
+                raise Fallback("no traceEvents array near the start")
+            prefix, pos = found
+            yield "prefix", prefix, 0
+            while pos + 2 * chunk < size:
+                probe = os.pread(f.fileno(), PROBE_BYTES, pos + chunk)
+                m = _boundary().search(probe)
+                if m is None:
+                    raise Fallback("no event boundary in a probe window")
+                cut = pos + chunk + m.start() + 1
+                yield "task", (str(path), pos, cut), cut
+                pos = pos + chunk + m.end() - 1
+            yield "last", (str(path), pos, size), size
+    finally:
+        hasher.join()
+    if hasher.error is not None:
+        raise Fallback(f"hashing failed ({hasher.error})")
+    yield "sha", hasher.sha.hexdigest(), size
+
+
+class _FileHasher(threading.Thread):
+    """sha256 of a file in a thread (hashlib and file reads release the GIL)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.sha = hashlib.sha256()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            buf = bytearray(1 << 22)
+            view = memoryview(buf)
+            with open(self.path, "rb", buffering=0) as f:
+                while n := f.readinto(buf):
+                    self.sha.update(view[:n])
+        except OSError as e:
+            self.error = e
+
+
+def _gzip_pieces(
+    path: Path, find_events: Callable[[bytes], tuple[bytes | None, int] | None], chunk: int
+) -> Iterator[tuple[str, Any, int]]:
+    """The same pieces for a gzip file; tasks carry the decompressed bytes of their events."""
+    import gzip
+    import zlib
+
+    raw = _HashingFile(path)
+    try:
+        g = gzip.GzipFile(fileobj=io.BufferedReader(raw, 1 << 20), mode="rb")  # type: ignore[arg-type]
+        buf = bytearray()
+
+        def more() -> bool:
+            try:
+                block = g.read(chunk)
+            except (OSError, EOFError, zlib.error) as e:
+                raise Fallback(f"gzip: {e}") from None
+            buf.extend(block)
+            return bool(block)
+
+        eof = not more()
+        found = find_events(bytes(buf[:PROBE_BYTES]))
+        if found is None:
+            raise Fallback("no traceEvents array near the start")
+        prefix, pos = found
+        yield "prefix", prefix, 0
+        del buf[:pos]
+        rx = _boundary()
+        while True:
+            while len(buf) < 2 * chunk and not eof:
+                eof = not more()
+            if len(buf) < 2 * chunk:
+                break
+            m = rx.search(buf, chunk)
+            if m is None:
+                raise Fallback("no event boundary in a chunk")
+            cut = m.start() + 1
+            yield "task", bytes(buf[:cut]), raw.tell()
+            del buf[: m.end() - 1]
+        yield "last", bytes(buf), raw.tell()
+        while raw.readinto(bytearray(1 << 20)):  # bytes after the gzip stream, if any
+            pass
+        yield "sha", raw.sha.hexdigest(), raw.tell()
+    finally:
+        raw.close()
+
+
+class _HashingFile(io.RawIOBase):
+    def __init__(self, path: Path) -> None:
+        self._f = open(path, "rb")
+        self.sha = hashlib.sha256()
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = self._f.readinto(b) or 0
+        if n:
+            self.sha.update(memoryview(b)[:n])
+            self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _boundary() -> Any:
+    from analyzer.readers.kineto import _BOUNDARY
+
+    return _BOUNDARY
+
+
+def _from_ipc(data: bytes | None) -> pa.Table | None:
+    if data is None:
+        return None
+    with pa.ipc.open_stream(pa.py_buffer(data)) as r:
+        return r.read_all()
+
+
+# --------------------------------------------------------------------------------------- workers
+
+
+def _init_worker() -> None:
+    gc.disable()  # decoding allocates millions of acyclic objects
+
+
+def _work(task: tuple[str, int, int] | bytes, last: bool = False) -> tuple[Any, ...]:
+    """Decode one range (path, start, end) or one chunk of bytes into IPC-encoded tables; the last
+    one ends the array, and what follows it (the rest of the top-level object) comes back too."""
+    from analyzer.errors import InputError
+    from analyzer.readers.kineto import _DECODER, chunk_tables, decode_last
+
+    if isinstance(task, bytes):
+        buf = bytearray(len(task) + 2)
+        buf[1:-1] = task
+    else:
+        p, start, end = task
+        buf = bytearray(end - start + 2)
+        with open(p, "rb", buffering=0) as f:
+            f.seek(start)
+            view = memoryview(buf)[1:-1]
+            got = 0
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    return ("fail", "file shrank while it was read")
+                got += n
+    tail = b""
+    if last:
+        try:
+            events, tail = decode_last(bytes(buf[1:-1]))
+        except InputError as e:
+            return ("fail", str(e))
+    else:
+        buf[0], buf[-1] = 0x5B, 0x5D  # [ ... ]
+        try:
+            events = _DECODER.decode(buf)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return ("fail", str(e))
+    del buf
+    tables = chunk_tables(events)
+    del events
+    return ("ok", *(_to_ipc(t) for t in tables), tail)
+
+
+def _to_ipc(t: pa.Table | None) -> bytes | None:
+    if t is None:
+        return None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
