@@ -239,22 +239,88 @@ def load_trace(
     cache_dir: Path | None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Trace:
-    """``read_trace(path)`` through the cache in ``cache_dir`` (None: no cache)."""
+    """``read_trace(path)`` through the cache in ``cache_dir`` (None: no cache).
+
+    A file seen before is looked up by its stat index (no hashing); a new one is parsed at once and
+    keyed by the sha256 its reader computed while streaming, so a first analysis reads the file once.
+    """
     from analyzer.readers import read_trace
 
     if cache_dir is None or not cacheable(path):
         return read_trace(path, progress=progress)
-    key = cache_key(path)
-    entry = entry_dir(cache_dir, key)
-    hit = read_entry(entry, key, path)
-    if hit is not None:
-        return hit
+    key = None
+    sha = known_sha256(cache_dir, path)
+    if sha is not None:
+        key = cache_key(path, sha256=sha)
+        hit = read_entry(entry_dir(cache_dir, key), key, path)
+        if hit is not None:
+            return hit
+    before = _stat_id(path)
     trace = read_trace(path, progress=progress)
+    streamed = trace.inputs[0].sha256 if len(trace.inputs) == 1 else None
+    if key is None or (streamed and streamed != key.sha256):
+        key = cache_key(path, sha256=streamed or None)
+    entry = entry_dir(cache_dir, key)
+
+    def store() -> None:
+        if _try_write(trace, key, cache_dir, path, replace=entry.exists()) is not None:
+            remember_sha256(cache_dir, path, key.sha256, before)
+
     if DEFER_WRITES:
-        _DEFERRED.append(lambda: _try_write(trace, key, cache_dir, path, replace=entry.exists()))
+        _DEFERRED.append(store)
     else:
-        _try_write(trace, key, cache_dir, path, replace=entry.exists())
+        store()
     return trace
+
+
+# ------------------------------------------------------------------------------ stat index
+# Maps a file's identity and stat (path, device, inode, size, mtime, ctime; all in ns) to the sha256
+# of its bytes, so that re-analysing a trace skips hashing it. A file changes its mtime and ctime
+# when written (ctime cannot be set back by users), so a changed file never matches its old record.
+# Files modified in the last few seconds are not recorded (their clock tick may not be over yet).
+STAT_DIR = ".stat-index"
+_SETTLED_NS = 3_000_000_000
+
+
+def _stat_id(path: str | os.PathLike[str]) -> tuple[str, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ident = [str(Path(path).resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest(), max(st.st_mtime_ns, st.st_ctime_ns)
+
+
+def known_sha256(cache_dir: Path, path: str | os.PathLike[str]) -> str | None:
+    """The sha256 recorded for ``path`` as it is now, or None."""
+    sid = _stat_id(path)
+    if sid is None:
+        return None
+    try:
+        sha = (Path(cache_dir) / STAT_DIR / sid[0]).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return sha if len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) else None
+
+
+def remember_sha256(
+    cache_dir: Path, path: str | os.PathLike[str], sha: str, before: tuple[str, int] | None
+) -> None:
+    """Record ``sha`` for ``path`` when the file did not change since ``before`` and has settled."""
+    import time
+
+    now = _stat_id(path)
+    if now is None or now != before or time.time_ns() - now[1] < _SETTLED_NS:
+        return
+    folder = Path(cache_dir) / STAT_DIR
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(sha)
+        os.replace(tmp, folder / now[0])
+    except OSError:
+        pass  # a read-only cache folder costs speed, never the analysis
 
 
 # The CLI stores new entries after the command's output is done, when the analysis' own tables are
@@ -297,16 +363,18 @@ def parse_into(path: str, cache_dir: str, lookup: bool = True) -> tuple[str, str
     try:
         if not cacheable(path):
             return "direct", ""
-        if lookup:
-            key = cache_key(path)
+        sha = known_sha256(Path(cache_dir), path) if lookup else None
+        if sha is not None:
+            key = cache_key(path, sha256=sha)
             entry = entry_dir(Path(cache_dir), key)
             if _entry_key(entry) == key.to_dict():
                 return "entry", str(entry)
-            trace = read_trace(path)
-        else:
-            trace = read_trace(path)
-            key = cache_key(path, sha256=trace.inputs[0].sha256 or None)
+        before = _stat_id(path)
+        trace = read_trace(path)
+        key = cache_key(path, sha256=trace.inputs[0].sha256 or None)
         stored = write_entry(trace, key, Path(cache_dir), path)
+        if stored is not None and lookup:
+            remember_sha256(Path(cache_dir), path, key.sha256, before)
     except AnalyzerError as e:
         return "error", str(e)
     except OSError:

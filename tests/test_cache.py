@@ -14,6 +14,7 @@ from analyzer.cli import main
 from analyzer.model import Trace
 from analyzer.pipeline import load_inputs
 from analyzer.readers import kineto
+from tests import rawtrace
 from tests.conftest import H200_TP2
 
 
@@ -24,6 +25,11 @@ def same(a: Trace, b: Trace) -> None:
         assert ta.equals(tb), name
     assert [m.to_dict() for m in a.inputs] == [m.to_dict() for m in b.inputs]
     assert a.warnings == b.warnings
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The cache's entries (its stat index aside)."""
+    return sorted(p for p in folder.iterdir() if p.name != cache.STAT_DIR)
 
 
 @pytest.fixture
@@ -54,7 +60,7 @@ def test_hit_skips_the_reader_and_gives_the_same_trace(tmp_path: Path, reads: li
     same(first, again)
     same(first, load_inputs([path], cache=False))
     # one entry: Parquet tables and JSON metadata, nothing else (no pickle), no temporary folder left
-    entries = list(tmp_path.iterdir())
+    entries = _entries(tmp_path)
     assert len(entries) == 1
     assert sorted(p.name for p in entries[0].iterdir()) == [
         "annotations.parquet",
@@ -68,13 +74,13 @@ def test_identical_with_and_without_cache_and_jobs(tmp_path: Path, reference: Tr
     paths = [str(p) for p in H200_TP2]
     same(reference, load_inputs(paths, jobs=2, cache=False))  # two worker processes, scratch folder
     same(reference, load_inputs(paths, jobs=2, cache=tmp_path))  # workers fill the cache
-    entries = sorted(tmp_path.iterdir())
+    entries = _entries(tmp_path)
     assert len(entries) == 2
     mtimes = [(e / "meta.json").stat().st_mtime_ns for e in entries]
     same(reference, load_inputs(paths, jobs=2, cache=tmp_path))  # workers find it
     same(reference, load_inputs(paths, jobs=1, cache=tmp_path))  # so does this process
     assert [(e / "meta.json").stat().st_mtime_ns for e in entries] == mtimes  # never rewritten
-    assert sorted(tmp_path.iterdir()) == entries
+    assert _entries(tmp_path) == entries
 
 
 def test_cache_hit_in_this_process_after_workers_filled_it(tmp_path: Path, reads: list[str]) -> None:
@@ -104,7 +110,7 @@ def test_edited_trace_gets_a_new_key_and_is_parsed_again(tmp_path: Path, reads: 
     after = cache.load_trace(copy, store)
     assert len(reads) == 2
     assert after.kernel_ns == before.kernel_ns + 1000
-    assert len(list(store.iterdir())) == 2
+    assert len(_entries(store)) == 2
 
 
 def test_reader_version_and_code_are_part_of_the_key(tmp_path: Path, monkeypatch, reads: list[str]) -> None:
@@ -156,7 +162,7 @@ def test_path_is_the_one_given(tmp_path: Path) -> None:
     shutil.copyfile(H200_TP2[0], a / "rank0.json.gz")
     cache.load_trace(H200_TP2[0], store)
     t = cache.load_trace(a / "rank0.json.gz", store)  # same name and bytes: a hit
-    assert len(list(store.iterdir())) == 1
+    assert len(_entries(store)) == 1
     assert t.inputs[0].path == str(a / "rank0.json.gz")
 
 
@@ -186,9 +192,43 @@ def test_cli_fills_the_cache_unless_no_cache(capsys, monkeypatch, tmp_path: Path
     assert not (tmp_path / "c").exists()
     assert main([*args, "--jobs", "2"]) == 0
     assert capsys.readouterr().out == plain
-    assert len(list((tmp_path / "c").iterdir())) == 2
+    assert len(_entries(tmp_path / "c")) == 2
     assert main(args) == 0  # the hit
     assert capsys.readouterr().out == plain
     assert main([*args, "--executor", "local", "--scheduler", "tcp://nowhere:8786"]) == 2
     assert "--scheduler needs --executor dask" in capsys.readouterr().err
     assert main([*args, "--jobs", "0"]) == 2
+
+
+def test_stat_index_skips_hashing_and_never_goes_stale(tmp_path: Path, monkeypatch, reads: list[str]) -> None:
+    import os
+
+    from analyzer import readers
+
+    # GIVEN a trace that has settled (its mtime a minute old), parsed once into the cache
+    path = tmp_path / "rank0.json.gz"
+    shutil.copyfile(H200_TP2[0], path)
+    old = path.stat().st_mtime_ns - 60 * 10**9
+    os.utime(path, ns=(old, old))
+    monkeypatch.setattr(cache, "_SETTLED_NS", 0)  # ctime is now: accept it for this test
+    store = tmp_path / "cache"
+    first = cache.load_trace(path, store)
+    assert len(reads) == 1 and first.inputs[0].sha256 == rawtrace.sha256(path)
+    assert cache.known_sha256(store, path) == first.inputs[0].sha256
+    # WHEN it is analysed again, nothing hashes the file
+    monkeypatch.setattr(readers, "_SHA_MEMO", {})
+    hashed: list[str] = []
+    real = readers.file_sha256
+    monkeypatch.setattr(readers, "file_sha256", lambda p: hashed.append(str(p)) or real(p))
+    same(first, cache.load_trace(path, store))
+    assert reads == [str(path)] and hashed == []
+    # WHEN the file is rewritten with other bytes and its old mtime put back
+    obj = json.loads(gzip.decompress(path.read_bytes()))
+    k = next(e for e in obj["traceEvents"] if e.get("cat") == "kernel")
+    k["dur"] = float(k["dur"]) + 1.0
+    path.write_bytes(gzip.compress(json.dumps(obj).encode()))
+    os.utime(path, ns=(old, old))
+    # THEN the index does not match (ctime moved), and the new bytes are parsed
+    assert cache.known_sha256(store, path) is None
+    after = cache.load_trace(path, store)
+    assert len(reads) == 2 and after.kernel_ns == first.kernel_ns + 1000

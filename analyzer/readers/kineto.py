@@ -40,7 +40,7 @@ from analyzer.model import (
 )
 
 FORMAT = "kineto"
-READER_VERSION = "4"
+READER_VERSION = "5"
 STREAMS = True  # read() takes a progress callback
 
 CHUNK_BYTES = 16 << 20
