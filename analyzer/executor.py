@@ -124,7 +124,7 @@ def _read_pool(
         target = str(cache_dir) if cache_dir is not None else scratch
         lookup = cache_dir is not None
         results: list[tuple[str, str] | None] = [None] * len(paths)
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_one_reader_process) as pool:
             futures = {pool.submit(cache_mod.parse_into, p, target, lookup): i for i, p in enumerate(paths)}
             for done, fut in enumerate(as_completed(futures)):
                 i = futures[fut]
@@ -132,6 +132,13 @@ def _read_pool(
                 if progress:
                     progress(paths[i], done, len(paths))
         return [_collect(p, r, cache_dir) for p, r in zip(paths, results, strict=True)]
+
+
+def _one_reader_process() -> None:
+    """Pool workers already run one per CPU: each parses its file without workers of its own."""
+    from analyzer.readers import kineto_parallel
+
+    os.environ[kineto_parallel.ENV_JOBS] = "1"
 
 
 def _collect(path: str, result: tuple[str, str] | None, cache_dir: Path | None) -> Trace:

@@ -330,22 +330,33 @@ def kernel_work(
         if sid.null_count < len(sid):
             # the same op on the same shapes repeats every layer and step: one computation per pair
             # shape ids are per input file: the trace id is part of the key
-            pairs = np.stack(
-                [
-                    name_idx.astype(np.int64),
-                    pc.fill_null(sid, -1).to_numpy(),
-                    sub["trace_id"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64),
-                ],
-                axis=1,
-            )
-            uniq, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+            # one int64 key per (op name, shape id, trace): shape ids are factorised first
+            _, shape_code = np.unique(pc.fill_null(sid, -1).to_numpy(), return_inverse=True)
+            trace_col = sub["trace_id"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
+            n_traces = int(trace_col.max()) + 1 if len(trace_col) else 1
+            key = (name_idx.astype(np.int64) * (int(shape_code.max()) + 1) + shape_code) * n_traces + trace_col
+            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
             dims = sub["input_dims"].combine_chunks().take(pa.array(first)).to_pylist()
             types = sub["input_types"].combine_chunks().take(pa.array(first)).to_pylist()
+            first_names = name_idx[first].tolist()
             work = [
-                op_work(names[int(u[0])], d, ty) if d is not None else None
-                for u, d, ty in zip(uniq, dims, types, strict=True)
+                op_work(names[ni], d, ty) if d is not None else None
+                for ni, d, ty in zip(first_names, dims, types, strict=True)
             ]
-            per_row = [work[j] for j in np.asarray(inverse).reshape(-1).tolist()]
+            ok = np.array([w is not None for w in work], bool)
+            w_flops = np.array([w[0] if w is not None else np.nan for w in work], np.float64)
+            w_bytes = np.array([w[1] if w is not None else np.nan for w in work], np.float64)
+            w_dtype = np.array([w[2] if w is not None else "" for w in work], object)
+            inverse = np.asarray(inverse).reshape(-1)
+            hit = ok[inverse]
+            rows = lead[hit]
+            flops[rows] = w_flops[inverse[hit]]
+            nbytes[rows] = w_bytes[inverse[hit]]
+            dt = w_dtype[inverse[hit]].tolist()
+            for i, d in zip(rows.tolist(), dt, strict=True):
+                dtype[i] = d
+                source[i] = "shapes"
+            per_row = None
         else:
             dims = sub["input_dims"].combine_chunks().to_pylist()
             types = sub["input_types"].combine_chunks().to_pylist()
@@ -356,7 +367,7 @@ def kernel_work(
                 if mk not in memo:
                     memo[mk] = op_work(names[ni], d, ty) if d is not None else None
                 per_row.append(memo[mk])
-        for i, w in zip(lead.tolist(), per_row, strict=True):
+        for i, w in zip(lead.tolist(), per_row or [], strict=False):
             if w is not None:
                 flops[i], nbytes[i], dtype[i] = w
                 source[i] = "shapes"

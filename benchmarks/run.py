@@ -134,10 +134,12 @@ def run_child(cmd: list[str], timeout: float, mem_limit: int | None = None, env:
         )
         deadline = t0 + timeout
         killed = False
+        tree_peak = 0
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break
+            tree_peak = max(tree_peak, tree_rss(p.pid))
             if time.perf_counter() > deadline:
                 p.kill()
                 killed = True
@@ -153,7 +155,11 @@ def run_child(cmd: list[str], timeout: float, mem_limit: int | None = None, env:
     res: dict = {
         "wall_s": round(wall, 3),
         "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),  # user + system time of the whole process
-        "peak_rss": ru.ru_maxrss * 1024,  # Linux: kilobytes
+        # the process and its worker processes together: the sum of their resident sets, sampled
+        # every 20 ms (shared pages count once per process, so this errs high); never below the
+        # kernel's own peak of the single largest process
+        "peak_rss": max(ru.ru_maxrss * 1024, tree_peak),
+        "peak_rss_largest_process": ru.ru_maxrss * 1024,
         "rc": p.returncode,
         "load1_before": round(load, 2),  # other work on the machine skews the times
     }
@@ -168,6 +174,26 @@ def run_child(cmd: list[str], timeout: float, mem_limit: int | None = None, env:
         tail = [ln for ln in stderr.strip().splitlines() if ln.strip()][-3:]
         res["error"] = " | ".join(tail)[-400:] or f"exit code {p.returncode}"
     return res
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants, now (0 when it is gone)."""
+    total = 0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 # --------------------------------------------------------------------------- inputs
@@ -299,6 +325,54 @@ def measure_file(plain: Path, args: argparse.Namespace, hta_py: Path | None) -> 
         out_json.unlink()
     _ratios(row)
     return row
+
+
+def measure_ranks(plain: Path, n: int, args: argparse.Namespace) -> dict:
+    """Analyze one rank trace, then ``n`` of them as one run (cold cache both times)."""
+    folder = DATA / f"ranks-{plain.stem}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    ranks = []
+    for i in range(n):  # hard links: n rank files at no disk cost; the rank comes from the name
+        r = folder / f"rank{i}.json"
+        os.link(plain, r)
+        ranks.append(r)
+    warm(plain)
+    cache = DATA / "bench-cache"
+    out_json = DATA / "bench-out.json"
+    env = {"LKM_CACHE_DIR": str(cache)}
+    row: dict = {"file": _rel(plain), "bytes": plain.stat().st_size, "ranks": n}
+    for key, files in (("one", ranks[:1]), ("all", ranks)):
+        print(f"  {len(files)} x {plain.name} ...", file=sys.stderr, flush=True)
+
+        def once(files: list[Path] = files) -> dict:
+            shutil.rmtree(cache, ignore_errors=True)
+            cmd = [*cli_cmd(), "analyze", *map(str, files), "--json", str(out_json)]
+            return run_child(cmd, args.timeout, env=env)
+
+        runs = [once() for _ in range(args.repeat)]
+        row[key] = min(runs, key=lambda r: r["wall_s"])
+        print(f"    {_brief(row[key])}", file=sys.stderr)
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    if _ok(row["one"]) and _ok(row["all"]):
+        row["all_over_one"] = round(row["all"]["wall_s"] / row["one"]["wall_s"], 2)
+    return row
+
+
+def ranks_table(rows: list[dict]) -> str:
+    lines = [
+        "| rank file | MB | ranks | one rank: analyze s | RSS MB | all ranks: analyze s | RSS MB | all / one (<=5) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = r.get("all_over_one")
+        lines.append(
+            f"| {Path(r['file']).name} | {r['bytes'] / 1e6:,.0f} | {r['ranks']} | {_fmt_t(r.get('one'))} "
+            f"| {_fmt_m(r.get('one'))} | {_fmt_t(r.get('all'))} | {_fmt_m(r.get('all'))} "
+            f"| {_fmt_r(ratio, 5.0)} |"
+        )
+    return "\n".join(lines)
 
 
 def _brief(r: dict) -> str:
@@ -535,7 +609,8 @@ def markdown(result: dict) -> str:
         f"Python {m['python']} ({', '.join(f'{k} {v}' for k, v in m['packages'].items())}); "
         f"commit {m['git'].get('commit', '?')}{' + local changes' if m['git'].get('dirty') else ''}.",
         f"Command: `{result['command']}`. Source trace: `{result['source']}`. "
-        f"Times in seconds (best of {result['repeat']}), RSS = peak resident set of the measuring process.",
+        f"Times in seconds (best of {result['repeat']}), RSS = peak resident set of the measured process "
+        "and its worker processes together (sum of their RSS, sampled every 20 ms).",
         "",
         "analyze s = wall time of the whole `llm-kernel-map analyze FILE --json OUT` process, first "
         "analysis (empty parsed-trace cache, so it parses and writes the cache); cached analyze s = "
@@ -549,6 +624,14 @@ def markdown(result: dict) -> str:
         table(result["rows"]),
         "",
     ]
+    if result.get("rank_rows"):
+        lines += [
+            "Ranks: the same command on one rank trace, then on all of them as one run (hard links of "
+            "one scaled trace named `rank0.json` ..., so the rank comes from the name), cold cache.",
+            "",
+            ranks_table(result["rank_rows"]),
+            "",
+        ]
     fails = failures(result["rows"])
     if fails:
         lines += ["Failures:", ""] + [f"- {f}" for f in fails] + [""]
@@ -576,6 +659,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per measurement (default 1800)")
     p.add_argument("--hta-timeout", type=float, default=3600, help="seconds for HTA (default 3600)")
     p.add_argument("--no-write", dest="write", action="store_false", help="do not update benchmarks/results")
+    p.add_argument(
+        "--ranks", type=int, default=8, help="rank traces analysed as one run (default 8; 0: skip)"
+    )
+    p.add_argument("--ranks-size", default="250MB", help="size of each rank trace (default 250MB)")
     p.add_argument("--render", action="store_true", help="only rewrite results/latest.md from latest.json")
     a = p.parse_args(argv)
     if a.render:
@@ -597,6 +684,11 @@ def main(argv: list[str] | None = None) -> int:
     for f in files:
         print(f"{f.name} ({f.stat().st_size / 1e6:,.0f} MB)", file=sys.stderr)
         rows.append(measure_file(f, a, hta_py))
+    rank_rows = []
+    if a.ranks > 0:
+        rank_file = ensure_plain(source, parse_size(a.ranks_size), name)
+        print(f"{a.ranks} ranks of {rank_file.name}", file=sys.stderr)
+        rank_rows.append(measure_ranks(rank_file, a.ranks, a))
     result = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -610,9 +702,13 @@ def main(argv: list[str] | None = None) -> int:
         },
         "hta": "measured" if hta_py else ("skipped (--no-hta)" if not a.hta else "not installable"),
         "rows": rows,
+        "rank_rows": rank_rows,
     }
     print()
     print(table(rows))
+    if rank_rows:
+        print()
+        print(ranks_table(rank_rows))
     for f in failures(rows):
         print(f"FAILED {f}")
     if a.profile:

@@ -704,35 +704,28 @@ def _parse_shapes(
 ) -> tuple[pa.Array, pa.Array, pa.Array]:
     """Decode ``Input Dims`` / ``Input type`` of the rows flagged in ``wanted``; null elsewhere.
 
-    The raw JSON is dictionary-encoded: each distinct shape list is decoded once.
+    The raw JSON is dictionary-encoded: each distinct shape list is decoded once, and rows take
+    their value from the decoded dictionary.
     """
     n = len(dims_raw)
-    idx = np.flatnonzero(wanted)
-    dims: list[Any] = [None] * n
-    types: list[Any] = [None] * n
+    out = []
     code_pair = []
-    for raw, out, parse in ((dims_raw, dims, _parse_dims), (types_raw, types, _parse_types)):
+    for raw, parse, typ in (
+        (dims_raw, _parse_dims, pa.list_(pa.list_(pa.int64()))),
+        (types_raw, _parse_types, pa.list_(pa.string())),
+    ):
         if not isinstance(raw, pa.DictionaryArray):
             raw = raw.dictionary_encode()
-        sel = raw.indices.take(pa.array(idx))
-        codes = (
-            sel.to_numpy(zero_copy_only=False) if sel.null_count == 0 else pc.fill_null(sel, -1).to_numpy()
-        )
-        values = raw.dictionary
-        parsed: dict[int, Any] = {}
-        for c in np.unique(codes).tolist():
-            parsed[c] = None if c < 0 else parse(values[c].as_py())
-        for i, c in zip(idx.tolist(), codes.tolist(), strict=True):
-            out[i] = parsed[c]
-        code_pair.append(codes.astype(np.int64))
-    shape_id = np.full(n, -1, np.int64)
-    if len(idx):
-        shape_id[idx] = (code_pair[0] + 1) * (1 << 31) + (code_pair[1] + 1)
-    return (
-        pa.array(dims, pa.list_(pa.list_(pa.int64()))),
-        pa.array(types, pa.list_(pa.string())),
-        pa.array(shape_id, mask=shape_id < 0),
-    )
+        idx = raw.indices
+        codes = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        codes[~wanted] = -1
+        values = pa.array([parse(v) for v in raw.dictionary.to_pylist()], typ)
+        # position len(values) of the extended dictionary is null: rows not wanted or without shapes
+        take = np.where(codes < 0, len(values), codes)
+        out.append(pa.concat_arrays([values, pa.nulls(1, typ)]).take(pa.array(take)))
+        code_pair.append(codes)
+    shape_id = np.where(wanted, (code_pair[0] + 1) * (1 << 31) + (code_pair[1] + 1), -1)
+    return out[0], out[1], pa.array(shape_id, mask=shape_id < 0)
 
 
 def _parse_dims(d: bytes | None) -> list[list[int]] | None:
