@@ -334,7 +334,9 @@ def kernel_work(
             _, shape_code = np.unique(pc.fill_null(sid, -1).to_numpy(), return_inverse=True)
             trace_col = sub["trace_id"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
             n_traces = int(trace_col.max()) + 1 if len(trace_col) else 1
-            key = (name_idx.astype(np.int64) * (int(shape_code.max()) + 1) + shape_code) * n_traces + trace_col
+            key = (
+                name_idx.astype(np.int64) * (int(shape_code.max()) + 1) + shape_code
+            ) * n_traces + trace_col
             _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
             dims = sub["input_dims"].combine_chunks().take(pa.array(first)).to_pylist()
             types = sub["input_types"].combine_chunks().take(pa.array(first)).to_pylist()

@@ -476,17 +476,18 @@ _NEVER_LAUNCH = frozenset(
 
 
 def chunk_tables(events: list[Any]) -> tuple[pa.Table | None, pa.Table | None, pa.Table | None]:
-    """Decoded events of one chunk -> (gpu, host, annotation) tables; None where a kind is absent.
-
-    Host rows come as the chunk's cpu_ops, then its runtime/driver calls (each in file order).
-    """
+    """Decoded events of one chunk -> (gpu, host, annotation) tables in file order; None where a
+    kind is absent. cpu_ops and launch calls are built apart (they need different columns), then
+    interleaved back into file order, so the tables never depend on where chunks were cut."""
     gpu: list[Any] = []
     ops: list[Any] = []
     calls: list[Any] = []
     ann: list[Any] = []
+    op_at: list[int] = []
+    call_at: list[int] = []
     to_gpu, to_op, to_call, to_ann = gpu.append, ops.append, calls.append, ann.append
     gpu_cats, ann_cats, skip = _GPU_CATS, _ANN_CATS, _NEVER_LAUNCH
-    for e in events:
+    for i, e in enumerate(events):
         t = type(e)
         if t is not _X and (t is not _Event or e.ph != "X"):
             continue
@@ -494,19 +495,28 @@ def chunk_tables(events: list[Any]) -> tuple[pa.Table | None, pa.Table | None, p
         if c == "cpu_op":
             if e.name not in skip:
                 to_op(e)
+                op_at.append(i)
         elif c in gpu_cats:
             to_gpu(e)
         elif c == "cuda_runtime" or c == "cuda_driver":
             to_call(e)
+            call_at.append(i)
         elif c in ann_cats:
             to_ann(e)
         elif c and c not in _KNOWN_CATS and c.lower() in gpu_cats:
             # early Kineto capitalised categories ("Kernel", "Memcpy" ...)
             to_gpu(e)
-    host = [t for t in (_op_table(ops) if ops else None, _call_table(calls) if calls else None) if t]
+    host = None
+    if ops and calls:
+        both = pa.concat_tables([_op_table(ops), _call_table(calls)], promote_options="default")
+        host = both.take(pa.array(np.argsort(np.array(op_at + call_at), kind="stable")))
+    elif ops:
+        host = _op_table(ops)
+    elif calls:
+        host = _call_table(calls)
     return (
         _gpu_table(gpu) if gpu else None,
-        (host[0] if len(host) == 1 else pa.concat_tables(host, promote_options="default")) if host else None,
+        host,
         _ann_table(ann) if ann else None,
     )
 
@@ -707,7 +717,6 @@ def _parse_shapes(
     The raw JSON is dictionary-encoded: each distinct shape list is decoded once, and rows take
     their value from the decoded dictionary.
     """
-    n = len(dims_raw)
     out = []
     code_pair = []
     for raw, parse, typ in (

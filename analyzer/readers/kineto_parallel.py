@@ -9,7 +9,8 @@ ranges and paths one way and Arrow IPC bytes the other.
 
 * plain files: workers read their own ranges (``pread``), this process only probes for the cuts and
   hashes the file in a thread;
-* gzip: this process decompresses (and hashes the compressed bytes) and ships each chunk's bytes.
+* gzip: this process decompresses (and hashes the compressed bytes) into a temporary file, mostly
+  in the page cache, whose ranges the workers read as they are written (nothing big crosses a pipe).
 
 A cut is a ``}`` ``,`` ``{`` sequence found near each multiple of ``chunk_bytes``. If it lies
 inside a string or a nested object, the text before it does not close as an array, so the worker's
@@ -18,12 +19,14 @@ decode fails and the whole file goes the sequential way: a wrong cut never yield
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import io
 import multiprocessing
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -86,9 +89,6 @@ def stream(
     """
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
-    pieces = (
-        _gzip_pieces(path, find_events, chunk_bytes) if gz else _file_pieces(path, find_events, chunk_bytes)
-    )
     ctx = multiprocessing.get_context("fork")
     pending: list[tuple[Future[Any], int]] = []
     head: bytes | None = None
@@ -96,16 +96,21 @@ def stream(
     last_done = 0
     sha = ""
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker)
+    stack = contextlib.ExitStack()  # the gzip spill file lives until every worker is done
     try:
         # fork every worker now, before the hashing thread starts: a fork copies no other thread
         pool.submit(_init_worker).result()
-        pieces = (_gzip_pieces if gz else _file_pieces)(path, find_events, chunk_bytes)
+        if gz:
+            spill = stack.enter_context(tempfile.NamedTemporaryFile(prefix="lkm-", suffix=".json"))
+            pieces = _gzip_pieces(path, find_events, chunk_bytes, spill)
+        else:
+            pieces = _file_pieces(path, find_events, chunk_bytes)
         for kind, value, done in pieces:
             if kind == "prefix":
                 head = value
             elif kind == "task":
                 pending.append((pool.submit(_work, value), done))
-                # a few chunks in flight at most: gzip chunks wait in memory until they are parsed
+                # collect in file order as results arrive; a few chunks in flight at most
                 while len(pending) > 2 * jobs + 2 or (pending and pending[0][0].done()):
                     _collect(pending.pop(0), add, progress)
             elif kind == "last":
@@ -122,6 +127,7 @@ def stream(
         raise Fallback("a worker died") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        stack.close()
     return head, tail, sha
 
 
@@ -192,16 +198,18 @@ class _FileHasher(threading.Thread):
 
 
 def _gzip_pieces(
-    path: Path, find_events: Callable[[bytes], tuple[bytes | None, int] | None], chunk: int
+    path: Path, find_events: Callable[[bytes], tuple[bytes | None, int] | None], chunk: int, spill: Any
 ) -> Iterator[tuple[str, Any, int]]:
-    """The same pieces for a gzip file; tasks carry the decompressed bytes of their events."""
+    """The same pieces for a gzip file: this process decompresses into the ``spill`` file (the page
+    cache, mostly) and the workers read their ranges from it, as from a plain file."""
     import gzip
     import zlib
 
     raw = _HashingFile(path)
     try:
         g = gzip.GzipFile(fileobj=io.BufferedReader(raw, 1 << 20), mode="rb")  # type: ignore[arg-type]
-        buf = bytearray()
+        buf = bytearray()  # decompressed bytes not yet written to the spill file
+        base = 0  # offset of buf[0] in the spill file
 
         def more() -> bool:
             try:
@@ -217,20 +225,28 @@ def _gzip_pieces(
             raise Fallback("no traceEvents array near the start")
         prefix, pos = found
         yield "prefix", prefix, 0
-        del buf[:pos]
         rx = _boundary()
+        name = spill.name
         while True:
-            while len(buf) < 2 * chunk and not eof:
+            while len(buf) - pos < 2 * chunk and not eof:
                 eof = not more()
-            if len(buf) < 2 * chunk:
+            if len(buf) - pos < 2 * chunk:
                 break
-            m = rx.search(buf, chunk)
+            m = rx.search(buf, pos + chunk)
             if m is None:
                 raise Fallback("no event boundary in a chunk")
             cut = m.start() + 1
-            yield "task", bytes(buf[:cut]), raw.tell()
-            del buf[: m.end() - 1]
-        yield "last", bytes(buf), raw.tell()
+            spill.write(memoryview(buf)[:cut])
+            spill.flush()
+            yield "task", (name, base + pos, base + cut), raw.tell()
+            nxt = m.end() - 1
+            spill.write(memoryview(buf)[cut:nxt])
+            base += nxt
+            del buf[:nxt]
+            pos = 0
+        spill.write(buf)
+        spill.flush()
+        yield "last", (name, base + pos, base + len(buf)), raw.tell()
         while raw.readinto(bytearray(1 << 20)):  # bytes after the gzip stream, if any
             pass
         yield "sha", raw.sha.hexdigest(), raw.tell()
@@ -282,27 +298,23 @@ def _init_worker() -> None:
     gc.disable()  # decoding allocates millions of acyclic objects
 
 
-def _work(task: tuple[str, int, int] | bytes, last: bool = False) -> tuple[Any, ...]:
-    """Decode one range (path, start, end) or one chunk of bytes into IPC-encoded tables; the last
-    one ends the array, and what follows it (the rest of the top-level object) comes back too."""
+def _work(task: tuple[str, int, int], last: bool = False) -> tuple[Any, ...]:
+    """Decode one range (path, start, end) of a file into IPC-encoded tables; the last range ends
+    the array, and what follows it (the rest of the top-level object) comes back too."""
     from analyzer.errors import InputError
     from analyzer.readers.kineto import _DECODER, chunk_tables, decode_last
 
-    if isinstance(task, bytes):
-        buf = bytearray(len(task) + 2)
-        buf[1:-1] = task
-    else:
-        p, start, end = task
-        buf = bytearray(end - start + 2)
-        with open(p, "rb", buffering=0) as f:
-            f.seek(start)
-            view = memoryview(buf)[1:-1]
-            got = 0
-            while got < len(view):
-                n = f.readinto(view[got:])
-                if not n:
-                    return ("fail", "file shrank while it was read")
-                got += n
+    p, start, end = task
+    buf = bytearray(end - start + 2)
+    with open(p, "rb", buffering=0) as f:
+        f.seek(start)
+        view = memoryview(buf)[1:-1]
+        got = 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                return ("fail", "file shrank while it was read")
+            got += n
     tail = b""
     if last:
         try:
