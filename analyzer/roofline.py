@@ -358,7 +358,6 @@ def kernel_work(
             for i, d in zip(rows.tolist(), dt, strict=True):
                 dtype[i] = d
                 source[i] = "shapes"
-            per_row = None
         else:
             dims = sub["input_dims"].combine_chunks().to_pylist()
             types = sub["input_types"].combine_chunks().to_pylist()
@@ -369,10 +368,10 @@ def kernel_work(
                 if mk not in memo:
                     memo[mk] = op_work(names[ni], d, ty) if d is not None else None
                 per_row.append(memo[mk])
-        for i, w in zip(lead.tolist(), per_row or [], strict=False):
-            if w is not None:
-                flops[i], nbytes[i], dtype[i] = w
-                source[i] = "shapes"
+            for i, w in zip(lead.tolist(), per_row, strict=True):
+                if w is not None:
+                    flops[i], nbytes[i], dtype[i] = w
+                    source[i] = "shapes"
     # 2. model architecture for the rest
     if model is not None:
         _model_work(kernels, model, world_size, flops, nbytes, source)

@@ -196,11 +196,9 @@ def tree_rss(pid: int) -> int:
                     if line.startswith("Pss:"):
                         total += int(line.split()[1]) * 1024
                         break
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
         except (OSError, ValueError):
             continue
+        todo += _children(p)
     return total
 
 

@@ -172,17 +172,16 @@ def _parallel_read(path: Path, progress: Callable[[int], None] | None) -> _Build
     """The tables of a big trace parsed by worker processes; None when it is read here instead."""
     from analyzer.readers import kineto_parallel, remember_sha256
 
-    size = path.stat().st_size
     with open(path, "rb") as f:
-        if f.read(2) == b"\x1f\x8b":
-            size *= 8  # gzip traces inflate about tenfold
-    jobs = kineto_parallel.jobs_for(path, size)
+        gz = f.read(2) == b"\x1f\x8b"
+    size = path.stat().st_size * (8 if gz else 1)  # gzip traces inflate about tenfold
+    jobs = kineto_parallel.jobs_for(size)
     if jobs < 2:
         return None
     builder = _Builder()
     try:
         prefix, tail, sha = kineto_parallel.stream(
-            path, builder.add_tables, _find_events, jobs, progress, kineto_parallel.CHUNK_BYTES
+            path, gz, builder.add_tables, _find_events, jobs, progress, kineto_parallel.CHUNK_BYTES
         )
     except (kineto_parallel.Fallback, InputError):
         return None  # read sequentially: same tables, or the precise error
@@ -227,15 +226,21 @@ class _Hashing(io.RawIOBase):
     def __init__(self, path: Path) -> None:
         self._f = open(path, "rb")
         self.sha = hashlib.sha256()
+        self.pos = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: Any) -> int:
-        n = self._f.readinto(b)
+        n = self._f.readinto(b) or 0
         if n:
             self.sha.update(memoryview(b)[:n])
-        return n or 0
+            self.pos += n
+        return n
+
+    def tell(self) -> int:
+        """Bytes read so far (of the file as stored: compressed bytes for gzip)."""
+        return self.pos
 
     def close(self) -> None:
         self._f.close()
@@ -348,7 +353,7 @@ def _decode_at_boundary(buf: bytearray, start: int, path: Path) -> tuple[list[_E
     A candidate boundary (``}`` ``,`` ``{``) inside a string or a nested object leaves the chunk
     unbalanced, which the decoder reports at the very end of the chunk: then try the next one.
     An error earlier in the chunk is real corruption. Returns None when no boundary is found.
-    The chunk is decoded in place: the bytes around it become ``[`` and ``]`` for the decode.
+    Each candidate chunk is copied once, into a buffer that already holds the ``[`` and ``]``.
     """
     pos = start
     while True:

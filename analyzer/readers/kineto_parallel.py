@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
-import io
 import multiprocessing
 import os
 import sys
@@ -47,7 +45,7 @@ class Fallback(Exception):
     """The parallel path cannot vouch for this file: read it sequentially."""
 
 
-def jobs_for(path: Path, size: int) -> int:
+def jobs_for(size: int) -> int:
     """Worker processes for a trace of ``size`` bytes (1: read it here)."""
     env = os.environ.get(ENV_JOBS)
     if env is not None:
@@ -76,6 +74,7 @@ def _can_fork() -> bool:
 
 def stream(
     path: Path,
+    gz: bool,
     add: Callable[[pa.Table | None, pa.Table | None, pa.Table | None], None],
     find_events: Callable[[bytes], tuple[bytes | None, int] | None],
     jobs: int,
@@ -87,8 +86,6 @@ def stream(
     ``find_events(head)`` gives (text before the array or None for a bare list, offset of the first
     event) or None; ``add`` receives each chunk's tables in file order.
     """
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
     ctx = multiprocessing.get_context("fork")
     pending: list[tuple[Future[Any], int]] = []
     head: bytes | None = None
@@ -174,25 +171,23 @@ def _file_pieces(
         hasher.join()
     if hasher.error is not None:
         raise Fallback(f"hashing failed ({hasher.error})")
-    yield "sha", hasher.sha.hexdigest(), size
+    yield "sha", hasher.digest, size
 
 
 class _FileHasher(threading.Thread):
-    """sha256 of a file in a thread (hashlib and file reads release the GIL)."""
+    """The file's sha256 (``readers.file_sha256``) in a thread: hashlib and reads release the GIL."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(daemon=True)
         self.path = path
-        self.sha = hashlib.sha256()
+        self.digest = ""
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        from analyzer.readers import file_sha256
+
         try:
-            buf = bytearray(1 << 22)
-            view = memoryview(buf)
-            with open(self.path, "rb", buffering=0) as f:
-                while n := f.readinto(buf):
-                    self.sha.update(view[:n])
+            self.digest = file_sha256(self.path)
         except OSError as e:
             self.error = e
 
@@ -202,12 +197,12 @@ def _gzip_pieces(
 ) -> Iterator[tuple[str, Any, int]]:
     """The same pieces for a gzip file: this process decompresses into the ``spill`` file (the page
     cache, mostly) and the workers read their ranges from it, as from a plain file."""
-    import gzip
     import zlib
 
-    raw = _HashingFile(path)
+    from analyzer.readers.kineto import _open
+
+    g, raw = _open(path)
     try:
-        g = gzip.GzipFile(fileobj=io.BufferedReader(raw, 1 << 20), mode="rb")  # type: ignore[arg-type]
         buf = bytearray()  # decompressed bytes not yet written to the spill file
         base = 0  # offset of buf[0] in the spill file
 
@@ -251,31 +246,8 @@ def _gzip_pieces(
             pass
         yield "sha", raw.sha.hexdigest(), raw.tell()
     finally:
+        g.close()
         raw.close()
-
-
-class _HashingFile(io.RawIOBase):
-    def __init__(self, path: Path) -> None:
-        self._f = open(path, "rb")
-        self.sha = hashlib.sha256()
-        self.pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        n = self._f.readinto(b) or 0
-        if n:
-            self.sha.update(memoryview(b)[:n])
-            self.pos += n
-        return n
-
-    def tell(self) -> int:
-        return self.pos
-
-    def close(self) -> None:
-        self._f.close()
-        super().close()
 
 
 def _boundary() -> Any:
