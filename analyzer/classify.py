@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer import rules as rules_mod
+from analyzer.model import dict_strings, dict_take, pylist
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -72,7 +73,7 @@ def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.
     timed = ~kernels["aggregate"].to_numpy(zero_copy_only=False)
     tid = kernels["trace_id"].to_numpy(zero_copy_only=False)
     dev = kernels["device"].to_numpy(zero_copy_only=False)
-    norm = cols["norm_name"].to_pylist()
+    norm = pylist(cols["norm_name"])
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     start = 0
     ordered = order[timed[order]]
@@ -86,12 +87,10 @@ def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.
     category = [categories.get(s, "other") for s in stage]
     out = kernels
     idx = out.schema.get_field_index("norm_name")
-    out = out.set_column(
-        idx, "norm_name", cols["norm_name"].dictionary_encode().cast(pa.dictionary(pa.int32(), pa.string()))
-    )
+    out = out.set_column(idx, "norm_name", cols["norm_name"])
     extra = {
-        "stage": pa.array(stage, pa.string()),
-        "category": pa.array(category, pa.string()),
+        "stage": dict_strings(stage),
+        "category": dict_strings(category),
         "provider": cols["provider"],
         "rule_id": cols["rule_id"],
         "tile_m": cols["tile_m"],
@@ -129,7 +128,7 @@ def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
     cols: dict[str, Any] = {}
     for f in ("norm_name", "stage", "provider", "rule_id", "group_key", *_INT_FIELDS):
         per_name = pa.array([by_name[u][f] for u in uniq], pa.int32() if f in _INT_FIELDS else pa.string())
-        cols[f] = per_name.take(indices)
+        cols[f] = per_name.take(indices) if f in _INT_FIELDS else dict_take(per_name, indices)
     # memcpy/memset rows are classified by kind, whatever their name says
     kind = kernels["kind"].combine_chunks()
     is_mem = pc.and_(
@@ -137,10 +136,13 @@ def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
         pc.invert(pc.is_in(cols["stage"], pa.array(["memcpy", "memset"]))),
     )
     if pc.any(is_mem).as_py():
-        cols["stage"] = pc.if_else(is_mem, kind, cols["stage"])
-        cols["provider"] = pc.if_else(is_mem, pa.scalar("runtime"), cols["provider"])
-        cols["rule_id"] = pc.if_else(is_mem, pa.scalar("MEM_KIND"), cols["rule_id"])
-    cols["stage"] = cols["stage"].to_pylist()
+        for f, value in (
+            ("stage", kind),
+            ("provider", pa.scalar("runtime")),
+            ("rule_id", pa.scalar("MEM_KIND")),
+        ):
+            cols[f] = dict_strings(pc.if_else(is_mem, value, cols[f].cast(pa.string())))
+    cols["stage"] = pylist(cols["stage"])
     return cols
 
 
@@ -220,14 +222,16 @@ def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | Non
     if found is None:
         return [None] * n, {}
     ops, pos = found
-    names = ops["name"].combine_chunks().cast(pa.string()).take(pos)
-    is_gather = pc.fill_null(pc.is_in(names, pa.array(list(_GATHER_OPS))), False)
+    names = dict_strings(ops["name"]).take(pos)
+    is_gather = pc.fill_null(
+        pc.is_in(names.dictionary, pa.array(list(_GATHER_OPS))).take(names.indices), False
+    )
     rows = np.flatnonzero(is_gather.to_numpy(zero_copy_only=False))
     dims = {}
     if len(rows):
         got = ops["input_dims"].combine_chunks().take(pos.take(pa.array(rows))).to_pylist()
         dims = dict(zip(rows.tolist(), got, strict=True))
-    return names.to_pylist(), dims
+    return pylist(names), dims
 
 
 _GATHER_OPS = ("aten::gather", "aten::take_along_dim", "aten::index_select", "aten::embedding")

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -183,6 +184,43 @@ def table_from_columns(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
         else:
             arrays.append(pa.array(v, f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+DICT_STRING = pa.dictionary(pa.int32(), pa.string())
+
+
+def dict_strings(values: Any) -> pa.DictionaryArray:
+    """A string column as dictionary<int32, string>: analysis columns repeat a few values over
+    millions of rows, so each row costs 4 bytes instead of its text."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.DictionaryArray):
+        return values if values.type == DICT_STRING else values.cast(DICT_STRING)
+    if not isinstance(values, pa.Array):
+        values = pa.array(values, pa.string())
+    return values.dictionary_encode().cast(DICT_STRING)
+
+
+def dict_take(dictionary: pa.Array, indices: pa.Array) -> pa.DictionaryArray:
+    """Rows ``dictionary[indices]`` as a dictionary array whose values are unique."""
+    codes = dict_strings(dictionary)
+    return pa.DictionaryArray.from_arrays(codes.indices.take(indices), codes.dictionary)
+
+
+def pylist(values: Any) -> list[Any]:
+    """A string column as a Python list whose equal values share one ``str`` object (a plain
+    ``to_pylist`` makes one object per row: ~100 bytes each for millions of kernels)."""
+    codes = dict_strings(values)
+    uniq = np.array(codes.dictionary.to_pylist() + [None], dtype=object)
+    idx = codes.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)
+    return uniq[idx].tolist()
+
+
+def dict_isin(values: Any, wanted: Sequence[str]) -> np.ndarray:
+    """Per row: is the string one of ``wanted`` (nulls: False), tested once per distinct value."""
+    codes = dict_strings(values)
+    hit = pc.is_in(codes.dictionary, pa.array(list(wanted), pa.string())).take(codes.indices)
+    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
 
 
 def unify(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:

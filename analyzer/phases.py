@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer import timeline
+from analyzer.model import dict_isin, dict_strings, pylist
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -185,7 +186,7 @@ def run(analysis: Analysis, options: Options) -> None:
     analysis.warnings.extend(warnings)
     analysis.steps = steps
     for name, arr in (
-        ("phase", pa.array(phase, pa.string())),
+        ("phase", dict_strings(phase)),
         ("step", pa.array(step, pa.int32())),
         ("tokens", pa.array(tokens, pa.int64())),
     ):
@@ -220,7 +221,7 @@ def split_phases(
     step = np.full(n, -1, np.int64)
     tokens: list[int | None] = [None] * n
     warnings: list[str] = []
-    stage = np.asarray(kernels["stage"].to_pylist(), dtype=object)
+    stage = np.asarray(pylist(kernels["stage"]), dtype=object)
     # plain numpy columns: per-step slicing by position must not go through pandas indexing
     df = {
         "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
@@ -229,8 +230,8 @@ def split_phases(
         "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.int64),
         "agg": kernels["aggregate"].to_numpy(zero_copy_only=False),
         "stage": stage,
-        "is_attn": np.isin(stage, ATTENTION),
-        "is_heavy": np.isin(stage, GEMMS + ATTENTION),
+        "is_attn": dict_isin(kernels["stage"], ATTENTION),
+        "is_heavy": dict_isin(kernels["stage"], GEMMS + ATTENTION),
         "fill": _is_fill(kernels),
         "corr": kernels["correlation"].to_numpy(zero_copy_only=False),
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer import architectures, hardware
+from analyzer.model import dict_strings
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -147,7 +148,7 @@ def run(analysis: Analysis, options: Options) -> None:
     cols["flops_source"] = source
     k = analysis.kernels
     for name, typ in COLUMNS.items():
-        arr = pa.array(cols[name], typ, from_pandas=True)
+        arr = dict_strings(cols[name]) if typ == pa.string() else pa.array(cols[name], typ, from_pandas=True)
         k = (
             k.set_column(k.schema.get_field_index(name), name, arr)
             if name in k.column_names
