@@ -13,6 +13,7 @@ into Arrow columns before the next chunk is read. Peak memory is one chunk plus 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import gzip
 import hashlib
@@ -159,10 +160,9 @@ def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
             meta_obj = _stream_events(path, builder, progress)
         else:
             meta_obj = builder.meta
-        kernels, host_ops, annotations = builder.finish()
-    meta = _input_meta(path, meta_obj, _uses_hip(host_ops))
+    meta = _input_meta(path, meta_obj, any(_uses_hip(h) for h in builder.host))
     meta.sha256 = file_sha256(path)
-    kernels, host_ops, annotations, warnings = _post_process(kernels, host_ops, annotations, meta, meta_obj)
+    kernels, host_ops, annotations, warnings = _post_process(builder, meta, meta_obj)
     if kernels.num_rows == 0:
         raise InputError(f"{path}: no GPU activity recorded (no kernel, memcpy or memset events)")
     return Trace(kernels, host_ops, annotations, [meta], warnings)
@@ -435,16 +435,6 @@ class _Builder:
             if t is not None and t.num_rows:
                 parts.append(t)
 
-    def finish(self) -> tuple[pa.Table | None, pa.Table | None, pa.Table | None]:
-        def join(parts: list[pa.Table]) -> pa.Table | None:
-            if not parts:
-                return None
-            return pa.concat_tables(parts, promote_options="default").unify_dictionaries()
-
-        out = join(self.kernels), join(self.host), join(self.ann)
-        self.kernels, self.host, self.ann = [], [], []
-        return out
-
 
 # cpu_ops that only make views, allocate or read metadata: they never launch GPU work, so no kernel
 # can name them; skipping them before column building saves a third of the host rows of a trace.
@@ -714,34 +704,6 @@ def _call_table(evs: list[_Event]) -> pa.Table:
     )
 
 
-def _parse_shapes(
-    dims_raw: pa.Array, types_raw: pa.Array, wanted: np.ndarray
-) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """Decode ``Input Dims`` / ``Input type`` of the rows flagged in ``wanted``; null elsewhere.
-
-    The raw JSON is dictionary-encoded: each distinct shape list is decoded once, and rows take
-    their value from the decoded dictionary.
-    """
-    out = []
-    code_pair = []
-    for raw, parse, typ in (
-        (dims_raw, _parse_dims, pa.list_(pa.list_(pa.int64()))),
-        (types_raw, _parse_types, pa.list_(pa.string())),
-    ):
-        if not isinstance(raw, pa.DictionaryArray):
-            raw = raw.dictionary_encode()
-        idx = raw.indices
-        codes = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        codes[~wanted] = -1
-        values = pa.array([parse(v) for v in raw.dictionary.to_pylist()], typ)
-        # position len(values) of the extended dictionary is null: rows not wanted or without shapes
-        take = np.where(codes < 0, len(values), codes)
-        out.append(pa.concat_arrays([values, pa.nulls(1, typ)]).take(pa.array(take)))
-        code_pair.append(codes)
-    shape_id = np.where(wanted, (code_pair[0] + 1) * (1 << 31) + (code_pair[1] + 1), -1)
-    return out[0], out[1], pa.array(shape_id, mask=shape_id < 0)
-
-
 def _parse_dims(d: bytes | None) -> list[list[int]] | None:
     if d is None:
         return None
@@ -805,74 +767,142 @@ def _ann_table(evs: list[_Event]) -> pa.Table:
 
 
 def _post_process(
-    k: pa.Table | None,
-    h: pa.Table | None,
-    a: pa.Table | None,
-    meta: InputMeta,
-    meta_obj: dict[str, Any],
+    builder: _Builder, meta: InputMeta, meta_obj: dict[str, Any]
 ) -> tuple[pa.Table, pa.Table, pa.Table, list[str]]:
-    warnings: list[str] = []
+    """Canonical tables from the builder's chunk tables, which it consumes.
+
+    Memory is the point here: a 10 GB trace yields ~1 GB of chunk tables and ~1 GB of canonical
+    ones. Host chunks are converted one at a time and dropped; kernel columns are built one at a
+    time, each taken in time order directly (no second copy of the table for the sort).
+    """
     base = _base_ns(meta_obj)
     rank = meta.rank
-    # host ops
-    if h is not None and h.num_rows:
-        # keep the launch calls and the cpu_ops some GPU activity names; the rest is never used
-        is_op = pc.equal(h["category"].cast(pa.string()), "cpu_op")
-        if k is not None and k.num_rows:
-            launched = pc.is_in(h["external_id"], pc.unique(k["external_id"].drop_null()))
-            keep = pc.or_(pc.invert(is_op), pc.fill_null(launched, False))
-        else:
-            keep = pc.invert(is_op)
-        h = h.filter(keep).unify_dictionaries().combine_chunks()
-        nh = h.num_rows
-        linked = pc.equal(h["category"].cast(pa.string()), "cpu_op").to_numpy(zero_copy_only=False)
-        dims, types, shape_id = _parse_shapes(
-            h["dims_raw"].combine_chunks(), h["types_raw"].combine_chunks(), linked
-        )
-        host_cols = {
-            "trace_id": np.zeros(nh, np.int16),
-            "rank": np.full(nh, rank, np.int16),
-            "name": h["name"].combine_chunks(),
-            "start_ns": _shift(h["ts"], base),
-            "dur_ns": _fill0(h["dur"]),
-            "external_id": h["external_id"],
-            "input_dims": dims,
-            "input_types": types,
-            "shape_id": shape_id,
-            "category": h["category"].combine_chunks(),
-            "tid": h["tid"],
-            "correlation": h["correlation"],
-        }
-        host = table_from_columns(host_cols, HOST_OP_SCHEMA)
-    else:
-        host = HOST_OP_SCHEMA.empty_table()
-    # annotations
-    if a is not None and a.num_rows:
-        start = _shift(a["ts"], base)
-        dur = _fill0(a["dur"]).to_numpy(zero_copy_only=False)
-        ann = table_from_columns(
+    ext = [c.cast(pa.int64()) for t in builder.kernels for c in t["external_id"].chunks]
+    wanted = pc.unique(pa.chunked_array(ext, pa.int64())).drop_null() if ext else None
+    host = _host_ops(builder.host, wanted, base, rank)
+    ann = _annotations(builder.ann, base, rank)
+    kernels = _kernels(builder.kernels, host, base, rank, meta)
+    return kernels, host, ann, []
+
+
+def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: int) -> pa.Table:
+    """Launch calls and the cpu_ops some GPU activity names (``wanted`` external ids); the rest is
+    never used. Consumes ``parts``: each chunk is freed once converted."""
+    if not parts:
+        return HOST_OP_SCHEMA.empty_table()
+    # one dictionary per column across chunks: shape codes, hence shape ids, are global
+    whole = pa.concat_tables(parts, promote_options="default").unify_dictionaries()
+    parts.clear()
+    if whole.num_rows == 0:
+        return HOST_OP_SCHEMA.empty_table()
+    shapes = [
+        _decoded_dictionary(whole["dims_raw"], _parse_dims, pa.list_(pa.list_(pa.int64()))),
+        _decoded_dictionary(whole["types_raw"], _parse_types, pa.list_(pa.string())),
+    ]
+    # one hash set for the whole column (per batch it would be built again each time)
+    named = None if wanted is None else pc.fill_null(pc.is_in(whole["external_id"], wanted), False)
+    batches = whole.to_batches()
+    del whole
+    batches.reverse()
+    out: list[pa.Table] = []
+    offset = 0
+    while batches:
+        b = batches.pop()
+        keep = pc.invert(_equals(b["category"], "cpu_op"))
+        if named is not None:
+            keep = pc.or_(keep, named.slice(offset, b.num_rows).combine_chunks())
+        offset += b.num_rows
+        b = b.filter(keep)
+        del keep
+        nh = b.num_rows
+        if nh == 0:
+            continue
+        linked = _equals(b["category"], "cpu_op").to_numpy(zero_copy_only=False)
+        codes = []
+        cols: dict[str, Any] = {}
+        for values, key, raw in zip(
+            shapes, ("input_dims", "input_types"), ("dims_raw", "types_raw"), strict=True
+        ):
+            c = _codes(b[raw], linked)
+            codes.append(c)
+            cols[key] = values.take(pa.array(np.where(c < 0, len(values) - 1, c)))
+        shape_id = np.where(linked, (codes[0] + 1) * (1 << 31) + (codes[1] + 1), -1)
+        cols.update(
             {
-                "trace_id": np.zeros(a.num_rows, np.int16),
-                "rank": np.full(a.num_rows, rank, np.int16),
-                "name": a["name"].cast(pa.string()),
-                "start_ns": start,
-                "end_ns": pa.array(start.to_numpy(zero_copy_only=False) + dur),
-                "side": a["side"].cast(pa.string()),
-            },
-            ANNOTATION_SCHEMA,
+                "trace_id": np.zeros(nh, np.int16),
+                "rank": np.full(nh, rank, np.int16),
+                "name": b["name"],
+                "start_ns": _shift(b["ts"], base),
+                "dur_ns": _fill0(b["dur"]),
+                "external_id": b["external_id"],
+                "shape_id": pa.array(shape_id, mask=shape_id < 0),
+                "category": b["category"],
+                "tid": b["tid"],
+                "correlation": b["correlation"],
+            }
         )
+        del b
+        out.append(table_from_columns(cols, HOST_OP_SCHEMA))
+    return pa.concat_tables(out) if out else HOST_OP_SCHEMA.empty_table()
+
+
+def _equals(col: pa.Array, value: str) -> pa.Array:
+    """Row-wise ``col == value`` (nulls False) for a string or dictionary column."""
+    if isinstance(col, pa.DictionaryArray):
+        hit = pc.equal(col.dictionary, value).take(col.indices)
     else:
-        ann = ANNOTATION_SCHEMA.empty_table()
-    if k is None or k.num_rows == 0:
-        return KERNEL_SCHEMA.empty_table(), host, ann, warnings
-    k = k.combine_chunks()
+        hit = pc.equal(col.cast(pa.string()), value)
+    return pc.fill_null(hit, False)
+
+
+def _decoded_dictionary(col: pa.ChunkedArray, parse: Callable[[Any], Any], typ: pa.DataType) -> pa.Array:
+    """The parsed values of a (unified) dictionary column, each decoded once, plus a trailing null."""
+    raw = [] if col.num_chunks == 0 else col.chunk(0).dictionary.to_pylist()
+    return pa.array([parse(v) for v in raw] + [None], typ)
+
+
+def _codes(col: pa.Array, wanted: np.ndarray) -> np.ndarray:
+    """Dictionary codes as int64, -1 for nulls and rows not ``wanted``."""
+    codes = pc.fill_null(col.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    codes[~wanted] = -1
+    return codes
+
+
+def _annotations(parts: list[pa.Table], base: int, rank: int) -> pa.Table:
+    a = pa.concat_tables(parts, promote_options="default").unify_dictionaries() if parts else None
+    parts.clear()
+    if a is None or a.num_rows == 0:
+        return ANNOTATION_SCHEMA.empty_table()
+    start = _shift(a["ts"], base)
+    dur = _fill0(a["dur"]).to_numpy(zero_copy_only=False)
+    return table_from_columns(
+        {
+            "trace_id": np.zeros(a.num_rows, np.int16),
+            "rank": np.full(a.num_rows, rank, np.int16),
+            "name": a["name"].cast(pa.string()),
+            "start_ns": start,
+            "end_ns": pa.array(start.to_numpy(zero_copy_only=False) + dur),
+            "side": a["side"].cast(pa.string()),
+        },
+        ANNOTATION_SCHEMA,
+    )
+
+
+def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: InputMeta) -> pa.Table:
+    """The kernels table in time order. Consumes ``parts``."""
+    if not parts:
+        return KERNEL_SCHEMA.empty_table()
+    k = pa.concat_tables(parts, promote_options="default").unify_dictionaries()
+    parts.clear()
     n = k.num_rows
+    if n == 0:
+        return KERNEL_SCHEMA.empty_table()
     if k["ts"].null_count or k["dur"].null_count:
         raise InputError(f"{meta.path}: GPU event without ts or dur")
-    if (k["dur"].to_numpy() < 0).any():
+    if pc.any(pc.less(k["dur"], 0)).as_py():
         raise InputError(f"{meta.path}: GPU event with negative duration")
     # device ids: CUDA writes 0-based ids; ROCm writes HSA node ids (2, 5, 9 ...) -> rank them
-    dev_raw = k["device"].to_numpy(zero_copy_only=False) if k["device"].null_count == 0 else None
+    dev_raw = _np(k["device"]) if k["device"].null_count == 0 else None
     if dev_raw is None:
         pid = k["pid"].to_pandas()
         devcol = k["device"].to_pandas().fillna(pid).fillna(0).astype("int64").to_numpy()
@@ -883,43 +913,57 @@ def _post_process(
         devcol = np.searchsorted(uniq, devcol)
     # launch linkage via correlation
     launch_api, graph = _launch_info(k, host)
-    grid = {ax: k[f"grid_{ax}"].to_numpy(zero_copy_only=False) for ax in "xyz"}
-    block = {ax: k[f"block_{ax}"].to_numpy(zero_copy_only=False) for ax in "xyz"}
+    start = _shift(k["ts"], base)
+    order = pc.sort_indices(start)  # stable: ties keep file order
+    cols: dict[str, Any] = {
+        "trace_id": lambda: np.zeros(n, np.int16),
+        "rank": lambda: np.full(n, rank, np.int16),
+        "name": lambda: k["name"],
+        "norm_name": lambda: k["name"],
+        "kind": lambda: k["cat"].cast(pa.string()),
+        "start_ns": lambda: start,
+        "dur_ns": lambda: k["dur"],
+        "device": lambda: pa.array(devcol.astype(np.int16)),
+        "stream": lambda: k["stream"] if k["stream"].null_count < n else k["tid"],
+        "correlation": lambda: k["correlation"],
+        "launch_op_id": lambda: k["external_id"],
+        "graph_launch": lambda: graph,
+        "count": lambda: np.ones(n, np.int64),
+        "aggregate": lambda: np.zeros(n, bool),
+        "registers": lambda: k["registers"],
+        "shared_mem": lambda: k["shared_mem"],
+        "bytes_recorded": lambda: k["bytes"],
+        "launch_api": lambda: launch_api,
+    }
+    workitems = None
     if meta.extra.get("rocm"):
         wi = pc.fill_null(pc.equal(launch_api, _WORKITEM_LAUNCH), False).to_numpy(zero_copy_only=False)
-        if wi.any():
-            for ax in "xyz":
-                g = grid[ax].astype(np.float64)
-                b = block[ax].astype(np.float64)
-                ok = wi & ~np.isnan(g) & ~np.isnan(b) & (b > 0)
-                g[ok] = np.ceil(g[ok] / b[ok])
-                grid[ax] = g
-    kernel_cols = {
-        "trace_id": np.zeros(n, np.int16),
-        "rank": np.full(n, rank, np.int16),
-        "name": k["name"],
-        "norm_name": k["name"],
-        "kind": k["cat"].cast(pa.string()),
-        "start_ns": _shift(k["ts"], base),
-        "dur_ns": k["dur"],
-        "device": pa.array(devcol.astype(np.int16)),
-        "stream": k["stream"] if k["stream"].null_count < n else k["tid"],
-        "correlation": k["correlation"],
-        "launch_op_id": k["external_id"],
-        "graph_launch": graph,
-        "count": np.ones(n, np.int64),
-        "aggregate": np.zeros(n, bool),
-        "registers": k["registers"],
-        "shared_mem": k["shared_mem"],
-        "bytes_recorded": k["bytes"],
-        "launch_api": launch_api,
-    }
+        workitems = wi if wi.any() else None
     for ax in "xyz":
-        kernel_cols[f"grid_{ax}"] = _to_int32(grid[ax])
-        kernel_cols[f"block_{ax}"] = _to_int32(block[ax])
-    kernels = table_from_columns(kernel_cols, KERNEL_SCHEMA)
-    kernels = kernels.sort_by([("start_ns", "ascending")])
-    return kernels, host, ann, warnings
+        cols[f"grid_{ax}"] = functools.partial(_grid, k, ax, workitems)
+        cols[f"block_{ax}"] = functools.partial(lambda ax: _to_int32(_np(k[f"block_{ax}"])), ax)
+    arrays = []
+    for f in KERNEL_SCHEMA:
+        one = table_from_columns({f.name: cols.pop(f.name)()}, pa.schema([f]))
+        arrays.append(one.column(0).take(order))
+    return pa.Table.from_arrays(arrays, schema=KERNEL_SCHEMA)
+
+
+def _grid(k: pa.Table, ax: str, workitems: np.ndarray | None) -> pa.Array:
+    """Blocks along ``ax``; ROCm grids given in work-items (``hipExtModuleLaunchKernel``) divided
+    by the block size."""
+    g = _np(k[f"grid_{ax}"])
+    if workitems is None:
+        return _to_int32(g)
+    g = g.astype(np.float64)
+    b = _np(k[f"block_{ax}"]).astype(np.float64)
+    ok = workitems & ~np.isnan(g) & ~np.isnan(b) & (b > 0)
+    g[ok] = np.ceil(g[ok] / b[ok])
+    return _to_int32(g)
+
+
+def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return col.to_numpy(zero_copy_only=False)
 
 
 def _to_int32(values: np.ndarray | pa.Array) -> pa.Array:
@@ -957,9 +1001,10 @@ def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
     none = pa.nulls(n, pa.string()), pa.array(np.zeros(n, bool))
     if host.num_rows == 0 or corr.null_count == n:
         return none
-    cats = host["category"].cast(pa.string())
-    launches = host.filter(
-        pc.and_(pc.is_in(cats, pa.array(["runtime", "driver"])), pc.is_valid(host["correlation"]))
+    calls = host.select(["category", "correlation", "name"])
+    cats = calls["category"].cast(pa.string())
+    launches = calls.filter(
+        pc.and_(pc.is_in(cats, pa.array(["runtime", "driver"])), pc.is_valid(calls["correlation"]))
     )
     if launches.num_rows == 0:
         return none
