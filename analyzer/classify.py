@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer import rules as rules_mod
-from analyzer.model import dict_strings, dict_take, pylist
+from analyzer.model import dict_isin, dict_strings, dict_take, pylist
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -188,9 +188,9 @@ def launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, 
 
 
 def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
-    cat = host_ops["category"].cast(pa.string())
     wanted = pc.unique(kernels["launch_op_id"].drop_null())
-    mask = pc.and_(pc.equal(cat, "cpu_op"), pc.is_in(host_ops["external_id"], wanted))
+    is_op = pa.array(dict_isin(host_ops["category"], ["cpu_op"]))
+    mask = pc.and_(is_op, pc.fill_null(pc.is_in(host_ops["external_id"], wanted), False))
     rows = (
         pc.indices_nonzero(mask)
         if hasattr(pc, "indices_nonzero")
@@ -209,7 +209,9 @@ def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table,
     first = pc.index_in(keys, value_set=keys)  # first occurrence = latest start
     keep = pc.equal(first, pa.array(np.arange(len(rows)), pa.int32()))
     rows = rows.filter(keep)
-    ops = host_ops.take(rows)
+    # the key columns only (the shape lists stay in host_ops: ``row`` points there), so that the
+    # memo holds a few bytes per launching op
+    ops = host_ops.select(["trace_id", "name", "shape_id"]).take(rows).append_column("row", rows)
     kkeys = _op_keys(kernels["trace_id"].combine_chunks(), kernels["launch_op_id"].combine_chunks())
     return ops, pc.index_in(kkeys, value_set=keys.filter(keep))
 
@@ -229,7 +231,7 @@ def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | Non
     rows = np.flatnonzero(is_gather.to_numpy(zero_copy_only=False))
     dims = {}
     if len(rows):
-        got = ops["input_dims"].combine_chunks().take(pos.take(pa.array(rows))).to_pylist()
+        got = host_ops["input_dims"].take(ops["row"].take(pos.take(pa.array(rows)))).to_pylist()
         dims = dict(zip(rows.tolist(), got, strict=True))
     return pylist(names), dims
 
@@ -602,7 +604,7 @@ def gemm_roles_from_shapes(kernels: pa.Table, host_ops: pa.Table, arch: Any, tp:
         return [None] * kernels.num_rows
     ops, pos = found
     names = ops["name"].combine_chunks().cast(pa.string()).take(pos).to_pylist()
-    dims = ops["input_dims"].combine_chunks().take(pos).to_pylist()
+    dims = host_ops["input_dims"].take(ops["row"].take(pos)).to_pylist()
     out: list[str | None] = []
     for name, d in zip(names, dims, strict=True):
         shape = gemm_shape(name, [list(x) for x in d] if d is not None else None)

@@ -271,11 +271,10 @@ def split_phases(
 
 def _is_fill(kernels: pa.Table) -> np.ndarray:
     """Buffer fills: memsets and the framework's fill kernels."""
-    name = kernels["norm_name"].cast(pa.string()) if "norm_name" in kernels.column_names else kernels["name"]
-    fill = pc.or_(
-        pc.equal(kernels["kind"], "memset"), pc.match_substring(name.cast(pa.string()), "FillFunctor")
-    )
-    return pc.fill_null(fill, False).to_numpy(zero_copy_only=False)
+    names = dict_strings(kernels["norm_name"] if "norm_name" in kernels.column_names else kernels["name"])
+    # matched once per distinct name: the names themselves are never expanded per row
+    fill = pc.fill_null(pc.match_substring(names.dictionary, "FillFunctor"), False).take(names.indices)
+    return pc.fill_null(fill, False).to_numpy(zero_copy_only=False) | dict_isin(kernels["kind"], ["memset"])
 
 
 def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
@@ -283,13 +282,12 @@ def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
     start = kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     if host_ops.num_rows == 0:
         return start.copy()
-    cat = host_ops["category"].cast(pa.string())
-    calls = host_ops.filter(
-        pc.and_(pc.is_in(cat, pa.array(["runtime", "driver"])), pc.is_valid(host_ops["correlation"]))
-    )
+    calls = host_ops.select(["trace_id", "correlation", "start_ns"])
+    is_call = dict_isin(host_ops["category"], ["runtime", "driver"])
+    calls = calls.filter(pc.and_(pa.array(is_call), pc.is_valid(calls["correlation"])))
     if calls.num_rows == 0:
         return start.copy()
-    c = calls.select(["trace_id", "correlation", "start_ns"]).to_pandas()
+    c = calls.to_pandas()
     c = c.drop_duplicates(["trace_id", "correlation"])
     k = pd.DataFrame(
         {
@@ -547,10 +545,9 @@ def _query_lengths(kernels: pa.Table, host_ops: pa.Table) -> dict[tuple[int, int
     """(trace_id, external id) of attention ops -> (batch, query length) from their input shapes."""
     if host_ops.num_rows == 0:
         return {}
-    names = host_ops["name"].cast(pa.string())
-    sel = host_ops.filter(
-        pc.and_(pc.is_in(names, pa.array(list(_ATTN_OPS))), pc.is_valid(host_ops["input_dims"]))
-    )
+    attn = pa.array(dict_isin(host_ops["name"], _ATTN_OPS))
+    sel = host_ops.select(["trace_id", "external_id", "input_dims"])
+    sel = sel.filter(pc.and_(attn, pc.is_valid(sel["input_dims"])))
     out: dict[tuple[int, int], tuple[int, int]] = {}
     for t, e, d in zip(
         sel["trace_id"].to_pylist(),

@@ -339,8 +339,9 @@ def kernel_work(
                 name_idx.astype(np.int64) * (int(shape_code.max()) + 1) + shape_code
             ) * n_traces + trace_col
             _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-            dims = sub["input_dims"].combine_chunks().take(pa.array(first)).to_pylist()
-            types = sub["input_types"].combine_chunks().take(pa.array(first)).to_pylist()
+            at = sub["row"].take(pa.array(first))
+            dims = host_ops["input_dims"].take(at).to_pylist()
+            types = host_ops["input_types"].take(at).to_pylist()
             first_names = name_idx[first].tolist()
             work = [
                 op_work(names[ni], d, ty) if d is not None else None
@@ -360,8 +361,8 @@ def kernel_work(
                 dtype[i] = d
                 source[i] = "shapes"
         else:
-            dims = sub["input_dims"].combine_chunks().to_pylist()
-            types = sub["input_types"].combine_chunks().to_pylist()
+            dims = host_ops["input_dims"].take(sub["row"]).to_pylist()
+            types = host_ops["input_types"].take(sub["row"]).to_pylist()
             memo: dict[bytes, Any] = {}
             per_row = []
             for ni, d, ty in zip(name_idx.tolist(), dims, types, strict=True):

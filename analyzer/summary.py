@@ -21,12 +21,31 @@ PHASES = ("prefill", "decode", "mixed", "unknown")
 TOP_KERNELS = 15
 
 
+# kernel columns no summary, finding, baseline or report reads from the frame: left out of it, they
+# would cost 8 bytes per kernel each (a 10 GB trace has ~4 million kernels)
+FRAME_SKIP = frozenset(
+    {
+        "correlation",
+        "registers",
+        "shared_mem",
+        "launch_op_id",
+        "bytes_recorded",
+        "launch_api",
+        "flops_source",
+        "block_y",
+        "block_z",
+        "tile_k",
+    }
+)
+
+
 def kernels_frame(analysis: Analysis) -> pd.DataFrame:
     """The analysed kernels as pandas (string columns categorical), built once per kernels table."""
     cached = getattr(analysis, "_frame", None)
     if cached is not None and cached[0] is analysis.kernels:
         return cached[1]
-    df = analysis.kernels.to_pandas(strings_to_categorical=True)
+    k = analysis.kernels
+    df = k.select([c for c in k.column_names if c not in FRAME_SKIP]).to_pandas(strings_to_categorical=True)
     analysis._frame = (analysis.kernels, df)  # type: ignore[attr-defined]
     return df
 
