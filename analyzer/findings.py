@@ -38,6 +38,10 @@ class Context:
     steps: pd.DataFrame | None
     total_ns: int
 
+    def only(self, *columns: str) -> pd.DataFrame:
+        """The kernels frame narrowed to ``columns``: row selections then copy these alone."""
+        return self.df[[c for c in columns if c in self.df]]
+
 
 def load_settings(
     overrides: dict[str, str] | None = None, path: Path = FINDINGS_TOML
@@ -340,7 +344,7 @@ def prefill_below_compute_roof(ctx: Context, c: dict[str, Any]) -> list[dict[str
 
 
 def launch_overhead_chain(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
-    df = ctx.df
+    df = ctx.only("phase", "stage", "dur_ns", "step", "graph_launch", "group_key", "count")
     out = []
     for phase in ("prefill", "decode", "mixed"):
         ph = df[df["phase"] == phase]
@@ -425,7 +429,7 @@ def decode_gpu_idle(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def moe_gate_sort_share(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
-    df = ctx.df
+    df = ctx.only("phase", "category", "stage", "dur_ns", "group_key")
     out = []
     for phase in ("prefill", "decode", "mixed"):
         ph = df[df["phase"] == phase]
@@ -464,7 +468,8 @@ def moe_gate_sort_share(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]
 
 
 def communication_not_overlapped(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
-    df = ctx.df[~ctx.df["aggregate"]]
+    df = ctx.only("aggregate", "phase", "stage", "trace_id", "device", "start_ns", "dur_ns", "group_key")
+    df = df[~df["aggregate"]] if df["aggregate"].any() else df
     out = []
     for phase in ("prefill", "decode", "mixed"):
         ph = df[df["phase"] == phase]

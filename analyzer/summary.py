@@ -74,9 +74,15 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
         "model": getattr(analysis.model, "name", None),
         "annotations": analysis.annotations_found,
         "totals": totals(df),
-        "phases": {p: phase_summary(df, analysis, p) for p in PHASES if (df["phase"] == p).any()},
-        "stages": stage_rows(df, total),
-        "providers": provider_rows(df, total),
+        "phases": {
+            p: phase_summary(_only(df, "phase", "category", *_RATE_COLUMNS), analysis, p)
+            for p in PHASES
+            if (df["phase"] == p).any()
+        },
+        "stages": stage_rows(
+            _only(df, "phase", "stage", "provider", "category", "count", *_RATE_COLUMNS), total
+        ),
+        "providers": provider_rows(_only(df, "provider", "count", *_RATE_COLUMNS), total),
         "groups": group_rows(df),
         "top_kernels": top_kernels(df, total),
         "unclassified": unclassified(df, total),
@@ -87,8 +93,30 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
     }
 
 
+# what roofline_fields and _dominant_bound read
+_RATE_COLUMNS = (
+    "dur_ns",
+    "flops",
+    "bytes",
+    "achieved_tflops",
+    "achieved_tbps",
+    "pct_of_peak",
+    "intensity",
+    "bound",
+)
+
+
+def _only(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """The frame narrowed to ``columns`` (those it has): group-by loops then slice only these,
+    not every column of millions of kernels (no copy is made here: pandas copies on write)."""
+    return df[[c for c in dict.fromkeys(columns) if c in df]]
+
+
 def _timed(df: pd.DataFrame) -> pd.DataFrame:
-    return df[~df["aggregate"]] if "aggregate" in df else df
+    """The rows with a timeline (no copy when every row has one)."""
+    if "aggregate" not in df or not df["aggregate"].any():
+        return df
+    return df[~df["aggregate"]]
 
 
 def totals(df: pd.DataFrame) -> dict[str, Any]:
@@ -270,6 +298,10 @@ def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
     if len(df) == 0:
         return []
     if "flops" in df:
+        # only the columns used here: a copy of the whole frame costs ~150 bytes per kernel
+        df = df[
+            [*keys, "count", "dur_ns", "flops", "bytes", "pct_of_peak", *(["bound"] if "bound" in df else [])]
+        ]
         known = df["flops"].notna() | df["bytes"].notna()
         has_pct = df["pct_of_peak"].notna()
         df = df.assign(

@@ -377,6 +377,35 @@ def measure_ranks(plain: Path, n: int, args: argparse.Namespace) -> dict:
     return row
 
 
+BIG_RSS_LIMIT = 3 * 10**9  # DESIGN §7 / the scale issue: a 10 GB trace under 3 GB
+
+
+def measure_big(plain: Path, args: argparse.Namespace) -> dict:
+    """One cold ``analyze`` of a trace bigger than the others (10 GB): its time and peak memory."""
+    cache = DATA / "bench-cache"
+    out_json = DATA / "bench-out.json"
+    shutil.rmtree(cache, ignore_errors=True)
+    print(f"  {plain.name}: analyze ...", file=sys.stderr, flush=True)
+    cmd = [*cli_cmd(), "analyze", str(plain), "--json", str(out_json)]
+    r = run_child(cmd, args.timeout, env={"LKM_CACHE_DIR": str(cache)})
+    print(f"    {_brief(r)}", file=sys.stderr)
+    shutil.rmtree(cache, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        out_json.unlink()
+    return {"file": _rel(plain), "bytes": plain.stat().st_size, "analyze": r}
+
+
+def big_table(rows: list[dict]) -> str:
+    lines = ["| file | MB | analyze s | peak RSS MB | under 3 GB |", "|---|---|---|---|---|"]
+    for r in rows:
+        a = r["analyze"]
+        ok = "yes" if _ok(a) and a["peak_rss"] < BIG_RSS_LIMIT else "NO"
+        lines.append(
+            f"| {Path(r['file']).name} | {r['bytes'] / 1e6:,.0f} | {_fmt_t(a)} | {_fmt_m(a)} | {ok} |"
+        )
+    return "\n".join(lines)
+
+
 def ranks_table(rows: list[dict]) -> str:
     lines = [
         "| rank file | MB | ranks | one rank: analyze s | RSS MB | all ranks: analyze s | RSS MB | all / one (<=5) |",
@@ -650,6 +679,14 @@ def markdown(result: dict) -> str:
             ranks_table(result["rank_rows"]),
             "",
         ]
+    if result.get("big_rows"):
+        lines += [
+            "Bigger than memory: one cold analyze of a trace grown to the size given by `--big` "
+            "(target: peak memory under 3 GB on this 24 GB machine).",
+            "",
+            big_table(result["big_rows"]),
+            "",
+        ]
     fails = failures(result["rows"])
     if fails:
         lines += ["Failures:", ""] + [f"- {f}" for f in fails] + [""]
@@ -681,6 +718,9 @@ def main(argv: list[str] | None = None) -> int:
         "--ranks", type=int, default=8, help="rank traces analysed as one run (default 8; 0: skip)"
     )
     p.add_argument("--ranks-size", default="250MB", help="size of each rank trace (default 250MB)")
+    p.add_argument(
+        "--big", default="", help="also analyze one trace of this size (e.g. 10GB: peak memory under 3 GB)"
+    )
     p.add_argument("--render", action="store_true", help="only rewrite results/latest.md from latest.json")
     a = p.parse_args(argv)
     if a.render:
@@ -707,6 +747,11 @@ def main(argv: list[str] | None = None) -> int:
         rank_file = ensure_plain(source, parse_size(a.ranks_size), name)
         print(f"{a.ranks} ranks of {rank_file.name}", file=sys.stderr)
         rank_rows.append(measure_ranks(rank_file, a.ranks, a))
+    big_rows = []
+    if a.big:
+        big_file = ensure_plain(source, parse_size(a.big), name)
+        print(f"{big_file.name} ({big_file.stat().st_size / 1e6:,.0f} MB)", file=sys.stderr)
+        big_rows.append(measure_big(big_file, a))
     result = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -721,12 +766,16 @@ def main(argv: list[str] | None = None) -> int:
         "hta": "measured" if hta_py else ("skipped (--no-hta)" if not a.hta else "not installable"),
         "rows": rows,
         "rank_rows": rank_rows,
+        "big_rows": big_rows,
     }
     print()
     print(table(rows))
     if rank_rows:
         print()
         print(ranks_table(rank_rows))
+    if big_rows:
+        print()
+        print(big_table(big_rows))
     for f in failures(rows):
         print(f"FAILED {f}")
     if a.profile:

@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import sys
 
-import click
+from analyzer import memory
 
-from analyzer import __version__
-from analyzer.errors import AnalyzerError
+memory.configure()  # before pyarrow loads: see analyzer/memory.py
+
+import click  # noqa: E402
+
+from analyzer import __version__  # noqa: E402
+from analyzer.errors import AnalyzerError  # noqa: E402
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
