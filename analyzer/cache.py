@@ -262,14 +262,10 @@ def load_trace(
         key = cache_key(path, sha256=streamed or None)
     entry = entry_dir(cache_dir, key)
 
-    def store() -> None:
-        if _try_write(trace, key, cache_dir, path, replace=entry.exists()) is not None:
-            remember_sha256(cache_dir, path, key.sha256, before)
-
-    if DEFER_WRITES:
-        _DEFERRED.append(store)
-    else:
-        store()
+    # written at once, not after the analysis: the analysis may then free tables it no longer
+    # needs (host ops), and the writer's own buffers are small next to the tables
+    if _try_write(trace, key, cache_dir, path, replace=entry.exists()) is not None:
+        remember_sha256(cache_dir, path, key.sha256, before)
     return trace
 
 
@@ -321,23 +317,6 @@ def remember_sha256(
         os.replace(tmp, folder / now[0])
     except OSError:
         pass  # a read-only cache folder costs speed, never the analysis
-
-
-# The CLI stores new entries after the command's output is done, when the analysis' own tables are
-# gone: the Parquet writer's buffers then never add to the analysis' peak memory.
-DEFER_WRITES = False
-_DEFERRED: list[Callable[[], Any]] = []
-
-
-def flush_deferred() -> None:
-    """Write the cache entries whose writing was deferred (see DEFER_WRITES)."""
-    if _DEFERRED:
-        import gc
-
-        gc.collect()  # the analysis is over: hand its memory back before the writer takes some
-        pa.default_memory_pool().release_unused()
-    while _DEFERRED:
-        _DEFERRED.pop(0)()
 
 
 def _try_write(

@@ -187,6 +187,11 @@ def launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, 
     return result
 
 
+def forget_launching_ops() -> None:
+    """Drop the memo of :func:`launching_op_rows` (it holds the host ops table it was asked about)."""
+    _LAUNCH_MEMO.clear()
+
+
 def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
     wanted = pc.unique(kernels["launch_op_id"].drop_null())
     is_op = pa.array(dict_isin(host_ops["category"], ["cpu_op"]))

@@ -196,6 +196,8 @@ def dict_strings(values: Any) -> pa.DictionaryArray:
         values = values.combine_chunks()
     if isinstance(values, pa.DictionaryArray):
         return values if values.type == DICT_STRING else values.cast(DICT_STRING)
+    if hasattr(values, "categories") and hasattr(values, "codes"):  # a pandas Categorical
+        return pa.array(values).cast(DICT_STRING)
     if not isinstance(values, pa.Array):
         values = pa.array(values, pa.string())
     return values.dictionary_encode().cast(DICT_STRING)

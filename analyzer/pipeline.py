@@ -80,8 +80,13 @@ def load_inputs(
     return trace
 
 
-def analyze_trace(trace: Trace, options: Options | None = None) -> Analysis:
-    """Run classification, phases, roofline and findings on a loaded trace."""
+def analyze_trace(trace: Trace, options: Options | None = None, *, keep_host_ops: bool = True) -> Analysis:
+    """Run classification, phases, roofline and findings on a loaded trace.
+
+    Host ops are read by classification, phases and the roofline only. With ``keep_host_ops=False``
+    (the CLI, which holds no other reference to the trace) ``analysis.trace`` loses them after the
+    roofline, so the summary's frames are built without them in memory (~750 MB for a 10 GB trace).
+    """
     from analyzer import classify, findings, phases, roofline
 
     options = options or Options()
@@ -89,6 +94,12 @@ def analyze_trace(trace: Trace, options: Options | None = None) -> Analysis:
     classify.run(analysis, options)
     phases.run(analysis, options)
     roofline.run(analysis, options)
+    if not keep_host_ops:
+        del trace
+        analysis.trace = dataclasses.replace(
+            analysis.trace, host_ops=analysis.trace.host_ops.schema.empty_table()
+        )
+        classify.forget_launching_ops()
     findings.run(analysis, options)
     return analysis
 

@@ -48,6 +48,8 @@ COLUMNS = {
     "bound": pa.string(),
 }
 _MISSING = object()
+BOUNDS = ("unknown", "compute", "memory", "latency", "invalid")
+_BOUND_CODE = {b: i for i, b in enumerate(BOUNDS)}
 LATENCY_NS = 10_000  # a kernel shorter than this that reaches < LATENCY_PCT of its roof
 LATENCY_PCT = 0.10
 
@@ -155,7 +157,7 @@ def run(analysis: Analysis, options: Options) -> None:
             else k.append_column(name, arr)
         )
     analysis.kernels = k
-    invalid = np.asarray(cols["bound"]) == "invalid"
+    invalid = np.asarray(cols["bound"] == "invalid")
     if invalid.any():
         names = pd.Series(k["norm_name"].to_pylist())[invalid].value_counts()
         top = "; ".join(f"{n[:60]} (x{c})" for n, c in names.head(3).items())
@@ -429,7 +431,7 @@ def rates(
         intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
     n = len(dur)
     pct = np.full(n, np.nan)
-    bound = np.full(n, "unknown", dtype=object)
+    code = np.zeros(n, np.int8)  # positions in BOUNDS: no per-row strings for millions of kernels
     if spec is not None:
         bw = spec.hbm_tbps
         default = hardware.peak_tflops(spec, "bf16") or np.nan
@@ -446,11 +448,11 @@ def rates(
         has_flops = has & ~over & (np.nan_to_num(flops) > 0) & ~np.isnan(peak)
         mem_only = has & ~over & ~has_flops
         pct = np.where(has_flops, compute_pct, np.where(mem_only, tbps / bw, np.nan))
-        kind = np.where(has_flops & (intensity >= peak / bw), "compute", "memory")
+        kind = np.where(has_flops & (intensity >= peak / bw), _BOUND_CODE["compute"], _BOUND_CODE["memory"])
         latency = (dur < LATENCY_NS) & (pct < LATENCY_PCT)
         ok = has & ~over
-        bound = np.where(ok, np.where(latency, "latency", kind), bound)
-        bound = np.where(over, "invalid", bound).astype(object)
+        code = np.where(ok, np.where(latency, _BOUND_CODE["latency"], kind), code)
+        code = np.where(over, _BOUND_CODE["invalid"], code).astype(np.int8)
         tflops = np.where(over, np.nan, tflops)
         tbps = np.where(over, np.nan, tbps)
     return {
@@ -460,5 +462,5 @@ def rates(
         "achieved_tbps": tbps,
         "pct_of_peak": pct,
         "intensity": intensity,
-        "bound": bound.tolist(),
+        "bound": pd.Categorical.from_codes(code, categories=BOUNDS).remove_unused_categories(),
     }

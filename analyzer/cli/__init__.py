@@ -46,12 +46,8 @@ _register()
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code instead of raising."""
-    from analyzer import cache
-
-    cache.DEFER_WRITES = True
     try:
         rv = cli.main(args=argv, prog_name="llm-kernel-map", standalone_mode=False)
-        cache.flush_deferred()
     except AnalyzerError as e:
         click.echo(f"error: {e}", err=True)
         return e.exit_code
@@ -69,9 +65,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"internal error: {type(e).__name__}: {e} (rerun with LKM_DEBUG=1 for details)", err=True)
         return 2
-    finally:
-        cache.DEFER_WRITES = False
-        cache._DEFERRED.clear()
     return rv if isinstance(rv, int) else 0
 
 

@@ -145,7 +145,11 @@ def _byte_progress() -> Callable[[int, int], None] | None:
 
 def run_analysis(traces: tuple[str, ...], options: Options) -> Analysis:
     """Load and analyse the inputs as one run, showing progress on a terminal."""
-    trace = load_inputs(
-        list(traces), progress=_progress_printer(), byte_progress=_byte_progress(), **scale_settings()
+    # no local name for the trace: the analysis may then free its host ops once they are used
+    return analyze_trace(
+        load_inputs(
+            list(traces), progress=_progress_printer(), byte_progress=_byte_progress(), **scale_settings()
+        ),
+        options,
+        keep_host_ops=False,
     )
-    return analyze_trace(trace, options)
