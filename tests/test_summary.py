@@ -91,3 +91,27 @@ def test_rocm_sglang_pair_phases() -> None:
     labels = [r["label"] for r in s["phases"]["decode"]["profile"]]
     assert labels[0] == "Dense GEMM" and "Attention" in labels[:3]
     assert np.isclose(sum(r["share"] for r in s["phases"]["prefill"]["profile"]), 1.0)
+
+
+def test_dropping_host_ops_after_the_roofline_changes_nothing(dense) -> None:
+    """The CLI frees host ops once the roofline has used them: every number stays the same."""
+    from analyzer.pipeline import analyze_trace, load_inputs
+
+    kept, s_kept = dense
+    a = analyze_trace(load_inputs([str(H200_DENSE)]), keep_host_ops=False)
+    assert a.trace.host_ops.num_rows == 0 and kept.trace.host_ops.num_rows > 0
+    assert a.kernels.equals(kept.kernels)
+    s = build_summary(a)
+    for key in ("totals", "phases", "stages", "providers", "groups", "top_kernels", "findings", "warnings"):
+        assert s[key] == s_kept[key], key
+
+
+def test_analysis_string_columns_are_dictionary_encoded(dense) -> None:
+    import pyarrow as pa
+
+    a, _ = dense
+    for col in ("stage", "category", "provider", "rule_id", "group_key", "phase", "flops_source", "bound"):
+        assert a.kernels.schema.field(col).type == pa.dictionary(pa.int32(), pa.string()), col
+    # each row reads as its value: the encoding is storage only
+    stages = a.kernels["stage"].to_pylist()
+    assert stages[:5] == a.kernels["stage"].cast(pa.string()).to_pylist()[:5] and None not in stages
