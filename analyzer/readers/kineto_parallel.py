@@ -257,10 +257,16 @@ def _boundary() -> Any:
 
 
 def _from_ipc(data: bytes | None) -> pa.Table | None:
+    """The table in ``data``, copied into Arrow's memory pool: the ``bytes`` (from ``malloc``) are
+    then freed at once and their space reused for the next result, instead of living as long as
+    the chunk's columns and leaving the C heap larger than the tables (1 GB more for a 10 GB trace)."""
     if data is None:
         return None
     with pa.ipc.open_stream(pa.py_buffer(data)) as r:
-        return r.read_all()
+        if not hasattr(pa.RecordBatch, "copy_to"):  # pyarrow < 16: keep the zero-copy view
+            return r.read_all()
+        manager = pa.default_cpu_memory_manager()
+        return pa.Table.from_batches([b.copy_to(manager) for b in r], schema=r.schema)
 
 
 # --------------------------------------------------------------------------------------- workers
