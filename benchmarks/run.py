@@ -671,22 +671,23 @@ def markdown(result: dict) -> str:
         table(result["rows"]),
         "",
     ]
-    if result.get("rank_rows"):
-        lines += [
+    sections = (
+        (
+            "rank_rows",
+            ranks_table,
             "Ranks: the same command on one rank trace, then on all of them as one run (hard links of "
             "one scaled trace named `rank0.json` ..., so the rank comes from the name), cold cache.",
-            "",
-            ranks_table(result["rank_rows"]),
-            "",
-        ]
-    if result.get("big_rows"):
-        lines += [
+        ),
+        (
+            "big_rows",
+            big_table,
             "Bigger than memory: one cold analyze of a trace grown to the size given by `--big` "
             "(target: peak memory under 3 GB on this 24 GB machine).",
-            "",
-            big_table(result["big_rows"]),
-            "",
-        ]
+        ),
+    )
+    for key, render, intro in sections:
+        if result.get(key):
+            lines += [intro, "", render(result[key]), ""]
     fails = failures(result["rows"])
     if fails:
         lines += ["Failures:", ""] + [f"- {f}" for f in fails] + [""]
