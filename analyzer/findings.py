@@ -40,7 +40,9 @@ class Context:
 
     def only(self, *columns: str) -> pd.DataFrame:
         """The kernels frame narrowed to ``columns``: row selections then copy these alone."""
-        return self.df[[c for c in columns if c in self.df]]
+        from analyzer.summary import only_columns
+
+        return only_columns(self.df, *columns)
 
 
 def load_settings(

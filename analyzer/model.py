@@ -209,13 +209,17 @@ def dict_take(dictionary: pa.Array, indices: pa.Array) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(codes.indices.take(indices), codes.dictionary)
 
 
-def pylist(values: Any) -> list[Any]:
-    """A string column as a Python list whose equal values share one ``str`` object (a plain
+def objects(values: Any) -> np.ndarray:
+    """A string column as a numpy object array whose equal values share one ``str`` (a plain
     ``to_pylist`` makes one object per row: ~100 bytes each for millions of kernels)."""
     codes = dict_strings(values)
     uniq = np.array(codes.dictionary.to_pylist() + [None], dtype=object)
-    idx = codes.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)
-    return uniq[idx].tolist()
+    return uniq[codes.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)]
+
+
+def pylist(values: Any) -> list[Any]:
+    """:func:`objects` as a list."""
+    return objects(values).tolist()
 
 
 def dict_isin(values: Any, wanted: Sequence[str]) -> np.ndarray:
@@ -223,6 +227,13 @@ def dict_isin(values: Any, wanted: Sequence[str]) -> np.ndarray:
     codes = dict_strings(values)
     hit = pc.is_in(codes.dictionary, pa.array(list(wanted), pa.string())).take(codes.indices)
     return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
+
+
+def launch_calls(host_ops: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the runtime/driver calls that carry a launch correlation id."""
+    calls = host_ops.select(list(dict.fromkeys([*columns, "correlation"])))
+    is_call = pa.array(dict_isin(host_ops["category"], ["runtime", "driver"]))
+    return calls.filter(pc.and_(is_call, pc.is_valid(calls["correlation"]))).select(list(columns))
 
 
 def unify(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:

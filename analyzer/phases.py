@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer import timeline
-from analyzer.model import dict_isin, dict_strings, pylist
+from analyzer.model import dict_isin, dict_strings, launch_calls, objects
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -221,7 +221,7 @@ def split_phases(
     step = np.full(n, -1, np.int64)
     tokens: list[int | None] = [None] * n
     warnings: list[str] = []
-    stage = np.asarray(pylist(kernels["stage"]), dtype=object)
+    stage = objects(kernels["stage"])
     # plain numpy columns: per-step slicing by position must not go through pandas indexing
     df = {
         "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
@@ -282,9 +282,7 @@ def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
     start = kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     if host_ops.num_rows == 0:
         return start.copy()
-    calls = host_ops.select(["trace_id", "correlation", "start_ns"])
-    is_call = dict_isin(host_ops["category"], ["runtime", "driver"])
-    calls = calls.filter(pc.and_(pa.array(is_call), pc.is_valid(calls["correlation"])))
+    calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
     if calls.num_rows == 0:
         return start.copy()
     c = calls.to_pandas()

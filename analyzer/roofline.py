@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer import architectures, hardware
-from analyzer.model import dict_strings
+from analyzer.model import DICT_STRING, dict_strings
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -40,12 +40,12 @@ if TYPE_CHECKING:
 COLUMNS = {
     "flops": pa.float64(),
     "bytes": pa.float64(),
-    "flops_source": pa.string(),
+    "flops_source": DICT_STRING,
     "achieved_tflops": pa.float64(),
     "achieved_tbps": pa.float64(),
     "pct_of_peak": pa.float64(),
     "intensity": pa.float64(),
-    "bound": pa.string(),
+    "bound": DICT_STRING,
 }
 _MISSING = object()
 BOUNDS = ("unknown", "compute", "memory", "latency", "invalid")
@@ -150,7 +150,7 @@ def run(analysis: Analysis, options: Options) -> None:
     cols["flops_source"] = source
     k = analysis.kernels
     for name, typ in COLUMNS.items():
-        arr = dict_strings(cols[name]) if typ == pa.string() else pa.array(cols[name], typ, from_pandas=True)
+        arr = dict_strings(cols[name]) if typ == DICT_STRING else pa.array(cols[name], typ, from_pandas=True)
         k = (
             k.set_column(k.schema.get_field_index(name), name, arr)
             if name in k.column_names

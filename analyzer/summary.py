@@ -75,14 +75,14 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
         "annotations": analysis.annotations_found,
         "totals": totals(df),
         "phases": {
-            p: phase_summary(_only(df, "phase", "category", *_RATE_COLUMNS), analysis, p)
+            p: phase_summary(only_columns(df, "phase", "category", *_RATE_COLUMNS), analysis, p)
             for p in PHASES
             if (df["phase"] == p).any()
         },
         "stages": stage_rows(
-            _only(df, "phase", "stage", "provider", "category", "count", *_RATE_COLUMNS), total
+            only_columns(df, "phase", "stage", "provider", "category", "count", *_RATE_COLUMNS), total
         ),
-        "providers": provider_rows(_only(df, "provider", "count", *_RATE_COLUMNS), total),
+        "providers": provider_rows(only_columns(df, "provider", "count", *_RATE_COLUMNS), total),
         "groups": group_rows(df),
         "top_kernels": top_kernels(df, total),
         "unclassified": unclassified(df, total),
@@ -106,7 +106,7 @@ _RATE_COLUMNS = (
 )
 
 
-def _only(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
+def only_columns(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
     """The frame narrowed to ``columns`` (those it has): group-by loops then slice only these,
     not every column of millions of kernels (no copy is made here: pandas copies on write)."""
     return df[[c for c in dict.fromkeys(columns) if c in df]]

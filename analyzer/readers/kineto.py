@@ -37,6 +37,9 @@ from analyzer.model import (
     KERNEL_SCHEMA,
     InputMeta,
     Trace,
+    dict_isin,
+    dict_strings,
+    launch_calls,
     table_from_columns,
 )
 
@@ -588,8 +591,8 @@ def _gpu_table(evs: list[_Event]) -> pa.Table:
         grid.append(a.grid)
         block.append(a.block)
     cols: dict[str, Any] = {
-        "name": _dict_strings(name),
-        "cat": _dict_strings(cat),
+        "name": dict_strings(name),
+        "cat": dict_strings(cat),
         "ts": _us_to_ns(ts),
         "dur": _us_to_ns(dur),
         "pid": _ints(pid),
@@ -626,10 +629,6 @@ def _float_to_int(a: np.ndarray) -> pa.Array:
     return pa.array(np.where(mask, 0, a).astype(np.int64), mask=mask)
 
 
-def _dict_strings(values: list[str | None]) -> pa.DictionaryArray:
-    return pa.array(values, pa.string()).dictionary_encode()
-
-
 _LINES = msgspec.json.Encoder()
 
 
@@ -661,7 +660,7 @@ def _op_table(evs: list[_Event]) -> pa.Table:
     n = len(evs)
     return pa.table(
         {
-            "name": _dict_strings(name),
+            "name": dict_strings(name),
             "category": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array(["cpu_op"])),
             "ts": _us_to_ns(ts),
             "dur": _us_to_ns(dur),
@@ -691,8 +690,8 @@ def _call_table(evs: list[_Event]) -> pa.Table:
     none = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.binary()))
     return pa.table(
         {
-            "name": _dict_strings(name),
-            "category": _dict_strings(cat),
+            "name": dict_strings(name),
+            "category": dict_strings(cat),
             "ts": _us_to_ns(ts),
             "dur": _us_to_ns(dur),
             "tid": _ints(tid),
@@ -755,8 +754,8 @@ def _clean_types(t: Any) -> list[str] | None:
 def _ann_table(evs: list[_Event]) -> pa.Table:
     return pa.table(
         {
-            "name": _dict_strings([e.name or "" for e in evs]),
-            "side": _dict_strings([_ANN_CATS[e.cat or ""] for e in evs]),
+            "name": dict_strings([e.name or "" for e in evs]),
+            "side": dict_strings([_ANN_CATS[e.cat or ""] for e in evs]),
             "ts": _us_to_ns([e.ts for e in evs]),
             "dur": _us_to_ns([e.dur for e in evs]),
         }
@@ -808,7 +807,7 @@ def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: i
     offset = 0
     while batches:
         b = batches.pop()
-        keep = pc.invert(_equals(b["category"], "cpu_op"))
+        keep = pa.array(~dict_isin(b["category"], ["cpu_op"]))
         if named is not None:
             keep = pc.or_(keep, named.slice(offset, b.num_rows).combine_chunks())
         offset += b.num_rows
@@ -817,7 +816,7 @@ def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: i
         nh = b.num_rows
         if nh == 0:
             continue
-        linked = _equals(b["category"], "cpu_op").to_numpy(zero_copy_only=False)
+        linked = dict_isin(b["category"], ["cpu_op"])
         codes = []
         cols: dict[str, Any] = {}
         for values, key, raw in zip(
@@ -844,15 +843,6 @@ def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: i
         del b
         out.append(table_from_columns(cols, HOST_OP_SCHEMA))
     return pa.concat_tables(out) if out else HOST_OP_SCHEMA.empty_table()
-
-
-def _equals(col: pa.Array, value: str) -> pa.Array:
-    """Row-wise ``col == value`` (nulls False) for a string or dictionary column."""
-    if isinstance(col, pa.DictionaryArray):
-        hit = pc.equal(col.dictionary, value).take(col.indices)
-    else:
-        hit = pc.equal(col.cast(pa.string()), value)
-    return pc.fill_null(hit, False)
 
 
 def _decoded_dictionary(col: pa.ChunkedArray, parse: Callable[[Any], Any], typ: pa.DataType) -> pa.Array:
@@ -1001,11 +991,7 @@ def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
     none = pa.nulls(n, pa.string()), pa.array(np.zeros(n, bool))
     if host.num_rows == 0 or corr.null_count == n:
         return none
-    calls = host.select(["category", "correlation", "name"])
-    cats = calls["category"].cast(pa.string())
-    launches = calls.filter(
-        pc.and_(pc.is_in(cats, pa.array(["runtime", "driver"])), pc.is_valid(calls["correlation"]))
-    )
+    launches = launch_calls(host, ["correlation", "name"])
     if launches.num_rows == 0:
         return none
     pos = pc.index_in(corr, value_set=launches["correlation"].combine_chunks())  # first match per correlation
