@@ -58,18 +58,13 @@ def read_traces(
     byte_progress: Callable[[int, int], None] | None = None,
 ) -> list[Trace]:
     """Read every file (see the module contract); ``cache``: True for the default folder, a folder, or off."""
-    if executor not in EXECUTORS:
-        raise UsageError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
-    if jobs is not None and jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    check_settings(executor, jobs, scheduler)
     cache_dir = cache_mod.resolve_dir(cache)
     paths = [str(f) for f in files]
     if executor == "dask":
         return _read_dask(paths, cache_dir, scheduler, jobs, progress)
-    if scheduler:
-        raise UsageError("--scheduler needs --executor dask")
-    jobs = plan_jobs(paths, jobs)
-    if jobs > 1 and _workers_can_start():
+    jobs = pool_jobs(paths, jobs)
+    if jobs > 1:
         try:
             return _read_pool(paths, cache_dir, jobs, progress)
         except BrokenProcessPool:
@@ -80,6 +75,16 @@ def read_traces(
             progress(p, i, len(paths))
         out.append(cache_mod.load_trace(p, cache_dir, byte_progress))
     return out
+
+
+def check_settings(executor: str, jobs: int | None, scheduler: str | None) -> None:
+    """UsageError for an unknown executor, fewer than one job, or a scheduler without Dask."""
+    if executor not in EXECUTORS:
+        raise UsageError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+    if scheduler and executor != "dask":
+        raise UsageError("--scheduler needs --executor dask")
 
 
 def plan_jobs(paths: Sequence[str], jobs: int | None) -> int:
@@ -119,19 +124,42 @@ def _start_method() -> str:
 def _read_pool(
     paths: list[str], cache_dir: Path | None, jobs: int, progress: ProgressFn | None
 ) -> list[Trace]:
-    ctx = multiprocessing.get_context(_start_method())
     with tempfile.TemporaryDirectory(prefix="lkm-parse-") as scratch:
         target = str(cache_dir) if cache_dir is not None else scratch
         lookup = cache_dir is not None
-        results: list[tuple[str, str] | None] = [None] * len(paths)
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_one_reader_process) as pool:
-            futures = {pool.submit(cache_mod.parse_into, p, target, lookup): i for i, p in enumerate(paths)}
+        results = pool_map(cache_mod.parse_into, [(p, target, lookup) for p in paths], paths, jobs, progress)
+        return [_collect(p, r, cache_dir) for p, r in zip(paths, results, strict=True)]
+
+
+def pool_map(
+    fn: Callable[..., Any],
+    args: Sequence[tuple[Any, ...]],
+    labels: Sequence[str],
+    jobs: int,
+    progress: ProgressFn | None,
+) -> list[Any]:
+    """``[fn(*a) for a in args]`` in a pool of ``jobs`` fresh processes, in order; ``progress``
+    hears of each as it completes. Raises ``BrokenProcessPool`` when a worker dies."""
+    ctx = multiprocessing.get_context(_start_method())
+    results: list[Any] = [None] * len(args)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_one_reader_process) as pool:
+        futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+        try:
             for done, fut in enumerate(as_completed(futures)):
                 i = futures[fut]
                 results[i] = fut.result()
                 if progress:
-                    progress(paths[i], done, len(paths))
-        return [_collect(p, r, cache_dir) for p, r in zip(paths, results, strict=True)]
+                    progress(labels[i], done, len(args))
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return results
+
+
+def pool_jobs(paths: Sequence[str], jobs: int | None) -> int:
+    """Processes a local pool would use for ``paths`` (see :func:`plan_jobs`); 1: read here."""
+    n = plan_jobs(paths, jobs)
+    return n if n > 1 and _workers_can_start() else 1
 
 
 def _one_reader_process() -> None:
@@ -164,24 +192,12 @@ def _read_dask(
     jobs: int | None,
     progress: ProgressFn | None,
 ) -> list[Trace]:
-    try:
-        from dask.distributed import as_completed as dask_completed
-    except ImportError:
-        raise UsageError(
-            "--executor dask needs dask.distributed: pip install 'llm-kernel-map[dask]'"
-        ) from None
     with dask_client(scheduler, jobs or default_jobs(len(paths))) as client:
         if cache_dir is not None:
             futures = [client.submit(dask_parse, p, str(cache_dir), pure=False) for p in paths]
         else:
             futures = [client.submit(dask_tables, p, None, pure=False) for p in paths]
-        index = {f.key: i for i, f in enumerate(futures)}
-        results: list[Any] = [None] * len(paths)
-        for done, fut in enumerate(dask_completed(futures)):
-            i = index[fut.key]
-            results[i] = fut.result()
-            if progress:
-                progress(paths[i], done, len(paths))
+        results = dask_gather(futures, paths, progress)
         out = []
         for p, r in zip(paths, results, strict=True):
             trace = _from_dask(p, r)
@@ -193,11 +209,29 @@ def _read_dask(
         return out
 
 
+def dask_gather(futures: Sequence[Any], labels: Sequence[str], progress: ProgressFn | None) -> list[Any]:
+    """The results of Dask ``futures`` in order; ``progress`` hears of each as it completes."""
+    from dask.distributed import as_completed as dask_completed
+
+    index = {f.key: i for i, f in enumerate(futures)}
+    results: list[Any] = [None] * len(futures)
+    for done, fut in enumerate(dask_completed(futures)):
+        i = index[fut.key]
+        results[i] = fut.result()
+        if progress:
+            progress(labels[i], done, len(futures))
+    return results
+
+
 @contextlib.contextmanager
 def dask_client(scheduler: str | None, workers: int, timeout: str = "30s") -> Iterator[Any]:
     """A ``dask.distributed`` client of the scheduler at ``scheduler``, else of a local cluster."""
-    from dask.distributed import Client, LocalCluster
-
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise UsageError(
+            "--executor dask needs dask.distributed: pip install 'llm-kernel-map[dask]'"
+        ) from None
     if scheduler:
         try:
             client = Client(scheduler, timeout=timeout)

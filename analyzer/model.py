@@ -244,24 +244,28 @@ def unify(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
 
 def concat_traces(traces: Sequence[Trace]) -> Trace:
     """Join several inputs into one run, renumbering ``trace_id`` in order (DESIGN §6)."""
-    ks, hs, as_, metas, warns = [], [], [], [], []
-    for i, t in enumerate(traces):
-        ks.append(_with_trace_id(t.kernels, i))
-        hs.append(_with_trace_id(t.host_ops, i))
-        as_.append(_with_trace_id(t.annotations, i))
-        for m in t.inputs:
-            metas.append(dataclasses.replace(m, trace_id=i))
-        warns.extend(t.warnings)
+    traces = [with_trace_id(t, i) for i, t in enumerate(traces)]
     return Trace(
-        kernels=unify(ks, KERNEL_SCHEMA),
-        host_ops=unify(hs, HOST_OP_SCHEMA),
-        annotations=unify(as_, ANNOTATION_SCHEMA),
-        inputs=metas,
-        warnings=warns,
+        kernels=unify([t.kernels for t in traces], KERNEL_SCHEMA),
+        host_ops=unify([t.host_ops for t in traces], HOST_OP_SCHEMA),
+        annotations=unify([t.annotations for t in traces], ANNOTATION_SCHEMA),
+        inputs=[m for t in traces for m in t.inputs],
+        warnings=[w for t in traces for w in t.warnings],
+    )
+
+
+def with_trace_id(trace: Trace, trace_id: int) -> Trace:
+    """``trace`` as input ``trace_id`` of a run (its tables and inputs renumbered)."""
+    return dataclasses.replace(
+        trace,
+        kernels=_with_trace_id(trace.kernels, trace_id),
+        host_ops=_with_trace_id(trace.host_ops, trace_id),
+        annotations=_with_trace_id(trace.annotations, trace_id),
+        inputs=[dataclasses.replace(m, trace_id=trace_id) for m in trace.inputs],
     )
 
 
 def _with_trace_id(table: pa.Table, trace_id: int) -> pa.Table:
     idx = table.schema.get_field_index("trace_id")
-    col = pa.array([trace_id] * table.num_rows, pa.int16())
+    col = pa.array(np.full(table.num_rows, trace_id, np.int16))
     return table.set_column(idx, "trace_id", col)

@@ -179,6 +179,13 @@ def step_annotations(annotations: pa.Table) -> tuple[list[StepAnnotation], list[
 
 
 def run(analysis: Analysis, options: Options) -> None:
+    label(analysis, options)
+    analysis.warnings.extend(coverage_warnings(analysis.kernels))
+
+
+def label(analysis: Analysis, options: Options) -> None:
+    """Phase, step and tokens of every kernel, and the steps table: the per-trace part of :func:`run`
+    (each input's steps depend on that input alone, so inputs may be labelled apart and joined)."""
     kernels = analysis.kernels
     anns, engines = step_annotations(analysis.trace.annotations)
     analysis.annotations_found = engines
@@ -195,6 +202,24 @@ def run(analysis: Analysis, options: Options) -> None:
         else:
             kernels = kernels.append_column(name, arr)
     analysis.kernels = kernels
+
+
+def coverage_warnings(kernels: pa.Table) -> list[str]:
+    """What the labelled run leaves without a phase: totals-only rows, activity outside every step."""
+    out = []
+    agg = kernels["aggregate"].to_numpy(zero_copy_only=False)
+    if agg.any():
+        out.append(f"{int(agg.sum())} kernel rows are totals only (no timeline): no step or phase")
+    outside = kernels["step"].to_numpy(zero_copy_only=False) < 0
+    if outside.any() and (~outside).any():
+        dur = kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.int64)
+        share = dur[outside].sum() / max(dur.sum(), 1)
+        if share > 0.001:
+            out.append(
+                f"{int(outside.sum())} GPU activities ({100 * share:.1f}% of kernel time) are outside "
+                "every step (phase unknown)"
+            )
+    return out
 
 
 STEP_COLUMNS = [
@@ -215,7 +240,8 @@ STEP_COLUMNS = [
 def split_phases(
     kernels: pa.Table, host_ops: pa.Table, anns: list[StepAnnotation]
 ) -> tuple[list[str], np.ndarray, list[int | None], pd.DataFrame, list[str]]:
-    """Per-kernel phase, step and tokens, plus the steps table and warnings."""
+    """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
+    (:func:`coverage_warnings` adds those of the whole run)."""
     n = kernels.num_rows
     phase = ["unknown"] * n
     step = np.full(n, -1, np.int64)
@@ -255,16 +281,6 @@ def split_phases(
         else:
             rows = _steps_from_structure(idx, df, kernels, host_ops, step, phase, tokens, tid)
         step_rows.extend(rows)
-    if df["agg"].any():
-        warnings.append(f"{int(df['agg'].sum())} kernel rows are totals only (no timeline): no step or phase")
-    outside = step < 0
-    if outside.any() and (~outside).any():
-        share = df["dur"][outside].sum() / max(df["dur"].sum(), 1)
-        if share > 0.001:
-            warnings.append(
-                f"{int(outside.sum())} GPU activities ({100 * share:.1f}% of kernel time) are outside "
-                "every step (phase unknown)"
-            )
     steps = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     return phase, step, tokens, steps, warnings
 

@@ -87,21 +87,83 @@ def analyze_trace(trace: Trace, options: Options | None = None, *, keep_host_ops
     (the CLI, which holds no other reference to the trace) ``analysis.trace`` loses them after the
     roofline, so the summary's frames are built without them in memory (~750 MB for a 10 GB trace).
     """
-    from analyzer import classify, findings, phases, roofline
+    from analyzer import classify
 
     options = options or Options()
     analysis = Analysis(trace=trace, kernels=trace.kernels, warnings=list(trace.warnings))
-    classify.run(analysis, options)
-    phases.run(analysis, options)
-    roofline.run(analysis, options)
+    analyze_inputs(analysis, options)
     if not keep_host_ops:
         del trace
         analysis.trace = dataclasses.replace(
             analysis.trace, host_ops=analysis.trace.host_ops.schema.empty_table()
         )
         classify.forget_launching_ops()
-    findings.run(analysis, options)
+    finish_run(analysis, options)
     return analysis
+
+
+def analyze_inputs(analysis: Analysis, options: Options) -> None:
+    """The steps whose result for each input depends on that input alone (and on the run's GPU and
+    world size): classification, phases and the roofline. They may run on each input apart
+    (:mod:`analyzer.parts`) and be joined."""
+    from analyzer import classify, phases, roofline
+
+    classify.run(analysis, options)
+    phases.label(analysis, options)
+    roofline.measure(analysis, options)
+
+
+def finish_run(analysis: Analysis, options: Options) -> None:
+    """The steps that need the whole run: its warnings and the findings."""
+    from analyzer import findings, phases, roofline
+
+    analysis.warnings.extend(phases.coverage_warnings(analysis.kernels))
+    analysis.warnings.extend(roofline.rate_warnings(analysis))
+    findings.run(analysis, options)
+
+
+def analyze_run(
+    paths: Sequence[str],
+    options: Options | None = None,
+    *,
+    progress: ProgressFn | None = None,
+    byte_progress: Callable[[int, int], None] | None = None,
+    jobs: int | None = None,
+    cache: bool | str | os.PathLike[str] | None = False,
+    executor: str = "local",
+    scheduler: str | None = None,
+) -> Analysis:
+    """Load and analyse the inputs of one run, as the CLI does: host ops are dropped once used.
+
+    When the inputs are parsed in worker processes (several files: ranks of a run, see
+    :func:`load_inputs`), each worker also runs :func:`analyze_inputs` on its input, so only the
+    joined warnings and findings run here (:mod:`analyzer.parts`); the result equals that of
+    ``analyze_trace(load_inputs(...), keep_host_ops=False)``.
+    """
+    from analyzer import parts
+
+    options = options or Options()
+    files = list(paths)
+    joined = parts.analyze_parts(
+        files, options, jobs=jobs, cache=cache, executor=executor, scheduler=scheduler, progress=progress
+    )
+    if joined is not None:
+        finish_run(joined, options)
+        return joined
+    # no local name for the trace: the analysis may then free its host ops once they are used
+    return analyze_trace(
+        load_inputs(
+            files,
+            progress=progress,
+            byte_progress=byte_progress,
+            jobs=jobs,
+            cache=cache,
+            executor=executor,
+            scheduler=scheduler,
+        ),
+        options,
+        keep_host_ops=False,
+    )
 
 
 def analyze_paths(

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer import architectures, hardware
-from analyzer.model import DICT_STRING, dict_strings
+from analyzer.model import DICT_STRING, dict_isin, dict_strings, objects
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -130,12 +130,15 @@ GATHER_OPS = {"aten::index_select", "aten::embedding"}
 
 
 def run(analysis: Analysis, options: Options) -> None:
+    measure(analysis, options)
+    analysis.warnings.extend(rate_warnings(analysis))
+
+
+def measure(analysis: Analysis, options: Options) -> None:
+    """Work, rates and bound of every kernel: the per-trace part of :func:`run`. Inputs measured
+    apart agree with the joined run when they resolve to the same GPU and world size."""
     spec, reason = resolve_gpu(analysis, options.gpu)
     analysis.gpu = gpu_summary(spec, reason)
-    if spec is None:
-        analysis.warnings.append(
-            f"GPU not known to rules/hardware.toml ({reason}): times only, no bounds (use --gpu NAME)"
-        )
     model = None
     if options.model:
         model = architectures.load_model(options.model)
@@ -144,7 +147,7 @@ def run(analysis: Analysis, options: Options) -> None:
         analysis.kernels,
         analysis.trace.host_ops,
         model,
-        world_size=max(m.world_size for m in analysis.trace.inputs),
+        world_size=world_size(analysis.trace.inputs),
     )
     cols = rates(analysis.kernels["dur_ns"].to_numpy(zero_copy_only=False), flops, nbytes, dtype, spec)
     cols["flops_source"] = source
@@ -157,27 +160,47 @@ def run(analysis: Analysis, options: Options) -> None:
             else k.append_column(name, arr)
         )
     analysis.kernels = k
-    invalid = np.asarray(cols["bound"] == "invalid")
-    if invalid.any():
-        names = pd.Series(k["norm_name"].to_pylist())[invalid].value_counts()
-        top = "; ".join(f"{n[:60]} (x{c})" for n, c in names.head(3).items())
-        analysis.warnings.append(
-            f"{int(invalid.sum())} kernels exceed a peak of {spec.name if spec else '?'} "
-            f"(bound=invalid, rates not trusted): {top}"
-        )
+
+
+def world_size(inputs: Sequence[Any]) -> int:
+    """The run's world size: collectives move data across this many ranks."""
+    return max(m.world_size for m in inputs)
+
+
+def rate_warnings(analysis: Analysis) -> list[str]:
+    """An unknown GPU, and kernels measured faster than the GPU's peaks, over the whole run."""
+    gpu = analysis.gpu or {}
+    if gpu.get("name") is None:
+        return [
+            f"GPU not known to rules/hardware.toml ({gpu.get('reason')}): times only, no bounds (use --gpu NAME)"
+        ]
+    invalid = dict_isin(analysis.kernels["bound"], ["invalid"])
+    if not invalid.any():
+        return []
+    names = pd.Series(objects(analysis.kernels["norm_name"]))[invalid].value_counts()
+    top = "; ".join(f"{n[:60]} (x{c})" for n, c in names.head(3).items())
+    return [
+        f"{int(invalid.sum())} kernels exceed a peak of {gpu['name']} "
+        f"(bound=invalid, rates not trusted): {top}"
+    ]
 
 
 def resolve_gpu(analysis: Analysis, override: str | None) -> tuple[hardware.GpuSpec | None, str]:
     if override:
-        spec = hardware.find_gpu(override)
-        if spec is None:
-            from analyzer.errors import UsageError
-
-            known = ", ".join(sorted(hardware.load_hardware()))
-            raise UsageError(f"--gpu {override!r} is not in rules/hardware.toml (known: {known})")
-        return spec, f"--gpu {override}"
+        return gpu_override(override), f"--gpu {override}"
     m = analysis.trace.inputs[0]
     return hardware.detect_gpu(m.gpu_name, m.arch, m.sm_count, m.total_memory)
+
+
+def gpu_override(name: str) -> hardware.GpuSpec:
+    """The GPU named by ``--gpu``; UsageError when rules/hardware.toml does not know it."""
+    spec = hardware.find_gpu(name)
+    if spec is None:
+        from analyzer.errors import UsageError
+
+        known = ", ".join(sorted(hardware.load_hardware()))
+        raise UsageError(f"--gpu {name!r} is not in rules/hardware.toml (known: {known})")
+    return spec
 
 
 def gpu_summary(spec: hardware.GpuSpec | None, reason: str) -> dict[str, Any]:

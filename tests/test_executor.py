@@ -10,7 +10,7 @@ import pytest
 from analyzer import executor
 from analyzer.errors import InputError, UsageError
 from analyzer.model import Trace
-from analyzer.pipeline import analyze_trace, load_inputs
+from analyzer.pipeline import analyze_run, analyze_trace, load_inputs
 from analyzer.summary import build_summary
 from tests.conftest import H200_TP2
 
@@ -84,6 +84,15 @@ def test_dask_summary_equals_local_summary(cluster, local: Trace) -> None:
     assert a["totals"] == b["totals"]
     assert a["ranks"] == b["ranks"]
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_dask_workers_analyse_each_input_like_a_local_run(cluster) -> None:
+    from tests.test_parts import assert_same_analysis, serial
+
+    # GIVEN rank traces analysed input by input on the cluster (the CLI's path with --executor dask)
+    got = analyze_run(PATHS, executor="dask", scheduler=cluster.scheduler_address)
+    # THEN every number is the local serial run's
+    assert_same_analysis(serial(PATHS), got)
 
 
 def test_dask_cache_not_visible_here_falls_back_to_ipc(

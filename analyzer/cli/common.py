@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from analyzer.errors import UsageError
-from analyzer.pipeline import Analysis, Options, analyze_trace, load_inputs
+from analyzer.pipeline import Analysis, Options, analyze_run
 
 
 def shared_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -145,11 +145,10 @@ def _byte_progress() -> Callable[[int, int], None] | None:
 
 def run_analysis(traces: tuple[str, ...], options: Options) -> Analysis:
     """Load and analyse the inputs as one run, showing progress on a terminal."""
-    # no local name for the trace: the analysis may then free its host ops once they are used
-    return analyze_trace(
-        load_inputs(
-            list(traces), progress=_progress_printer(), byte_progress=_byte_progress(), **scale_settings()
-        ),
+    return analyze_run(
+        list(traces),
         options,
-        keep_host_ops=False,
+        progress=_progress_printer(),
+        byte_progress=_byte_progress(),
+        **scale_settings(),
     )

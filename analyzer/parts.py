@@ -1,0 +1,184 @@
+"""A run of several inputs analysed input by input in worker processes, then joined.
+
+Classification, phases and the roofline label each input from that input alone
+(:func:`analyzer.pipeline.analyze_inputs`), so the workers that parse the rank traces of a run also
+analyse them, on every CPU, and this process only joins the labelled kernels and runs what needs the
+whole run (warnings over all inputs, findings, the summary). Contract: :func:`analyze_parts` gives
+what ``analyze_trace(load_inputs(files), options, keep_host_ops=False)`` gives (a test compares
+them), or None when it cannot, and the caller then takes that serial path:
+
+* the files are too few or too small for worker processes (:func:`analyzer.executor.pool_jobs`),
+  or a worker died;
+* the inputs do not agree on what the roofline takes from the run as a whole: the GPU (taken from the
+  first input) and the world size (the largest of any input).
+
+Like the reader's workers, these take path strings and plain options and hand back Arrow IPC bytes
+and JSON, nothing pickled from a trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from analyzer import cache as cache_mod
+from analyzer import executor as executor_mod
+from analyzer.model import (
+    ANNOTATION_SCHEMA,
+    HOST_OP_SCHEMA,
+    KERNEL_SCHEMA,
+    InputMeta,
+    Trace,
+    unify,
+    with_trace_id,
+)
+from analyzer.pipeline import Analysis, Options, ProgressFn, analyze_inputs
+
+
+def analyze_parts(
+    files: Sequence[str | os.PathLike[str]],
+    options: Options,
+    *,
+    jobs: int | None = None,
+    cache: bool | str | os.PathLike[str] | None = False,
+    executor: str = "local",
+    scheduler: str | None = None,
+    progress: ProgressFn | None = None,
+) -> Analysis | None:
+    """The run of ``files`` (directories expand to the traces inside) with every input analysed in a
+    worker; None: take the serial path (one input, or see the module contract).
+
+    The findings and the run's warnings are left to :func:`analyzer.pipeline.finish_run`.
+    """
+    from analyzer.readers import expand_inputs
+
+    executor_mod.check_settings(executor, jobs, scheduler)
+    paths = [str(f) for f in expand_inputs([str(f) for f in files])]
+    if len(paths) < 2:
+        return None
+    plain = _plain_options(options)  # a bad --gpu, --model or rules file fails here, not in a worker
+    cache_dir = cache_mod.resolve_dir(cache)
+    folder = str(cache_dir) if cache_dir is not None else None
+    args = [(p, i, folder, plain) for i, p in enumerate(paths)]
+    if executor == "dask":
+        with executor_mod.dask_client(scheduler, jobs or executor_mod.default_jobs(len(paths))) as client:
+            futures = [client.submit(analyze_part, *a, pure=False) for a in args]
+            results = executor_mod.dask_gather(futures, paths, progress)
+    else:
+        n = executor_mod.pool_jobs(paths, jobs)
+        if n < 2:
+            return None
+        try:
+            results = executor_mod.pool_map(analyze_part, args, paths, n, progress)
+        except BrokenProcessPool:
+            return None  # a worker died (killed for memory?): the serial path reads one file at a time
+    return join_parts(results, options)
+
+
+def _plain_options(options: Options) -> dict[str, Any]:
+    """``options`` as plain data for a worker, checked here; rule files as absolute paths."""
+    from analyzer import architectures, roofline, rules
+
+    rules.load_rules(list(options.rules))
+    if options.gpu:
+        roofline.gpu_override(options.gpu)
+    if options.model:
+        architectures.load_model(options.model)
+    plain = dataclasses.asdict(options)
+    plain["rules"] = [str(Path(r).resolve()) for r in options.rules]
+    return plain
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str, Any]) -> tuple[str, Any]:
+    """Worker task: read ``path`` (through the cache) as input ``index`` of a run and analyse it.
+
+    ``("part", {"kernels": IPC bytes, "annotations": IPC bytes, "meta": JSON})``, or
+    ``("error", message)`` for bad input.
+    """
+    from analyzer import classify, roofline
+    from analyzer.errors import AnalyzerError
+
+    try:
+        trace = with_trace_id(cache_mod.load_trace(path, Path(cache_dir) if cache_dir else None), index)
+    except AnalyzerError as e:
+        return "error", str(e)
+    analysis = Analysis(trace=trace, kernels=trace.kernels)
+    analyze_inputs(analysis, Options(**options))
+    classify.forget_launching_ops()  # the memo holds this input's host ops
+    steps = analysis.steps if analysis.steps is not None else pd.DataFrame()
+    meta = {
+        "inputs": [m.to_dict() for m in trace.inputs],
+        "reader_warnings": trace.warnings,
+        "warnings": analysis.warnings,
+        "steps": steps.to_dict("records"),
+        "annotations_found": analysis.annotations_found,
+        "gpu": analysis.gpu,
+        "world_size": roofline.world_size(trace.inputs),
+        "rules_sha256": analysis.rules_sha256,
+    }
+    return "part", {
+        "kernels": _ipc(analysis.kernels),
+        "annotations": _ipc(trace.annotations),
+        "meta": json.dumps(meta),
+    }
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _table(data: bytes) -> pa.Table:
+    with pa.ipc.open_stream(pa.py_buffer(data)) as r:
+        return r.read_all()
+
+
+# --------------------------------------------------------------------------- joining
+
+
+def join_parts(results: Sequence[tuple[str, Any]], options: Options) -> Analysis | None:
+    """The run made of the analysed inputs, in order; None when they disagree on the GPU or world size."""
+    from analyzer import architectures, phases
+    from analyzer.errors import InputError
+
+    for status, value in results:
+        if status == "error":
+            raise InputError(value)
+    payloads = [value for _, value in results]
+    metas = [json.loads(p["meta"]) for p in payloads]
+    world = max(m["world_size"] for m in metas)
+    if any(m["gpu"] != metas[0]["gpu"] or m["world_size"] != world for m in metas):
+        return None
+    kernels = pa.concat_tables([_table(p["kernels"]) for p in payloads], promote_options="default")
+    kernels = kernels.unify_dictionaries().combine_chunks()
+    reader_warnings = [w for m in metas for w in m["reader_warnings"]]
+    trace = Trace(
+        kernels=kernels.select(KERNEL_SCHEMA.names),
+        host_ops=HOST_OP_SCHEMA.empty_table(),
+        annotations=unify([_table(p["annotations"]) for p in payloads], ANNOTATION_SCHEMA),
+        inputs=[InputMeta(**i) for m in metas for i in m["inputs"]],
+        warnings=reader_warnings,
+    )
+    return Analysis(
+        trace=trace,
+        kernels=kernels,
+        steps=pd.DataFrame([r for m in metas for r in m["steps"]], columns=phases.STEP_COLUMNS),
+        gpu=metas[0]["gpu"],
+        model=architectures.load_model(options.model) if options.model else None,
+        warnings=reader_warnings + [w for m in metas for w in m["warnings"]],
+        annotations_found=sorted({e for m in metas for e in m["annotations_found"]}),
+        rules_sha256=metas[0]["rules_sha256"],
+    )
