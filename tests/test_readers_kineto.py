@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +172,22 @@ def _counting(fn, calls: list):
         return fn(*a, **k)
 
     return wrapped
+
+
+def test_parallel_gzip_cut_short_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a gzip trace cut in the middle, read by workers in small chunks (held in memfds)
+    data = gzip.compress(gzip.decompress(H200_TRACES[0].read_bytes()))
+    p = _write(tmp_path, "cut.json.gz", data[: len(data) * 2 // 3])
+    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
+    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 256 << 10)
+    used = []
+    monkeypatch.setattr(kineto_parallel, "_collect", _counting(kineto_parallel._collect, used))
+    fds = len(os.listdir("/proc/self/fd"))
+    # THEN the workers took some chunks, the damage is one InputError, and no chunk file stays open
+    with pytest.raises(InputError, match="gzip|truncated"):
+        read_trace(p)
+    assert used, "the parallel path was not taken"
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_parallel_cut_inside_a_string_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

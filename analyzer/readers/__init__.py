@@ -12,17 +12,16 @@ Readers raise :class:`analyzer.errors.InputError` with one clear sentence for ba
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import importlib
 import os
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 from analyzer.errors import InputError
 from analyzer.model import Trace
+from analyzer.readers import gz
 
 # Order matters only when two readers would accept the same bytes; the most specific goes first.
 _READER_MODULES = (
@@ -55,11 +54,11 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
     """First ``n`` bytes of a file, decompressed when it is gzip."""
     with open(path, "rb") as f:
         raw = f.read(n)
-    if raw[:2] == b"\x1f\x8b":
+    if raw[:2] == gz.MAGIC:
         try:
-            with gzip.open(path, "rb") as g:
+            with open(path, "rb") as f, gz.reader(f) as g:
                 return g.read(n)
-        except (OSError, EOFError, zlib.error) as e:
+        except gz.ERRORS as e:
             raise InputError(f"{path}: corrupt gzip file ({e})") from None
     return raw
 

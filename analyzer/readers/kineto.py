@@ -15,11 +15,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import gzip
 import hashlib
 import io
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Union
@@ -42,6 +40,7 @@ from analyzer.model import (
     launch_calls,
     table_from_columns,
 )
+from analyzer.readers import gz
 
 FORMAT = "kineto"
 READER_VERSION = "5"
@@ -254,15 +253,15 @@ def _open(path: Path) -> tuple[io.BufferedIOBase, _Hashing]:
     with open(path, "rb") as f:
         magic = f.read(2)
     raw = _Hashing(path)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=io.BufferedReader(raw, 1 << 20), mode="rb"), raw  # type: ignore[return-value]
+    if magic == gz.MAGIC:
+        return gz.reader(io.BufferedReader(raw, 1 << 20)), raw
     return io.BufferedReader(raw, 1 << 20), raw  # type: ignore[return-value]
 
 
 def _read_block(f: io.BufferedIOBase, path: Path) -> bytes:
     try:
         return f.read(READ_BYTES)
-    except (OSError, EOFError, zlib.error) as e:
+    except gz.ERRORS as e:
         raise InputError(f"{path}: corrupt or truncated gzip file ({e})") from None
 
 

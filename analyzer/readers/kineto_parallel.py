@@ -9,8 +9,8 @@ ranges and paths one way and Arrow IPC bytes the other.
 
 * plain files: workers read their own ranges (``pread``), this process only probes for the cuts and
   hashes the file in a thread;
-* gzip: this process decompresses (and hashes the compressed bytes) into a temporary file, mostly
-  in the page cache, whose ranges the workers read as they are written (nothing big crosses a pipe).
+* gzip: this process decompresses (and hashes the compressed bytes); each chunk goes into an
+  in-memory file the workers read like a plain file's range (nothing big crosses a pipe or a disk).
 
 A cut is a ``}`` ``,`` ``{`` sequence found near each multiple of ``chunk_bytes``. If it lies
 inside a string or a nested object, the text before it does not close as an array, so the worker's
@@ -19,12 +19,10 @@ decode fails and the whole file goes the sequential way: a wrong cut never yield
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -87,44 +85,48 @@ def stream(
     event) or None; ``add`` receives each chunk's tables in file order.
     """
     ctx = multiprocessing.get_context("fork")
-    pending: list[tuple[Future[Any], int]] = []
+    pending: list[tuple[Future[Any], int, tuple[str, int, int]]] = []
     head: bytes | None = None
-    last: Future[Any] | None = None
-    last_done = 0
+    last: tuple[Future[Any], int, tuple[str, int, int]] | None = None
     sha = ""
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker)
-    stack = contextlib.ExitStack()  # the gzip spill file lives until every worker is done
+    files = _Memfds()  # gzip: the decompressed chunks, kept until their workers are done
+
+    def collect(item: tuple[Future[Any], int, tuple[str, int, int]]) -> bytes:
+        tail = _collect(item[:2], add, progress)
+        if gz:
+            files.release(item[2])
+        return tail
+
     try:
         # fork every worker now, before the hashing thread starts: a fork copies no other thread
         pool.submit(_init_worker).result()
         if gz:
-            spill = stack.enter_context(tempfile.NamedTemporaryFile(prefix="lkm-", suffix=".json"))
-            pieces = _gzip_pieces(path, find_events, chunk_bytes, spill)
+            pieces = _gzip_pieces(path, find_events, chunk_bytes, files)
         else:
             pieces = _file_pieces(path, find_events, chunk_bytes)
         for kind, value, done in pieces:
             if kind == "prefix":
                 head = value
             elif kind == "task":
-                pending.append((pool.submit(_work, value), done))
+                pending.append((pool.submit(_work, value), done, value))
                 # collect in file order as results arrive; a few chunks in flight at most
                 while len(pending) > 2 * jobs + 2 or (pending and pending[0][0].done()):
-                    _collect(pending.pop(0), add, progress)
+                    collect(pending.pop(0))
             elif kind == "last":
-                last = pool.submit(_work, value, True)
-                last_done = done
+                last = (pool.submit(_work, value, True), done, value)
             elif kind == "sha":
                 sha = value
         while pending:
-            _collect(pending.pop(0), add, progress)
+            collect(pending.pop(0))
         if last is None:
             raise Fallback("no last chunk")
-        tail = _collect((last, last_done), add, progress)
+        tail = collect(last)
     except BrokenProcessPool:
         raise Fallback("a worker died") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        stack.close()
+        files.close()
     return head, tail, sha
 
 
@@ -192,60 +194,94 @@ class _FileHasher(threading.Thread):
             self.error = e
 
 
-def _gzip_pieces(
-    path: Path, find_events: Callable[[bytes], tuple[bytes | None, int] | None], chunk: int, spill: Any
-) -> Iterator[tuple[str, Any, int]]:
-    """The same pieces for a gzip file: this process decompresses into the ``spill`` file (the page
-    cache, mostly) and the workers read their ranges from it, as from a plain file."""
-    import zlib
+class _Memfds:
+    """Decompressed chunks for the workers, each in an in-memory file (``memfd``) they open as
+    ``/proc/<this pid>/fd/<n>``. A file is written again once its task is collected, so its pages are
+    allocated once: at most a few chunks exist at a time, and nothing goes to disk (a spill file cost
+    ~2 s of system time per GB here)."""
 
+    def __init__(self) -> None:
+        self.free: list[int] = []
+        self.fds: list[int] = []
+
+    def put(self, data: memoryview) -> tuple[str, int, int]:
+        """A task range (path, 0, size) holding ``data``."""
+        if self.free:
+            fd = self.free.pop()
+        else:
+            try:
+                fd = os.memfd_create("lkm-chunk", os.MFD_CLOEXEC)
+            except (AttributeError, OSError) as e:
+                raise Fallback(f"no in-memory file for a chunk ({e})") from None
+            self.fds.append(fd)
+        done = 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], done)
+        return f"/proc/{os.getpid()}/fd/{fd}", 0, len(data)
+
+    def release(self, task: tuple[str, int, int]) -> None:
+        """The worker of ``task`` is done with its file: it may hold the next chunk."""
+        self.free.append(int(task[0].rsplit("/", 1)[1]))
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+        self.free.clear()
+
+
+def _gzip_pieces(
+    path: Path, find_events: Callable[[bytes], tuple[bytes | None, int] | None], chunk: int, files: _Memfds
+) -> Iterator[tuple[str, Any, int]]:
+    """The same pieces for a gzip file: this process decompresses, and each chunk goes to the workers
+    in one of ``files``."""
+    from analyzer.readers import gz
     from analyzer.readers.kineto import _open
 
     g, raw = _open(path)
+    # one buffer for the whole file: growing and shrinking a bytearray per chunk made the allocator
+    # return and fault in its pages again (~3 s of system time per GB)
+    buf = bytearray(3 * chunk + PROBE_BYTES)
+    view = memoryview(buf)
+    fill = 0  # decompressed bytes in buf, not yet handed out beyond pos
     try:
-        buf = bytearray()  # decompressed bytes not yet written to the spill file
-        base = 0  # offset of buf[0] in the spill file
 
         def more() -> bool:
+            nonlocal fill
             try:
                 block = g.read(chunk)
-            except (OSError, EOFError, zlib.error) as e:
+            except gz.ERRORS as e:
                 raise Fallback(f"gzip: {e}") from None
-            buf.extend(block)
+            view[fill : fill + len(block)] = block
+            fill += len(block)
             return bool(block)
 
         eof = not more()
-        found = find_events(bytes(buf[:PROBE_BYTES]))
+        found = find_events(bytes(view[: min(fill, PROBE_BYTES)]))
         if found is None:
             raise Fallback("no traceEvents array near the start")
         prefix, pos = found
         yield "prefix", prefix, 0
         rx = _boundary()
-        name = spill.name
         while True:
-            while len(buf) - pos < 2 * chunk and not eof:
+            while fill - pos < 2 * chunk and not eof:
                 eof = not more()
-            if len(buf) - pos < 2 * chunk:
+            if fill - pos < 2 * chunk:
                 break
-            m = rx.search(buf, pos + chunk)
+            m = rx.search(buf, pos + chunk, fill)
             if m is None:
                 raise Fallback("no event boundary in a chunk")
-            cut = m.start() + 1
-            spill.write(memoryview(buf)[:cut])
-            spill.flush()
-            yield "task", (name, base + pos, base + cut), raw.tell()
+            yield "task", files.put(view[pos : m.start() + 1]), raw.tell()
             nxt = m.end() - 1
-            spill.write(memoryview(buf)[cut:nxt])
-            base += nxt
-            del buf[:nxt]
+            view[: fill - nxt] = view[nxt:fill]  # the rest moves to the front (memmove)
+            fill -= nxt
             pos = 0
-        spill.write(buf)
-        spill.flush()
-        yield "last", (name, base + pos, base + len(buf)), raw.tell()
+        yield "last", files.put(view[pos:fill]), raw.tell()
         while raw.readinto(bytearray(1 << 20)):  # bytes after the gzip stream, if any
             pass
         yield "sha", raw.sha.hexdigest(), raw.tell()
     finally:
+        view.release()
         g.close()
         raw.close()
 

@@ -33,11 +33,9 @@ with the rocpd and nsys readers.
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import re
 import sqlite3
-import zlib
 from collections.abc import Iterable, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -55,7 +53,7 @@ from analyzer.model import (
     Trace,
     table_from_columns,
 )
-from analyzer.readers import file_sha256, read_head
+from analyzer.readers import file_sha256, gz, read_head
 
 FORMAT = "rocprof"
 READER_VERSION = "1"
@@ -100,7 +98,7 @@ def read(path: Path) -> Trace:
         return _READERS[flavour](path)
     except InputError:
         raise
-    except (sqlite3.Error, OSError, EOFError, zlib.error, UnicodeDecodeError, csv.Error) as e:
+    except (sqlite3.Error, *gz.ERRORS, UnicodeDecodeError, csv.Error) as e:
         raise InputError(f"{path}: cannot read {flavour} file ({e})") from None
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise InputError(f"{path}: malformed {flavour} file ({type(e).__name__}: {e})") from None
@@ -210,7 +208,7 @@ def read_bytes(path: Path) -> bytes:
     """A file's bytes, gzip undone."""
     with open(path, "rb") as f:
         raw = f.read()
-    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    return gz.decompress(raw) if raw[:2] == gz.MAGIC else raw
 
 
 def read_text(path: Path) -> str:
