@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analyzer import background
 from analyzer.model import ANNOTATION_SCHEMA, HOST_OP_SCHEMA, KERNEL_SCHEMA, InputMeta, Trace
 
 CACHE_FORMAT = "1"
@@ -246,6 +247,7 @@ def load_trace(
     """
     from analyzer.readers import read_trace
 
+    background.wait()  # the entry of the input before is complete before this one is looked up
     if cache_dir is None or not cacheable(path):
         return read_trace(path, progress=progress)
     key = None
@@ -262,11 +264,23 @@ def load_trace(
         key = cache_key(path, sha256=streamed or None)
     entry = entry_dir(cache_dir, key)
 
-    # written at once, not after the analysis: the analysis may then free tables it no longer
-    # needs (host ops), and the writer's own buffers are small next to the tables
-    if _try_write(trace, key, cache_dir, path, replace=entry.exists()) is not None:
-        remember_sha256(cache_dir, path, key.sha256, before)
+    # written now, or beside the classification (analyzer.background), not after the analysis: the
+    # analysis may then free tables it no longer needs (host ops), and the writer's own buffers are
+    # small next to the tables
+    background.run(_store, trace, key, cache_dir, path, entry.exists(), before)
     return trace
+
+
+def _store(
+    trace: Trace,
+    key: CacheKey,
+    cache_dir: Path,
+    path: str | os.PathLike[str],
+    replace: bool,
+    before: tuple[str, int] | None,
+) -> None:
+    if _try_write(trace, key, cache_dir, path, replace=replace) is not None:
+        remember_sha256(cache_dir, path, key.sha256, before)
 
 
 # ------------------------------------------------------------------------------ stat index

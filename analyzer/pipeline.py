@@ -140,7 +140,7 @@ def analyze_run(
     joined warnings and findings run here (:mod:`analyzer.parts`); the result equals that of
     ``analyze_trace(load_inputs(...), keep_host_ops=False)``.
     """
-    from analyzer import parts
+    from analyzer import background, parts
 
     options = options or Options()
     files = list(paths)
@@ -150,20 +150,22 @@ def analyze_run(
     if joined is not None:
         finish_run(joined, options)
         return joined
-    # no local name for the trace: the analysis may then free its host ops once they are used
-    return analyze_trace(
-        load_inputs(
-            files,
-            progress=progress,
-            byte_progress=byte_progress,
-            jobs=jobs,
-            cache=cache,
-            executor=executor,
-            scheduler=scheduler,
-        ),
-        options,
-        keep_host_ops=False,
-    )
+    # a cache entry is written beside the classification (analyzer.background)
+    with background.deferred():
+        # no local name for the trace: the analysis may then free its host ops once they are used
+        return analyze_trace(
+            load_inputs(
+                files,
+                progress=progress,
+                byte_progress=byte_progress,
+                jobs=jobs,
+                cache=cache,
+                executor=executor,
+                scheduler=scheduler,
+            ),
+            options,
+            keep_host_ops=False,
+        )
 
 
 def analyze_paths(

@@ -195,14 +195,22 @@ def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str,
 
 def _dominant_bound(g: pd.DataFrame) -> str | None:
     """The bound that holds for most of this group's time (None before the roofline ran)."""
-    if "bound" not in g or g["bound"].isna().all():
+    if "bound" not in g:
         return None
-    t = g.groupby("bound", observed=True)["dur_ns"].sum()
-    t = t.drop(labels=[b for b in ("unknown", "invalid") if b in t.index], errors="ignore")
-    t = t[t > 0]
-    if t.empty:
+    b = g["bound"]
+    if not isinstance(b.dtype, pd.CategoricalDtype):
+        b = b.astype("category")
+    codes = b.cat.codes.to_numpy()
+    has = codes >= 0
+    if not has.any():
+        return None
+    # time per bound, in category order (the order a groupby would give; ties go to the first)
+    cats = b.cat.categories
+    t = np.bincount(codes[has], weights=g["dur_ns"].to_numpy()[has], minlength=len(cats))
+    keep = (t > 0) & ~np.asarray(cats.isin(["unknown", "invalid"]))
+    if not keep.any():
         return "unknown"
-    return str(t.idxmax())
+    return str(cats[np.flatnonzero(keep)[np.argmax(t[keep])]])
 
 
 def dominant_bounds(df: pd.DataFrame, keys: list[str]) -> dict[tuple, str]:
@@ -228,22 +236,31 @@ def roofline_fields(g: pd.DataFrame) -> dict[str, Any]:
             "pct_of_peak": None,
             "bound": _dominant_bound(g),
         }
-    known = g[g["flops"].notna() | g["bytes"].notna()]
-    t = float(known["dur_ns"].sum())
-    flops = _none_if_nan(known["flops"].sum(min_count=1))
-    nbytes = _none_if_nan(known["bytes"].sum(min_count=1))
-    pct = known[known["pct_of_peak"].notna()]
+    fl = g["flops"].to_numpy(np.float64, na_value=np.nan)
+    by = g["bytes"].to_numpy(np.float64, na_value=np.nan)
+    dur = g["dur_ns"].to_numpy()
+    known = ~np.isnan(fl) | ~np.isnan(by)
+    t = float(dur[known].sum())
+    flops = _nan_sum(fl[known])
+    nbytes = _nan_sum(by[known])
+    pct = g["pct_of_peak"].to_numpy(np.float64, na_value=np.nan)[known]
+    has_pct = ~np.isnan(pct)
+    w = dur[known][has_pct]
     return {
         "flops": flops,
         "bytes": nbytes,
         "achieved_tflops": flops / t / 1e3 if t and flops is not None else None,
         "achieved_tbps": nbytes / t / 1e3 if t and nbytes is not None else None,
         "intensity": flops / nbytes if flops is not None and nbytes else None,
-        "pct_of_peak": float(np.average(pct["pct_of_peak"], weights=pct["dur_ns"]))
-        if len(pct) and pct["dur_ns"].sum() > 0
-        else None,
+        "pct_of_peak": float(np.average(pct[has_pct], weights=w)) if len(w) and w.sum() > 0 else None,
         "bound": _dominant_bound(g),
     }
+
+
+def _nan_sum(values: np.ndarray) -> float | None:
+    """Sum of the numbers, NaN skipped; None when there are none (pandas' ``sum(min_count=1)``)."""
+    ok = ~np.isnan(values)
+    return float(np.where(ok, values, 0.0).sum()) if ok.any() else None
 
 
 def stage_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
@@ -357,10 +374,12 @@ def top_kernels(df: pd.DataFrame, total: int, n: int = TOP_KERNELS) -> list[dict
     rows = []
     if len(df) == 0:
         return rows
-    tot = df.groupby("group_key", observed=True)["dur_ns"].sum()
+    groups = df.groupby("group_key", observed=True)
+    tot = groups["dur_ns"].sum()
     tot = tot.reset_index().sort_values(["dur_ns", "group_key"], ascending=[False, True])
+    rows_of = groups.indices  # positions of each group's rows, in frame order
     for gk in tot["group_key"].head(n):
-        g = df[df["group_key"] == gk]
+        g = df.iloc[rows_of[gk]]
         t = int(g["dur_ns"].sum())
         first = g.iloc[0]
         rows.append(

@@ -84,6 +84,9 @@ def stream(
     ``find_events(head)`` gives (text before the array or None for a bare list, offset of the first
     event) or None; ``add`` receives each chunk's tables in file order.
     """
+    from analyzer import background
+
+    background.wait()  # no thread of ours is mid-work when the workers are forked
     ctx = multiprocessing.get_context("fork")
     pending: list[tuple[Future[Any], int, tuple[str, int, int]]] = []
     head: bytes | None = None
