@@ -359,7 +359,7 @@ def walk_sequence(
     layer_no = -1
     norm_seen = False
     region_of = [""] * n
-    layer_of = np.full(n, -1, np.int64)
+    layer_of = [-1] * n  # a list: numpy item assignment per kernel costs ~100 ns each
     p = 0
     while p < n:
         s = st[p]
@@ -394,8 +394,7 @@ def walk_sequence(
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
     _label_generic(seq, stage, op_names, region_of)
-    for q in range(n):
-        layer[rows[q]] = layer_of[q]
+    layer[seq] = layer_of
     _shift_prologue_to_next_layer(seq, stage, layer)
 
 
