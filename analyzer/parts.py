@@ -26,7 +26,6 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
 
 from analyzer import cache as cache_mod
@@ -106,6 +105,8 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
     ``("part", {"kernels": IPC bytes, "annotations": IPC bytes, "meta": JSON})``, or
     ``("error", message)`` for bad input.
     """
+    import pandas as pd
+
     from analyzer import classify, roofline
     from analyzer.errors import AnalyzerError
 
@@ -151,6 +152,8 @@ def _table(data: bytes) -> pa.Table:
 
 def join_parts(results: Sequence[tuple[str, Any]], options: Options) -> Analysis | None:
     """The run made of the analysed inputs, in order; None when they disagree on the GPU or world size."""
+    import pandas as pd
+
     from analyzer import architectures, phases
     from analyzer.errors import InputError
 

@@ -167,3 +167,30 @@ def test_version_and_help(capsys) -> None:
     assert run(capsys, "--version")[0] == 0
     code, out, _ = run(capsys, "--help")
     assert code == 0 and "analyze" in out
+
+
+def test_console_entry_flushes_everything_and_keeps_exit_codes(capsys, tmp_path: Path) -> None:
+    # the console script leaves through os._exit (no interpreter teardown): the printed summary,
+    # the JSON file and the exit codes must still be whole
+    import subprocess
+    import sys
+
+    out = tmp_path / "s.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "analyzer", "analyze", str(H200_MOE), "--no-cache", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert main(["analyze", str(H200_MOE), "--no-cache"]) == 0
+    assert run.stdout == capsys.readouterr().out  # every line, as printed in process
+    assert json.loads(out.read_text())["totals"]["kernels"] > 0
+    bad = subprocess.run(
+        [sys.executable, "-m", "analyzer", "analyze", str(tmp_path / "missing.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "missing.json" in bad.stderr

@@ -69,4 +69,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    """Console-script entry: run the CLI, then leave without tearing the interpreter down."""
+    leave(main())
+
+
+def leave(code: int) -> None:
+    """Exit with ``code`` once the output is flushed and the exit handlers ran, skipping the
+    interpreter's teardown: it frees the analysis's millions of objects one by one (0.25-0.4 s
+    after a 250 MB trace), where the operating system takes the whole process back at once."""
+    import atexit
+
+    from analyzer import background
+
+    background.wait()  # nothing is left running (analyze_run joins its threads already)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (``| head``) or a closed stream
+            pass
+    atexit._run_exitfuncs()  # multiprocessing, tempfile and logging clean up as on a normal exit
+    os._exit(code)
