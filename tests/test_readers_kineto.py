@@ -190,6 +190,27 @@ def test_parallel_gzip_cut_short_is_one_clear_error(tmp_path: Path, monkeypatch:
     assert len(os.listdir("/proc/self/fd")) == fds
 
 
+def test_parallel_gzip_chunk_file_unreadable_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN workers that cannot open the in-memory files holding the gzip chunks (no /proc, say)
+    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "1")
+    want = read_trace(H200_TRACES[0])
+    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
+    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 256 << 10)
+    real_put = kineto_parallel._Memfds.put
+
+    def put(self, data):
+        real_put(self, data)
+        return str(tmp_path / "no-such-chunk"), 0, len(data)
+
+    monkeypatch.setattr(kineto_parallel._Memfds, "put", put)
+    # THEN the file is read sequentially instead, into the same tables
+    got = read_trace(H200_TRACES[0])
+    for a, b in zip(_tables(got), _tables(want), strict=True):
+        assert a.equals(b)
+
+
 def test_parallel_cut_inside_a_string_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN kernel names holding the text of an event boundary, so some cuts land inside strings
     evil = "void k<{lambda()#1}, {lambda()#2}>"

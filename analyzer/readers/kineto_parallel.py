@@ -323,15 +323,18 @@ def _work(task: tuple[str, int, int], last: bool = False) -> tuple[Any, ...]:
 
     p, start, end = task
     buf = bytearray(end - start + 2)
-    with open(p, "rb", buffering=0) as f:
-        f.seek(start)
-        view = memoryview(buf)[1:-1]
-        got = 0
-        while got < len(view):
-            n = f.readinto(view[got:])
-            if not n:
-                return ("fail", "file shrank while it was read")
-            got += n
+    try:
+        with open(p, "rb", buffering=0) as f:
+            f.seek(start)
+            view = memoryview(buf)[1:-1]
+            got = 0
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    return ("fail", "file shrank while it was read")
+                got += n
+    except OSError as e:  # e.g. no /proc to open a gzip chunk's in-memory file through
+        return ("fail", f"cannot read the range ({e})")
     tail = b""
     if last:
         try:
