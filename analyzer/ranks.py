@@ -203,17 +203,19 @@ def per_rank_rows(
     rows = []
     index = split["index"]
     last_rank = _last_arrivals(split)
+    # only the columns read here, and each rank's rows by position: a boolean mask per rank would
+    # copy every column of the whole run once per rank
+    df = df[["rank", "trace_id", "device", "start_ns", "dur_ns", "stage", "phase"]]
+    rows_of = df.groupby("rank", sort=False).indices
     for j, r in enumerate(ranks):
-        sub = df[df["rank"] == r]
+        sub = df.iloc[rows_of.get(r, np.empty(0, np.int64))]
         kernel_ns = int(sub["dur_ns"].sum())
         busy = 0
         for _, g in sub.groupby(["trace_id", "device"], sort=True):
             s = g["start_ns"].to_numpy(np.int64)
             busy += timeline.busy_ns(s, s + g["dur_ns"].to_numpy(np.int64))
-        stages = (
-            sub.groupby(sub["stage"].astype(str))["dur_ns"].sum().sort_values(ascending=False, kind="stable")
-        )
-        phases = sub.groupby(sub["phase"].astype(str))["dur_ns"].sum()
+        stages = _time_by(sub, "stage").sort_values(ascending=False, kind="stable")
+        phases = _time_by(sub, "phase")
         comm_ns = int(comm.loc[comm["rank"] == r, "dur_ns"].sum())
         wait = int(split["wait"][:, j].sum()) if len(index) else 0
         transfer = int(split["transfer"][:, j].sum()) if len(index) else 0
@@ -237,6 +239,14 @@ def per_rank_rows(
             }
         )
     return rows
+
+
+def _time_by(sub: pd.DataFrame, column: str) -> pd.Series:
+    """Kernel time per value of a label column, keyed by the value as text in text order (grouping
+    the categorical itself, not a per-row text copy of it)."""
+    t = sub.groupby(column, observed=True, dropna=False)["dur_ns"].sum()
+    t.index = t.index.astype(str)
+    return t.groupby(level=0).sum().sort_index()
 
 
 def _last_arrivals(split: dict[str, np.ndarray]) -> np.ndarray:
