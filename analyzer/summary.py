@@ -84,7 +84,15 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
         ),
         "providers": provider_rows(only_columns(df, "provider", "count", *_RATE_COLUMNS), total),
         "groups": group_rows(df),
-        "top_kernels": top_kernels(df, total),
+        "top_kernels": top_kernels(
+            only_columns(
+                df,
+                *("group_key", "norm_name", "stage", "provider", "rule_id", "phase", "count"),
+                *("tile_m", "tile_n", "tile_k", "split_k"),
+                *_RATE_COLUMNS,
+            ),
+            total,
+        ),
         "unclassified": unclassified(df, total),
         "steps": step_rows(analysis),
         "findings": analysis.findings,
