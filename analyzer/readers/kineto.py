@@ -76,6 +76,7 @@ _WORKITEM_LAUNCH = "hipExtModuleLaunchKernel"
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_END = re.compile(rb"\}\s*\]")
+_NON_SPACE = re.compile(rb"[^ \t\n\r]")
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -323,7 +324,7 @@ def _stream_events(path: Path, builder: _Builder, progress: Callable[[int], None
             m = _SEPARATOR.match(buf, cut)
             del buf[: m.end() if m else cut]
         # 3. the rest: last events, "]", then the tail of the top-level object
-        events, tail = decode_last(bytes(buf), path)
+        events, tail = decode_last(bytearray(b" ") + buf, path)
         builder.add(events)
         while hashing.readinto(bytearray(1 << 20)):  # bytes after the gzip stream, if any
             pass
@@ -386,25 +387,43 @@ def _error_at_end(msg: str, size: int) -> bool:
     return m is not None and int(m.group(1)) >= size - 2
 
 
-def decode_last(buf: bytes, path: Path | str = "trace") -> tuple[list[Any], bytes]:
-    """Decode the final events; return them and what follows the array (the rest of the top object)."""
-    body = buf.lstrip()
-    if body[:1] == b"]":
-        return [], body[1:]
-    pos = 0
-    while True:
-        m = _ARRAY_END.search(body, pos)
-        if m is None:
-            raise InputError(f"{path}: truncated trace (traceEvents array never ends)")
-        chunk = b"[" + body[: m.start() + 1] + b"]"
-        try:
-            return _DECODER.decode(chunk), body[m.end() :]
-        except msgspec.ValidationError as e:
-            raise InputError(f"{path}: event with unexpected field type ({e})") from None
-        except msgspec.DecodeError as e:
-            if not _error_at_end(str(e), len(chunk)):
-                raise InputError(f"{path}: not valid JSON in traceEvents ({e})") from None
-            pos = m.end()
+def decode_last(buf: bytearray, path: Path | str = "trace") -> tuple[list[Any], bytes]:
+    """Decode the final events; return them and what follows the array (the rest of the top object).
+
+    ``buf[0]`` is a spare byte, the text starts at ``buf[1]``. The events are decoded in place, the
+    spare byte turned into ``[`` and the byte after the last event into ``]``: no copy of the text
+    (three copies of up to two chunks made the last chunk the peak of a worker's memory)."""
+    view = memoryview(buf)
+    try:
+        first = _first_text(buf)
+        if buf[first : first + 1] == b"]":
+            return [], bytes(view[first + 1 :])
+        buf[0] = 0x5B  # [
+        pos = first
+        while True:
+            m = _ARRAY_END.search(buf, pos)
+            if m is None:
+                raise InputError(f"{path}: truncated trace (traceEvents array never ends)")
+            end = m.start() + 1  # just after the last event's "}"
+            keep = buf[end]
+            buf[end] = 0x5D  # ]
+            try:
+                return _DECODER.decode(view[: end + 1]), bytes(view[m.end() :])
+            except msgspec.ValidationError as e:
+                raise InputError(f"{path}: event with unexpected field type ({e})") from None
+            except msgspec.DecodeError as e:
+                if not _error_at_end(str(e), end + 1):
+                    raise InputError(f"{path}: not valid JSON in traceEvents ({e})") from None
+                buf[end] = keep
+                pos = m.end()
+    finally:
+        view.release()
+
+
+def _first_text(buf: bytearray) -> int:
+    """Index of the first byte after ``buf[0]`` that is not JSON whitespace (len(buf) if none)."""
+    m = _NON_SPACE.search(buf, 1)
+    return m.start() if m else len(buf)
 
 
 def _raise_not_trace(path: Path, buf: bytes) -> None:

@@ -333,12 +333,14 @@ def _work(task: tuple[str, int, int], last: bool = False) -> tuple[Any, ...]:
                 if not n:
                     return ("fail", "file shrank while it was read")
                 got += n
+            view.release()  # buf may be resized below
     except OSError as e:  # e.g. no /proc to open a gzip chunk's in-memory file through
         return ("fail", f"cannot read the range ({e})")
     tail = b""
     if last:
         try:
-            events, tail = decode_last(bytes(buf[1:-1]))
+            del buf[-1]  # decode_last wants one spare byte before the text, none after
+            events, tail = decode_last(buf)
         except InputError as e:
             return ("fail", str(e))
     else:
