@@ -33,7 +33,9 @@ T_START = time.perf_counter()
 
 # (module, attribute) of the functions timed; the tree shown is the one they were called in
 STAGES: list[tuple[str, str]] = [
-    ("analyzer.cli.common", "load_inputs"),
+    ("analyzer.cli.common", "analyze_run"),
+    ("analyzer.parts", "analyze_parts"),
+    ("analyzer.pipeline", "load_inputs"),
     ("analyzer.executor", "read_traces"),
     ("analyzer.cache", "load_trace"),
     ("analyzer.cache", "cache_key"),
@@ -54,7 +56,8 @@ STAGES: list[tuple[str, str]] = [
     ("analyzer.readers.kineto", "_parse_shapes"),
     ("analyzer.readers.kineto", "_launch_info"),
     ("analyzer.model", "Trace.validate"),
-    ("analyzer.cli.common", "analyze_trace"),
+    ("analyzer.pipeline", "analyze_trace"),
+    ("analyzer.background", "wait"),
     ("analyzer.classify", "run"),
     ("analyzer.classify", "classify_kernels"),
     ("analyzer.classify", "classify_by_name"),
@@ -62,6 +65,8 @@ STAGES: list[tuple[str, str]] = [
     ("analyzer.classify", "walk_sequence"),
     ("analyzer.classify", "gemm_roles_from_shapes"),
     ("analyzer.phases", "run"),
+    ("analyzer.phases", "label"),
+    ("analyzer.phases", "coverage_warnings"),
     ("analyzer.phases", "split_phases"),
     ("analyzer.phases", "_launch_times"),
     ("analyzer.phases", "_steps_from_annotations"),
@@ -70,6 +75,8 @@ STAGES: list[tuple[str, str]] = [
     ("analyzer.phases", "_label_from_shapes"),
     ("analyzer.phases", "_step_row"),
     ("analyzer.roofline", "run"),
+    ("analyzer.roofline", "measure"),
+    ("analyzer.roofline", "rate_warnings"),
     ("analyzer.roofline", "kernel_work"),
     ("analyzer.roofline", "op_work"),
     ("analyzer.roofline", "rates"),
