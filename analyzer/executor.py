@@ -31,11 +31,9 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from analyzer import cache as cache_mod
 from analyzer.errors import InputError, UsageError
-from analyzer.model import InputMeta, Trace
+from analyzer.model import InputMeta, Trace, ipc_bytes, ipc_table
 
 EXECUTORS = ("local", "dask")
 POOL_MIN_BYTES = 64 << 20
@@ -284,20 +282,13 @@ def to_ipc(trace: Trace) -> dict[str, bytes | str]:
     """A trace as Arrow IPC stream bytes per table plus its metadata as JSON (no pickle)."""
     out: dict[str, bytes | str] = {}
     for name in cache_mod.TABLES:
-        table: pa.Table = getattr(trace, name)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table)
-        out[name] = sink.getvalue().to_pybytes()
+        out[name] = ipc_bytes(getattr(trace, name))
     out["meta"] = json.dumps({"inputs": [m.to_dict() for m in trace.inputs], "warnings": trace.warnings})
     return out
 
 
 def from_ipc(data: dict[str, Any]) -> Trace:
-    tables = {}
-    for name in cache_mod.TABLES:
-        with pa.ipc.open_stream(pa.py_buffer(data[name])) as r:
-            tables[name] = r.read_all().combine_chunks()
+    tables = {name: ipc_table(data[name]).combine_chunks() for name in cache_mod.TABLES}
     meta = json.loads(data["meta"])
     trace = Trace(
         tables["kernels"],

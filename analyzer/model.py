@@ -237,9 +237,24 @@ def launch_calls(host_ops: pa.Table, columns: Sequence[str]) -> pa.Table:
 
 
 def unify(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
-    """Concatenate tables of one schema, unifying their dictionaries."""
+    """Concatenate tables of one schema, unifying their dictionaries (a column all null in one
+    table takes the type it has in the others)."""
     tables = [t for t in tables if t.num_rows] or [schema.empty_table()]
-    return pa.concat_tables(tables).unify_dictionaries().combine_chunks()
+    return pa.concat_tables(tables, promote_options="default").unify_dictionaries().combine_chunks()
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    """``table`` as Arrow IPC stream bytes: how tables cross a process boundary (never a pickle)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_table(data: bytes) -> pa.Table:
+    """The table of :func:`ipc_bytes` (a view of ``data``, no copy)."""
+    with pa.ipc.open_stream(pa.py_buffer(data)) as r:
+        return r.read_all()
 
 
 def concat_traces(traces: Sequence[Trace]) -> Trace:

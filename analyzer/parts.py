@@ -26,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+import pandas as pd
 
 from analyzer import cache as cache_mod
 from analyzer import executor as executor_mod
@@ -36,6 +36,8 @@ from analyzer.model import (
     KERNEL_SCHEMA,
     InputMeta,
     Trace,
+    ipc_bytes,
+    ipc_table,
     unify,
     with_trace_id,
 )
@@ -105,8 +107,6 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
     ``("part", {"kernels": IPC bytes, "annotations": IPC bytes, "meta": JSON})``, or
     ``("error", message)`` for bad input.
     """
-    import pandas as pd
-
     from analyzer import classify, roofline
     from analyzer.errors import AnalyzerError
 
@@ -129,22 +129,10 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
         "rules_sha256": analysis.rules_sha256,
     }
     return "part", {
-        "kernels": _ipc(analysis.kernels),
-        "annotations": _ipc(trace.annotations),
+        "kernels": ipc_bytes(analysis.kernels),
+        "annotations": ipc_bytes(trace.annotations),
         "meta": json.dumps(meta),
     }
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _table(data: bytes) -> pa.Table:
-    with pa.ipc.open_stream(pa.py_buffer(data)) as r:
-        return r.read_all()
 
 
 # --------------------------------------------------------------------------- joining
@@ -152,8 +140,6 @@ def _table(data: bytes) -> pa.Table:
 
 def join_parts(results: Sequence[tuple[str, Any]], options: Options) -> Analysis | None:
     """The run made of the analysed inputs, in order; None when they disagree on the GPU or world size."""
-    import pandas as pd
-
     from analyzer import architectures, phases
     from analyzer.errors import InputError
 
@@ -165,13 +151,13 @@ def join_parts(results: Sequence[tuple[str, Any]], options: Options) -> Analysis
     world = max(m["world_size"] for m in metas)
     if any(m["gpu"] != metas[0]["gpu"] or m["world_size"] != world for m in metas):
         return None
-    kernels = pa.concat_tables([_table(p["kernels"]) for p in payloads], promote_options="default")
-    kernels = kernels.unify_dictionaries().combine_chunks()
+    parts = [ipc_table(p["kernels"]) for p in payloads]
+    kernels = unify(parts, parts[0].schema)
     reader_warnings = [w for m in metas for w in m["reader_warnings"]]
     trace = Trace(
         kernels=kernels.select(KERNEL_SCHEMA.names),
         host_ops=HOST_OP_SCHEMA.empty_table(),
-        annotations=unify([_table(p["annotations"]) for p in payloads], ANNOTATION_SCHEMA),
+        annotations=unify([ipc_table(p["annotations"]) for p in payloads], ANNOTATION_SCHEMA),
         inputs=[InputMeta(**i) for m in metas for i in m["inputs"]],
         warnings=reader_warnings,
     )

@@ -35,11 +35,12 @@ def analyze(
     A directory means every trace inside it. Prints inputs, GPU, wall and busy time, phases, time by
     stage and provider, top kernels, unclassified kernels and findings.
     """
+    from analyzer.report import text
+    from analyzer.summary import build_summary
+
     options = make_options(rules, gpu, model, settings)
     if compare:
         from analyzer.compare import compare_summaries
-        from analyzer.report import text
-        from analyzer.summary import build_summary
 
         summaries = [build_summary(run_analysis((t,), options)) for t in traces]
         result: dict[str, Any] = compare_summaries(summaries)
@@ -52,9 +53,6 @@ def analyze(
             html.write_compare_report(summaries, html_path)
         return 0
     analysis = run_analysis(traces, options)
-    from analyzer.report import text
-    from analyzer.summary import build_summary
-
     summary = build_summary(analysis)
     text.render(summary, sys.stdout, top=top)
     if json_path:

@@ -356,9 +356,6 @@ def _work(task: tuple[str, int, int], last: bool = False) -> tuple[Any, ...]:
 
 
 def _to_ipc(t: pa.Table | None) -> bytes | None:
-    if t is None:
-        return None
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        w.write_table(t)
-    return sink.getvalue().to_pybytes()
+    from analyzer.model import ipc_bytes
+
+    return None if t is None else ipc_bytes(t)
