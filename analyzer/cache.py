@@ -249,7 +249,10 @@ def load_trace(
 
     background.wait()  # the entry of the input before is complete before this one is looked up
     if cache_dir is None or not cacheable(path):
-        return read_trace(path, progress=progress)
+        trace = read_trace(path, progress=progress)
+        if len(trace.inputs) == 1 and not trace.inputs[0].sha256:
+            background.run(_hash, trace, path)
+        return trace
     key = None
     sha = known_sha256(cache_dir, path)
     if sha is not None:
@@ -259,27 +262,36 @@ def load_trace(
             return hit
     before = _stat_id(path)
     trace = read_trace(path, progress=progress)
-    streamed = trace.inputs[0].sha256 if len(trace.inputs) == 1 else None
-    if key is None or (streamed and streamed != key.sha256):
-        key = cache_key(path, sha256=streamed or None)
-    entry = entry_dir(cache_dir, key)
-
     # written now, or beside the classification (analyzer.background), not after the analysis: the
     # analysis may then free tables it no longer needs (host ops), and the writer's own buffers are
-    # small next to the tables
-    background.run(_store, trace, key, cache_dir, path, entry.exists(), before)
+    # small next to the tables. A reader that left the file unhashed (to spare the CPU its workers
+    # used) has it hashed there first.
+    background.run(_store, trace, key, cache_dir, path, before)
     return trace
+
+
+def _hash(trace: Trace, path: str | os.PathLike[str]) -> str:
+    """The file's sha256, recorded in the trace's input when its reader left it empty."""
+    from analyzer.readers import file_sha256
+
+    meta = trace.inputs[0]
+    if not meta.sha256:
+        meta.sha256 = file_sha256(path)
+    return meta.sha256
 
 
 def _store(
     trace: Trace,
-    key: CacheKey,
+    key: CacheKey | None,
     cache_dir: Path,
     path: str | os.PathLike[str],
-    replace: bool,
     before: tuple[str, int] | None,
 ) -> None:
-    if _try_write(trace, key, cache_dir, path, replace=replace) is not None:
+    streamed = _hash(trace, path) if len(trace.inputs) == 1 else None
+    if key is None or (streamed and streamed != key.sha256):
+        key = cache_key(path, sha256=streamed or None)
+    entry = entry_dir(cache_dir, key)
+    if _try_write(trace, key, cache_dir, path, replace=entry.exists()) is not None:
         remember_sha256(cache_dir, path, key.sha256, before)
 
 

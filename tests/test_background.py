@@ -87,3 +87,37 @@ def test_forking_reader_waits_for_background_work(monkeypatch, tmp_path: Path) -
     monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 1 << 20)
     read_trace(H200_DENSE)
     assert calls == ["wait"]
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cache", "no-cache"])
+def test_a_plain_trace_is_hashed_beside_the_analysis(monkeypatch, tmp_path: Path, cached: bool) -> None:
+    import gzip
+    import hashlib
+
+    import analyzer.readers
+    from analyzer.readers import kineto_parallel
+
+    # GIVEN a plain trace the parallel reader parses (small chunks, two workers)
+    plain = tmp_path / "trace.json"
+    plain.write_bytes(gzip.decompress(H200_DENSE.read_bytes()))
+    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
+    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 1 << 20)
+    threads = []
+    real = analyzer.readers.file_sha256
+
+    def spy(path):
+        threads.append(threading.current_thread().name)
+        return real(path)
+
+    monkeypatch.setattr(analyzer.readers, "file_sha256", spy)
+    # WHEN the CLI's analysis runs
+    analysis = analyze_run([str(plain)], cache=tmp_path / "cache" if cached else False)
+    # THEN the file was hashed once, in the background thread, not beside the parsing workers,
+    # and the summary carries its true sha256
+    assert threads == ["lkm-background"]
+    digest = hashlib.sha256(plain.read_bytes()).hexdigest()
+    assert build_summary(analysis)["inputs"][0]["sha256"] == digest
+    if cached:
+        key = cache.cache_key(plain)
+        assert key.sha256 == digest
+        assert cache.read_entry(cache.entry_dir(tmp_path / "cache", key), key, plain) is not None

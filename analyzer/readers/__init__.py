@@ -110,6 +110,11 @@ def remember_sha256(path: str | os.PathLike[str], digest: str) -> None:
     _SHA_MEMO[_stat_key(path)] = digest
 
 
+def memo_sha256(path: str | os.PathLike[str]) -> str | None:
+    """The digest :func:`file_sha256` or a reader already computed for the file as it is now."""
+    return _SHA_MEMO.get(_stat_key(path))
+
+
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of the file's bytes (memoised by path, size and mtime within one process)."""
     key = _stat_key(path)

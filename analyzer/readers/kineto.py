@@ -153,8 +153,12 @@ def sniff(path: Path, head: bytes) -> bool:
 
 
 def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
-    """Read one Kineto trace; ``progress`` is called with the bytes read so far."""
-    from analyzer.readers import file_sha256
+    """Read one Kineto trace; ``progress`` is called with the bytes read so far.
+
+    ``meta.sha256`` stays empty when the parallel reader left hashing to a background thread
+    (inside :func:`analyzer.background.deferred`; see :func:`analyzer.cache.load_trace`)."""
+    from analyzer import background
+    from analyzer.readers import file_sha256, memo_sha256
 
     with _gc_paused():
         builder = _parallel_read(path, progress)
@@ -164,7 +168,7 @@ def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
         else:
             meta_obj = builder.meta
     meta = _input_meta(path, meta_obj, any(_uses_hip(h) for h in builder.host))
-    meta.sha256 = file_sha256(path)
+    meta.sha256 = memo_sha256(path) or ("" if background.deferring() else file_sha256(path))
     kernels, host_ops, annotations, warnings = _post_process(builder, meta, meta_obj)
     if kernels.num_rows == 0:
         raise InputError(f"{path}: no GPU activity recorded (no kernel, memcpy or memset events)")
@@ -188,7 +192,8 @@ def _parallel_read(path: Path, progress: Callable[[int], None] | None) -> _Build
         )
     except (kineto_parallel.Fallback, InputError):
         return None  # read sequentially: same tables, or the precise error
-    remember_sha256(path, sha)
+    if sha:
+        remember_sha256(path, sha)
     builder.meta = _top_level(path, prefix, tail)
     return builder
 

@@ -8,7 +8,7 @@ caller then reads the file sequentially, which reports bad input precisely. Noth
 ranges and paths one way and Arrow IPC bytes the other.
 
 * plain files: workers read their own ranges (``pread``), this process only probes for the cuts and
-  hashes the file in a thread;
+  hashes the file in a thread (inside ``background.deferred()`` the analysis's thread does, later);
 * gzip: this process decompresses (and hashes the compressed bytes); each chunk goes into an
   in-memory file the workers read like a plain file's range (nothing big crosses a pipe or a disk).
 
@@ -79,7 +79,7 @@ def stream(
     progress: Callable[[int], None] | None = None,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> tuple[bytes | None, bytes, str]:
-    """Parse ``path`` with ``jobs`` workers; return (prefix, tail, sha256) of the top-level object.
+    """Parse ``path`` with ``jobs`` workers; return (prefix, tail, sha256 or "") of the top-level object.
 
     ``find_events(head)`` gives (text before the array or None for a bare list, offset of the first
     event) or None; ``add`` receives each chunk's tables in file order.
@@ -107,7 +107,9 @@ def stream(
         if gz:
             pieces = _gzip_pieces(path, find_events, chunk_bytes, files)
         else:
-            pieces = _file_pieces(path, find_events, chunk_bytes)
+            # hashing competes with the workers for the CPU: inside a deferred block it waits for
+            # the analysis, which leaves a core idle (analyzer.background)
+            pieces = _file_pieces(path, find_events, chunk_bytes, hash_now=not background.deferring())
         for kind, value, done in pieces:
             if kind == "prefix":
                 head = value
@@ -149,11 +151,15 @@ def _collect(
 
 
 def _file_pieces(
-    path: Path, find_events: Callable[[bytes], tuple[bytes | None, int] | None], chunk: int
+    path: Path,
+    find_events: Callable[[bytes], tuple[bytes | None, int] | None],
+    chunk: int,
+    hash_now: bool = True,
 ) -> Iterator[tuple[str, Any, int]]:
-    """("prefix", text before the array), ("task", (path, start, end)) ..., ("last", bytes), ("sha", hex)."""
+    """("prefix", text before the array), ("task", (path, start, end)) ..., ("last", bytes), ("sha", hex
+    or "" when not ``hash_now``)."""
     size = os.path.getsize(path)
-    hasher = _FileHasher(path)
+    hasher = _FileHasher(path if hash_now else None)
     hasher.start()
     try:
         with open(path, "rb") as f:
@@ -182,7 +188,7 @@ def _file_pieces(
 class _FileHasher(threading.Thread):
     """The file's sha256 (``readers.file_sha256``) in a thread: hashlib and reads release the GIL."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         super().__init__(daemon=True)
         self.path = path
         self.digest = ""
@@ -191,6 +197,8 @@ class _FileHasher(threading.Thread):
     def run(self) -> None:
         from analyzer.readers import file_sha256
 
+        if self.path is None:
+            return  # hashed later
         try:
             self.digest = file_sha256(self.path)
         except OSError as e:
