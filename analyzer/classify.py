@@ -272,24 +272,30 @@ def apply_op_hints(
 
 
 def _gemm_ops(
-    seq: np.ndarray, stage: list[str], norm: list[str], launch: np.ndarray
+    seq: np.ndarray, gemm: np.ndarray, norm: list[str], launch: np.ndarray
 ) -> list[tuple[int, int]]:
-    """(first, last) positions in ``seq`` of each logical GEMM."""
-    ops: list[tuple[int, int]] = []
-    prev_pos = -2
-    for pos, r in enumerate(seq.tolist()):
-        if stage[r] not in GEMM_STAGES:
-            continue
-        if ops and prev_pos == pos - 1:
-            last_r = seq[ops[-1][1]]
-            same_op = bool(launch[r] == launch[last_r])  # NaN (no op) never equals
-            if same_op or _is_reduce(norm[r]):
-                ops[-1] = (ops[-1][0], pos)
-                prev_pos = pos
-                continue
-        ops.append((pos, pos))
-        prev_pos = pos
-    return ops
+    """(first, last) positions in ``seq`` of each logical GEMM: adjacent GEMM kernels of one launching
+    op, or a split-K reduction right after its GEMM (``gemm``: a GEMM stage at each position)."""
+    pos = np.flatnonzero(gemm)
+    if not len(pos):
+        return []
+    rows = seq[pos]
+    names = [norm[r] for r in rows.tolist()]
+    reduce = {n: _is_reduce(n) for n in set(names)}
+    lv = launch[rows]
+    joins = np.zeros(len(pos), bool)
+    joins[1:] = (pos[1:] == pos[:-1] + 1) & (
+        (lv[1:] == lv[:-1]) | np.fromiter(map(reduce.__getitem__, names[1:]), bool, len(pos) - 1)
+    )  # NaN (no op) never equals
+    first = np.flatnonzero(~joins)
+    last = np.append(first[1:] - 1, len(pos) - 1)
+    return list(zip(pos[first].tolist(), pos[last].tolist(), strict=True))
+
+
+def _next_where(mask: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Per position in ``at``: the first position >= it where ``mask`` holds (``len(mask)``: none)."""
+    where = np.append(np.flatnonzero(mask), len(mask))
+    return where[np.searchsorted(where[:-1], at)]
 
 
 def _is_reduce(name: str) -> bool:
@@ -323,52 +329,57 @@ def walk_sequence(
     """
     rows = seq.tolist()
     n = len(rows)
-    st = [stage[r] for r in rows]
-    nm = [norm[r] for r in rows]
-    memo: dict[tuple[str, str], bool] = {}
-    normish = []
-    for p in range(n):
-        key = (st[p], nm[p])
-        v = memo.get(key)
-        if v is None:
-            v = memo[key] = _norm_like(*key)
-        normish.append(v)
-    ops = _gemm_ops(seq, stage, norm, launch)
-    # next anchor after each position (skipping GEMMs and generic kernels)
-    nxt: list[str] = [""] * (n + 1)
-    # whether a GEMM comes after this position before the next norm / attention / routing kernel
-    gemm_ahead = [False] * (n + 1)
-    # the first anchor or GEMM after this position ("gemm" when a GEMM comes first)
-    nxt_or_gemm: list[str] = [""] * (n + 1)
-    for p in range(n - 1, -1, -1):
-        s = st[p]
-        if s in ATTENTION or s in SAMPLING_LIKE or s in ("embedding", "moe_sort", "moe_expert_gemm"):
-            nxt[p] = s
-            nxt_or_gemm[p] = s
-        else:
-            nxt[p] = nxt[p + 1]
-            nxt_or_gemm[p] = "gemm" if s in GEMM_STAGES else nxt_or_gemm[p + 1]
-        if s in GEMM_STAGES:
-            gemm_ahead[p] = True
-        elif normish[p] or s in ATTENTION or s in _MOE_ROUTING or s == "embedding":
-            gemm_ahead[p] = False
-        else:
-            gemm_ahead[p] = gemm_ahead[p + 1]
-    op_start = {a: b for a, b in ops}
+    st = list(map(stage.__getitem__, rows))
+    pairs = list(zip(st, map(norm.__getitem__, rows), strict=True))
+    memo = {k: _norm_like(*k) for k in set(pairs)}
+    normish = np.fromiter(map(memo.__getitem__, pairs), bool, n)
+    kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
+    code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
+
+    def stages(*sets: Any) -> np.ndarray:
+        return np.array([any(s in x for x in sets) for s in kinds] + [False], bool)[code]
+
+    anchor = stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm"))
+    gemm = stages(GEMM_STAGES)
+    ops = _gemm_ops(seq, gemm, norm, launch)
+    # what follows each GEMM op, seen from the position after it: the next anchor kernel; the next
+    # anchor or GEMM ("gemm" for a GEMM); whether a GEMM comes before the next norm / attention /
+    # routing / embedding kernel
+    after = np.array([b + 1 for _, b in ops], np.int64)
+    at = _next_where(anchor, after).tolist()
+    follow = [st[q] if q < n else "" for q in at]
+    at = _next_where(anchor | gemm, after).tolist()
+    lead = [("gemm" if not anchor[q] else st[q]) if q < n else "" for q in at]
+    blocker = normish | stages(ATTENTION, _MOE_ROUTING, ("embedding",))
+    at = _next_where(gemm | blocker, after).tolist()
+    gemm_ahead = [q < n and bool(gemm[q]) for q in at]
+    op_at = {a: k for k, (a, _) in enumerate(ops)}
+    # only these positions change the walk's state; the runs between them take the region as it is
+    events = np.zeros(n, bool)
+    events[[a for a, _ in ops]] = True
+    events |= normish | stages(ATTENTION, _MOE_ROUTING, ("embedding", "sampling", "moe_expert_gemm"))
     region = "pre"
     layer_no = -1
     norm_seen = False
     region_of = [""] * n
-    layer_of = [-1] * n  # a list: numpy item assignment per kernel costs ~100 ns each
+    layer_of = [-1] * n  # lists: numpy item assignment per kernel costs ~100 ns each
     p = 0
-    while p < n:
+    for e in [*np.flatnonzero(events).tolist(), n]:
+        if e < p:
+            continue  # inside a GEMM op already walked
+        if e > p:
+            region_of[p:e] = [region] * (e - p)
+            layer_of[p:e] = [-1 if region in ("pre", "tail") else layer_no] * (e - p)
+        p = e
+        if p == n:
+            break
         s = st[p]
-        if p in op_start:
-            b = op_start[p]
-            follow = nxt[b + 1]
-            routing_next = nxt_or_gemm[b + 1] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
+        k = op_at.get(p)
+        if k is not None:
+            b = ops[k][1]
+            routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
             role, region, layer_no = _role(
-                region, follow, gemm_ahead[b + 1], norm_seen, layer_no, routing_next
+                region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next
             )
             norm_seen = False
             for q in range(p, b + 1):

@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -34,6 +35,7 @@ from typing import Any
 from analyzer import cache as cache_mod
 from analyzer.errors import InputError, UsageError
 from analyzer.model import InputMeta, Trace, ipc_bytes, ipc_table
+from analyzer.readers.kineto_parallel import can_fork
 
 EXECUTORS = ("local", "dask")
 POOL_MIN_BYTES = 64 << 20
@@ -107,6 +109,8 @@ def _size(p: str) -> int:
 
 def _workers_can_start() -> bool:
     # spawn/forkserver workers re-import the main script; input piped to python (<stdin>) has none.
+    if _start_method() == "fork":
+        return True
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     return main_file is None or os.path.exists(main_file)
 
@@ -115,7 +119,15 @@ def _workers_can_start() -> bool:
 
 
 def _start_method() -> str:
-    # fork would copy this process's threads and state; forkserver/spawn start clean workers.
+    """fork where this process runs no other thread (the CLI): the workers start at once with every
+    module imported (a fresh interpreter spends ~1 s importing pandas and pyarrow, on each worker).
+    A process with threads (a notebook, a Dask client) must not be forked: a lock another thread
+    holds would stay locked in the child; there forkserver/spawn start clean workers."""
+    from analyzer import background
+
+    background.wait()  # our own threads are done before anything forks
+    if can_fork() and threading.active_count() == 1:
+        return "fork"
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 

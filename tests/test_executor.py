@@ -34,6 +34,23 @@ def test_ipc_round_trip_keeps_everything(local: Trace) -> None:
     same(local, back)
 
 
+@pytest.mark.skipif(not executor.can_fork(), reason="fork start method needs Linux")
+def test_workers_are_forked_only_from_a_process_without_other_threads() -> None:
+    import threading
+
+    # GIVEN this process alone: the workers are forked (every module already imported)
+    assert executor._start_method() == "fork"
+    # WHEN another thread runs (a notebook, a Dask client), THEN the workers start clean instead
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, args=(10,))
+    other.start()
+    try:
+        assert executor._start_method() in ("forkserver", "spawn")
+    finally:
+        release.set()
+        other.join()
+
+
 def test_unknown_executor_and_bad_jobs_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="unknown executor"):
         executor.read_traces(PATHS, executor="ray")

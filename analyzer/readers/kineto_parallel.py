@@ -55,12 +55,12 @@ def jobs_for(size: int) -> int:
         want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if size < MIN_BYTES:
             return 1
-    if want < 2 or multiprocessing.current_process().daemon or not _can_fork():
+    if want < 2 or multiprocessing.current_process().daemon or not can_fork():
         return 1
     return want
 
 
-def _can_fork() -> bool:
+def can_fork() -> bool:
     # Workers are forked: they start at once and import nothing. Where fork is unsafe or missing
     # (macOS, Windows) a fresh interpreter would re-import the caller's main script, which a script
     # without a ``__main__`` guard cannot survive: there the file is read in this process.
