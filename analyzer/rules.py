@@ -388,10 +388,7 @@ def required_literals(pattern: str, flags: int = 0) -> tuple[str, ...] | None:
 
 
 def _read_toml(path: Path) -> tuple[dict[str, Any], bytes]:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read rule file: {e.strerror or e}") from None
+    raw = _read_bytes(path)
     try:
         return tomllib.loads(raw.decode("utf-8")), raw
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -551,15 +548,37 @@ def load_rules(
     kernels_file: str | Path = KERNELS_TOML,
     taxonomy_file: str | Path = TAXONOMY_TOML,
 ) -> RuleSet:
-    """Load the built-in rule table, with ``extra_files`` (user rules) first, in the order given."""
-    tax_path = Path(taxonomy_file)
+    """Load the built-in rule table, with ``extra_files`` (user rules) first, in the order given.
+
+    Files already loaded with the same bytes give the same RuleSet without parsing again (checking
+    every pattern costs ~0.2 s; a run loads the rules once here and once per worker process)."""
+    files = [Path(taxonomy_file), *(Path(p) for p in extra_files), Path(kernels_file)]
+    key = tuple((str(p), _read_bytes(p)) for p in files)
+    hit = _LOADED.get(key)
+    if hit is None:
+        hit = _LOADED[key] = _load_rules(files[1:], files[0])
+        while len(_LOADED) > 8:
+            del _LOADED[next(iter(_LOADED))]
+    return hit
+
+
+_LOADED: dict[tuple[tuple[str, bytes], ...], RuleSet] = {}
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read rule file: {e.strerror or e}") from None
+
+
+def _load_rules(paths: list[Path], tax_path: Path) -> RuleSet:
     tax_doc, tax_bytes = _read_toml(tax_path)
     if tax_doc.get("format_version", 1) != 1:
         raise InputError(f"{tax_path}: unsupported format_version {tax_doc.get('format_version')!r}")
     taxonomy = _parse_taxonomy(tax_doc, tax_path)
     digest = hashlib.sha256()
     digest.update(tax_bytes)
-    paths = [Path(p) for p in extra_files] + [Path(kernels_file)]
     rules: list[Rule] = []
     aliases: dict[str, str] = {}
     seen: dict[str, str] = {}

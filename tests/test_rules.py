@@ -172,6 +172,20 @@ def test_extra_rules_take_precedence(tmp_path):
     assert rs.match(other, other).rule_id == "MEM002"
 
 
+def test_the_same_rule_files_are_parsed_once_and_an_edited_file_again(tmp_path):
+    name = "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT"
+    f = tmp_path / "extra.toml"
+    f.write_text(_rule_toml("USR001", "^nvjet_sm90_tst_64x8_", "qkv_gemm", "cublas", [name]))
+    # GIVEN rules loaded once, WHEN the same files are loaded again THEN the same RuleSet comes back
+    first = load_rules([f])
+    assert load_rules([f]) is first
+    # WHEN the file changes (same path) THEN it is parsed again and the change takes effect
+    f.write_text(_rule_toml("USR001", "^nvjet_sm90_tst_64x8_", "o_gemm", "cublas", [name]))
+    edited = load_rules([f])
+    assert edited is not first and edited.sha256 != first.sha256
+    assert edited.match(normalize_name(name), name).stage == "o_gemm"
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
