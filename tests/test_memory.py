@@ -9,12 +9,30 @@ import sys
 from analyzer import memory
 
 
-def test_configure_sets_mimalloc_purge_delay_unless_set(monkeypatch) -> None:
-    monkeypatch.delenv("MIMALLOC_PURGE_DELAY", raising=False)
-    memory.configure()
-    assert os.environ["MIMALLOC_PURGE_DELAY"] == "0"
+def test_purge_delay_follows_the_size_of_the_inputs_unless_set(monkeypatch, tmp_path) -> None:
+    import gzip
+
+    # GIVEN a plain trace, and a gzip one that holds more text than the threshold
+    plain = tmp_path / "small.json"
+    plain.write_bytes(b"x" * 100)
+    packed = tmp_path / "big.json.gz"
+    packed.write_bytes(gzip.compress(b"x" * 100_000))
+    monkeypatch.setattr(memory, "BIG_INPUT_BYTES", packed.stat().st_size * memory.GZIP_RATIO)
+    assert memory.BIG_INPUT_BYTES > 100
+    # THEN small inputs (or none) keep freed pages a second; big ones purge at once
+    for argv, delay in (([], "1000"), (["analyze", str(plain)], "1000"), (["analyze", str(packed)], "0")):
+        monkeypatch.delenv("MIMALLOC_PURGE_DELAY", raising=False)
+        memory.configure(argv)
+        assert os.environ["MIMALLOC_PURGE_DELAY"] == delay, argv
+    # a folder counts the files inside; gzip counts inflated; options and missing paths count nothing
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    (folder / "rank0.json").write_bytes(b"x" * 150)
+    (folder / "rank1.json").write_bytes(b"x" * 150)
+    assert memory.input_bytes(["--json", "out.json", str(folder)]) == 300
+    assert memory.input_bytes([str(packed)]) == packed.stat().st_size * memory.GZIP_RATIO
     monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "250")
-    memory.configure()  # a user's own setting wins
+    memory.configure(["analyze", str(packed)])  # a user's own setting wins
     assert os.environ["MIMALLOC_PURGE_DELAY"] == "250"
 
 
@@ -36,4 +54,4 @@ print(seen[0] if seen else "never")
 def test_cli_configures_before_pyarrow_is_imported() -> None:
     # mimalloc reads its options when pyarrow first loads it: the CLI must set them before that
     out = subprocess.run([sys.executable, "-c", HOOK], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0"
+    assert out.stdout.strip() == "1000"  # no input named: a small run

@@ -11,7 +11,7 @@ import sys
 
 from analyzer import memory
 
-memory.configure()  # before pyarrow loads: see analyzer/memory.py
+memory.configure(sys.argv[1:])  # before pyarrow loads: see analyzer/memory.py
 
 import click  # noqa: E402
 
