@@ -7,8 +7,9 @@ Usage::
     python benchmarks/run.py --profile            # also cProfile analyze on the largest file
 
 Every measurement runs in its own child process, one at a time, so each peak RSS (``ru_maxrss`` of
-the child, from ``wait4``) belongs to that measurement alone. The files are read once first so all
-measurements see the page cache warm. Per plain file:
+the child, from ``wait4``) belongs to that measurement alone. The file is read before each
+measurement so all of them see it in the page cache (the orjson child's ~7 GB per GB of JSON can
+push it out). Per plain file:
 
 * ``orjson``   ``orjson.loads`` of the file's bytes with the GC off: the time of the call alone
   (reading the bytes is reported apart), and the child's peak RSS;
@@ -331,6 +332,9 @@ def measure_file(plain: Path, args: argparse.Namespace, hta_py: Path | None) -> 
     env = {"LKM_CACHE_DIR": str(cache)}
     for step in ("orjson", "read", "analyze", "analyze_cached"):
         print(f"  {plain.name}: {step} ...", file=sys.stderr, flush=True)
+        # orjson's 7 GB of objects (1 GB file) may push the file out of the page cache: every
+        # measurement starts with it cached, as it is for the orjson call
+        warm(plain)
         if step == "orjson":
             row[step] = best([py, "-c", ORJSON_CHILD, str(plain)])
         elif step == "read":
