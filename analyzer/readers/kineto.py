@@ -37,6 +37,7 @@ from analyzer.model import (
     Trace,
     dict_isin,
     dict_strings,
+    dict_take,
     launch_calls,
     table_from_columns,
 )
@@ -1023,9 +1024,10 @@ def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
     if launches.num_rows == 0:
         return none
     pos = pc.index_in(corr, value_set=launches["correlation"].combine_chunks())  # first match per correlation
-    names = launches["name"].combine_chunks().cast(pa.string()).take(pos)
-    graph = pc.fill_null(pc.match_substring_regex(names, _GRAPH_LAUNCH.pattern), False)
-    return names, graph
+    names = dict_take(launches["name"], pos)
+    # the pattern is tested once per distinct call name, not once per kernel
+    graph = pc.match_substring_regex(names.dictionary, _GRAPH_LAUNCH.pattern).take(names.indices)
+    return names, pc.fill_null(graph, False)
 
 
 # --------------------------------------------------------------------------- metadata
