@@ -327,10 +327,13 @@ def _init_worker() -> None:
 def worker_memory_pool() -> None:
     """Arrow allocations of a worker from jemalloc, which keeps freed pages for reuse a while.
 
-    This process's mimalloc may be set to hand freed pages back at once (``analyzer.memory``), and a
-    forked worker inherits that: each chunk's tables then fault their pages in again, which costs a
-    worker ~0.7 s of system time per GB here. A worker holds one chunk's tables at a time, so what
-    jemalloc keeps is small."""
+    A forked worker inherits this process's mimalloc setting (``analyzer.memory``). Where that hands
+    freed pages back at once, the inputs are big and memory comes first: the worker keeps it. Else
+    jemalloc spares the worker faulting each chunk's pages in again (~0.7 s of system time per GB
+    here, half its page faults); a worker holds one chunk's tables at a time, so what it keeps is
+    small."""
+    if os.environ.get("MIMALLOC_PURGE_DELAY") == "0":
+        return
     try:
         pa.set_memory_pool(pa.jemalloc_memory_pool())
     except NotImplementedError:
