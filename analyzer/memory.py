@@ -33,6 +33,12 @@ def configure(argv: Sequence[str] = ()) -> None:
         os.environ["MIMALLOC_PURGE_DELAY"] = "0" if input_bytes(argv) >= BIG_INPUT_BYTES else "1000"
 
 
+def tight() -> bool:
+    """Whether memory comes first in this run (freed pages go back at once): then work that holds
+    memory longer to save time, like hashing a trace beside the analysis, is not done."""
+    return os.environ.get("MIMALLOC_PURGE_DELAY") == "0"
+
+
 def input_bytes(argv: Sequence[str]) -> int:
     """Trace text the command-line arguments name, roughly: files (gzip counted inflated) and the
     files of folders; arguments that are not paths count nothing."""

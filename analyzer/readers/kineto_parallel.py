@@ -84,7 +84,7 @@ def stream(
     ``find_events(head)`` gives (text before the array or None for a bare list, offset of the first
     event) or None; ``add`` receives each chunk's tables in file order.
     """
-    from analyzer import background
+    from analyzer import background, memory
 
     background.wait()  # no thread of ours is mid-work when the workers are forked
     ctx = multiprocessing.get_context("fork")
@@ -108,8 +108,10 @@ def stream(
             pieces = _gzip_pieces(path, find_events, chunk_bytes, files)
         else:
             # hashing competes with the workers for the CPU: inside a deferred block it waits for
-            # the analysis, which leaves a core idle (analyzer.background)
-            pieces = _file_pieces(path, find_events, chunk_bytes, hash_now=not background.deferring())
+            # the analysis, which leaves a core idle (analyzer.background); not where memory comes
+            # first: the cache entry, written after the hash, holds the whole trace until written
+            later = background.deferring() and not memory.tight()
+            pieces = _file_pieces(path, find_events, chunk_bytes, hash_now=not later)
         for kind, value, done in pieces:
             if kind == "prefix":
                 head = value
@@ -332,7 +334,9 @@ def worker_memory_pool() -> None:
     jemalloc spares the worker faulting each chunk's pages in again (~0.7 s of system time per GB
     here, half its page faults); a worker holds one chunk's tables at a time, so what it keeps is
     small."""
-    if os.environ.get("MIMALLOC_PURGE_DELAY") == "0":
+    from analyzer import memory
+
+    if memory.tight():
         return
     try:
         pa.set_memory_pool(pa.jemalloc_memory_pool())
