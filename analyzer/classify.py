@@ -337,7 +337,7 @@ def walk_sequence(
     code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
 
     def stages(*sets: Any) -> np.ndarray:
-        return np.array([any(s in x for x in sets) for s in kinds] + [False], bool)[code]
+        return np.array([any(s in x for x in sets) for s in kinds], bool)[code]
 
     anchor = stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm"))
     gemm = stages(GEMM_STAGES)

@@ -387,10 +387,9 @@ def required_literals(pattern: str, flags: int = 0) -> tuple[str, ...] | None:
 # --- loading --------------------------------------------------------------------------------------------
 
 
-def _read_toml(path: Path) -> tuple[dict[str, Any], bytes]:
-    raw = _read_bytes(path)
+def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
     try:
-        return tomllib.loads(raw.decode("utf-8")), raw
+        return tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: invalid TOML: {' '.join(str(e).split())}") from None
 
@@ -536,7 +535,7 @@ def _parse_rule_file(
 def load_taxonomy(path: str | Path = TAXONOMY_TOML) -> Taxonomy:
     """Read and validate rules/taxonomy.toml."""
     p = Path(path)
-    doc, _ = _read_toml(p)
+    doc = _parse_toml(p, _read_bytes(p))
     if doc.get("format_version", 1) != 1:
         raise InputError(f"{p}: unsupported format_version {doc.get('format_version')!r}")
     return _parse_taxonomy(doc, p)
@@ -553,10 +552,11 @@ def load_rules(
     Files already loaded with the same bytes give the same RuleSet without parsing again (checking
     every pattern costs ~0.2 s; a run loads the rules once here and once per worker process)."""
     files = [Path(taxonomy_file), *(Path(p) for p in extra_files), Path(kernels_file)]
-    key = tuple((str(p), _read_bytes(p)) for p in files)
+    contents = [(p, _read_bytes(p)) for p in files]
+    key = tuple((str(p), raw) for p, raw in contents)
     hit = _LOADED.get(key)
     if hit is None:
-        hit = _LOADED[key] = _load_rules(files[1:], files[0])
+        hit = _LOADED[key] = _load_rules(contents)
         while len(_LOADED) > 8:
             del _LOADED[next(iter(_LOADED))]
     return hit
@@ -572,8 +572,12 @@ def _read_bytes(path: Path) -> bytes:
         raise InputError(f"{path}: cannot read rule file: {e.strerror or e}") from None
 
 
-def _load_rules(paths: list[Path], tax_path: Path) -> RuleSet:
-    tax_doc, tax_bytes = _read_toml(tax_path)
+def _load_rules(contents: list[tuple[Path, bytes]]) -> RuleSet:
+    """The RuleSet of (taxonomy, rule files...) given as (path, bytes): parsed from the bytes the
+    memo is keyed by, so a file changed since cannot slip in under the old key."""
+    (tax_path, tax_bytes), *rule_files = contents
+    paths = [p for p, _ in rule_files]
+    tax_doc = _parse_toml(tax_path, tax_bytes)
     if tax_doc.get("format_version", 1) != 1:
         raise InputError(f"{tax_path}: unsupported format_version {tax_doc.get('format_version')!r}")
     taxonomy = _parse_taxonomy(tax_doc, tax_path)
@@ -582,8 +586,8 @@ def _load_rules(paths: list[Path], tax_path: Path) -> RuleSet:
     rules: list[Rule] = []
     aliases: dict[str, str] = {}
     seen: dict[str, str] = {}
-    for path in paths:
-        doc, raw = _read_toml(path)
+    for path, raw in rule_files:
+        doc = _parse_toml(path, raw)
         digest.update(b"\0" + raw)
         file_rules, file_aliases = _parse_rule_file(path, doc, taxonomy)
         for r in file_rules:

@@ -357,27 +357,36 @@ def _top_level(path: Path, prefix: bytes | None, tail: bytes) -> dict[str, Any]:
 
 
 def _decode_at_boundary(buf: bytearray, start: int, path: Path) -> tuple[list[_Event], int] | None:
-    """Decode the events before the first whole-event boundary after ``start``.
+    """Decode the events before the first whole-event boundary (``}`` ``,`` ``{``) after ``start``;
+    return them and the index just after their last ``}``, or None when no boundary is found.
+    ``buf[0]`` is a spare byte, the events start after it (see :func:`_decode_through`)."""
+    found = _decode_through(buf, _BOUNDARY, max(start, 1), path)
+    return None if found is None else (found[0], found[1].start() + 1)
 
-    ``buf[0]`` is a spare byte, the events start after it. A candidate boundary (``}`` ``,`` ``{``)
-    inside a string or a nested object leaves the chunk unbalanced, which the decoder reports at
-    the very end of the chunk: then try the next one. An error earlier in the chunk is real
-    corruption. Returns None when no boundary is found. The chunk is decoded in place: the spare
-    byte becomes ``[`` and the byte after the cut ``]`` for the time of the decoding (a copy per
-    chunk cost its page faults: ~0.3 s per 250 MB here). The events' raw fields point into
-    ``buf``: drop them before ``buf`` is resized.
+
+def _decode_through(
+    buf: bytearray, end: re.Pattern[bytes], pos: int, path: Path | str
+) -> tuple[list[Any], re.Match[bytes]] | None:
+    """Decode the events from ``buf[1]`` to the first match of ``end`` at or after ``pos`` that
+    closes them (its ``}`` ends the last event); return them and that match, or None when there is
+    none.
+
+    A candidate inside a string or a nested object leaves the text unbalanced, which the decoder
+    reports at its very end: then the next one is tried. An error earlier is real corruption. The
+    text is decoded in place: the spare byte ``buf[0]`` becomes ``[`` and the byte after the ``}``
+    ``]`` for the time of the decoding (a copy per chunk cost its page faults: ~0.3 s per 250 MB
+    here). The events' raw fields point into ``buf``: drop them before ``buf`` is resized.
     """
-    pos = max(start, 1)
     buf[0] = 0x5B  # [
     while True:
-        m = _BOUNDARY.search(buf, pos)
+        m = end.search(buf, pos)
         if m is None:
             return None
         cut = m.start() + 1
         keep = buf[cut]
         buf[cut] = 0x5D  # ]
         try:
-            return _DECODER.decode(memoryview(buf)[: cut + 1]), cut
+            return _DECODER.decode(memoryview(buf)[: cut + 1]), m
         except msgspec.ValidationError as e:
             raise InputError(f"{path}: event with unexpected field type ({e})") from None
         except msgspec.DecodeError as e:
@@ -401,34 +410,17 @@ def _error_at_end(msg: str, size: int) -> bool:
 def decode_last(buf: bytearray, path: Path | str = "trace") -> tuple[list[Any], bytes]:
     """Decode the final events; return them and what follows the array (the rest of the top object).
 
-    ``buf[0]`` is a spare byte, the text starts at ``buf[1]``. The events are decoded in place, the
-    spare byte turned into ``[`` and the byte after the last event into ``]``: no copy of the text
-    (three copies of up to two chunks made the last chunk the peak of a worker's memory)."""
-    view = memoryview(buf)
-    try:
-        first = _first_text(buf)
-        if buf[first : first + 1] == b"]":
-            return [], bytes(view[first + 1 :])
-        buf[0] = 0x5B  # [
-        pos = first
-        while True:
-            m = _ARRAY_END.search(buf, pos)
-            if m is None:
-                raise InputError(f"{path}: truncated trace (traceEvents array never ends)")
-            end = m.start() + 1  # just after the last event's "}"
-            keep = buf[end]
-            buf[end] = 0x5D  # ]
-            try:
-                return _DECODER.decode(view[: end + 1]), bytes(view[m.end() :])
-            except msgspec.ValidationError as e:
-                raise InputError(f"{path}: event with unexpected field type ({e})") from None
-            except msgspec.DecodeError as e:
-                if not _error_at_end(str(e), end + 1):
-                    raise InputError(f"{path}: not valid JSON in traceEvents ({e})") from None
-                buf[end] = keep
-                pos = m.end()
-    finally:
-        view.release()
+    ``buf[0]`` is a spare byte, the text starts at ``buf[1]``; the events are decoded in place
+    (:func:`_decode_through`: three copies of up to two chunks made the last chunk the peak of a
+    worker's memory)."""
+    first = _first_text(buf)
+    if buf[first : first + 1] == b"]":
+        return [], bytes(memoryview(buf)[first + 1 :])
+    found = _decode_through(buf, _ARRAY_END, first, path)
+    if found is None:
+        raise InputError(f"{path}: truncated trace (traceEvents array never ends)")
+    events, m = found
+    return events, bytes(memoryview(buf)[m.end() :])
 
 
 def _first_text(buf: bytearray) -> int:
