@@ -20,7 +20,7 @@ push it out). Per plain file:
   load + ``get_gpu_kernel_breakdown()``, when it installs;
 
 and for the gzip copy of the same bytes: ``gunzip`` (decompressing it to nowhere, 16 MB reads) and
-``analyze`` on the ``.json.gz``. Results: a table on stdout, ``benchmarks/results/latest.json`` and
+``analyze`` on the ``.json.gz``, its runs alternating with those of the plain file's ``analyze``. Results: a table on stdout, ``benchmarks/results/latest.json`` and
 ``benchmarks/results/latest.md``.
 
 Targets (DESIGN §7, 1 GB plain file): analyze time / orjson.loads time <= 1.0; analyze peak RSS /
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import gzip
 import json
 import os
@@ -193,15 +194,32 @@ def timed_runs(once: Callable[[bool], dict], repeat: int) -> dict:
     more run, sampled: reading every process's smaps (:func:`tree_rss`) takes its memory-map lock and
     walks its page tables ten times a second, work that competes with what is timed, so time and
     memory come from different runs of the same command."""
-    runs = [once(False) for _ in range(repeat)]
-    good = [r for r in runs if r["rc"] == 0] or runs
-    r = min(good, key=lambda x: x["wall_s"])
-    if len(runs) > 1:
-        r["runs"] = [x["wall_s"] for x in runs]
-    m = once(True)
-    r["peak_rss"] = max(r["peak_rss"], m["peak_rss"])
-    r["memory_run"] = {k: m[k] for k in ("wall_s", "cpu_s", "peak_rss", "rc")}
-    return r
+    return timed_alternating([once], repeat)[0]
+
+
+def timed_alternating(onces: list[Callable[[bool], dict]], repeat: int) -> list[dict]:
+    """:func:`timed_runs` of several commands whose times are compared, their runs alternating (a, b,
+    b, a, a, b, ...) so that other work on the machine, which comes and goes over minutes, weighs on
+    each of them alike: measured one after the other, a load that only one of them met showed as a
+    difference of 2 s in 12 s here."""
+    runs: list[list[dict]] = [[] for _ in onces]
+    for i in range(repeat):
+        order = range(len(onces)) if i % 2 == 0 else reversed(range(len(onces)))
+        for j in order:
+            runs[j].append(onces[j](False))
+    out = []
+    for rs in runs:
+        good = [r for r in rs if r["rc"] == 0] or rs
+        r = min(good, key=lambda x: x["wall_s"])
+        if len(rs) > 1:
+            r["runs"] = [x["wall_s"] for x in rs]
+        out.append(r)
+    # the first command's sampled run comes last: what it leaves (its cache entry) is there after
+    for j in reversed(range(len(onces))):
+        m = onces[j](True)
+        out[j]["peak_rss"] = max(out[j]["peak_rss"], m["peak_rss"])
+        out[j]["memory_run"] = {k: m[k] for k in ("wall_s", "cpu_s", "peak_rss", "rc")}
+    return out
 
 
 def tree_rss(pid: int) -> int:
@@ -330,6 +348,11 @@ def measure_file(plain: Path, args: argparse.Namespace, hta_py: Path | None) -> 
         return [*cli_cmd(), "analyze", str(target), "--json", str(out_json)]
 
     env = {"LKM_CACHE_DIR": str(cache)}
+
+    def analyze_cold(target: Path, sample: bool) -> dict:
+        return run_child(cold(target), timeout, env=env, sample=sample)
+
+    gz = ensure_gzip(plain) if args.gzip else None
     for step in ("orjson", "read", "analyze", "analyze_cached"):
         print(f"  {plain.name}: {step} ...", file=sys.stderr, flush=True)
         # orjson's 7 GB of objects (1 GB file) may push the file out of the page cache: every
@@ -340,24 +363,25 @@ def measure_file(plain: Path, args: argparse.Namespace, hta_py: Path | None) -> 
         elif step == "read":
             row[step] = best([py, "-c", READER_CHILD, str(plain)])
         elif step == "analyze":
-            row[step] = timed_runs(
-                lambda sample: run_child(cold(plain), timeout, env=env, sample=sample), args.repeat
-            )
+            # the .json.gz's analyze runs alternate with these: their difference is a target
+            targets = [plain, gz] if gz else [plain]
+            for target in targets[1:]:
+                warm(target)
+            got = timed_alternating([functools.partial(analyze_cold, t) for t in targets], args.repeat)
+            row[step] = got[0]
+            if gz:
+                row["gz_bytes"] = gz.stat().st_size
+                row["analyze_gz"] = got[1]
         else:  # the cache now holds this file's tables: a second analyze reads them instead
             row[step] = run_child(
                 [*cli_cmd(), "analyze", str(plain), "--json", str(out_json)], timeout, env=env
             )
         print(f"    {_brief(row[step])}", file=sys.stderr)
-    if args.gzip:
-        gz = ensure_gzip(plain)
+    if gz:
         warm(gz)
-        row["gz_bytes"] = gz.stat().st_size
-        print(f"  {gz.name}: gunzip, analyze ...", file=sys.stderr, flush=True)
+        print(f"  {gz.name}: gunzip ...", file=sys.stderr, flush=True)
         row["gunzip"] = best([py, "-c", GUNZIP_CHILD, str(gz)])
-        row["analyze_gz"] = timed_runs(
-            lambda sample: run_child(cold(gz), timeout, env=env, sample=sample), args.repeat
-        )
-        print(f"    {_brief(row['gunzip'])}; {_brief(row['analyze_gz'])}", file=sys.stderr)
+        print(f"    {_brief(row['gunzip'])}; analyze: {_brief(row['analyze_gz'])}", file=sys.stderr)
     shutil.rmtree(cache, ignore_errors=True)
     if hta_py is not None:
         tdir = DATA / "hta-dirs" / plain.stem

@@ -174,6 +174,38 @@ def _counting(fn, calls: list):
     return wrapped
 
 
+@pytest.mark.parametrize("chunk", [4093, 4096, 5000, 9999])
+def test_gzip_chunks_tile_the_events_at_boundaries(chunk: int, tmp_path: Path) -> None:
+    # GIVEN a gzip trace whose events are spaced so that some boundaries fall across two blocks
+    events = [{"ph": "X", "cat": "kernel", "name": "k" * (i % 37), "ts": i, "dur": 1} for i in range(2000)]
+    text = json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0}, {"id": 1}]}, indent=1).encode()
+    p = _write(tmp_path, "t.json.gz", gzip.compress(text))
+    files = kineto_parallel._Memfds()
+    chunks: list[bytes] = []
+    try:
+        for kind, value, _ in kineto_parallel._gzip_pieces(p, kineto._find_events, chunk, files):
+            if kind in ("task", "last"):
+                path, start, end = value
+                chunks.append(Path(path).read_bytes()[start:end])
+                files.release(value)
+            elif kind == "sha":
+                sha = value
+    finally:
+        files.close()
+    # THEN the chunks, joined by the boundaries they were cut at, are the text from the first event
+    first = text.index(b"{", text.index(b"["))
+    pos = first
+    for c in chunks[:-1]:
+        assert text[pos : pos + len(c)] == c
+        assert c.startswith(b"{") and c.endswith(b"}") and len(c) >= chunk
+        gap = kineto._BOUNDARY.match(text, pos + len(c) - 1)
+        assert gap is not None, "a cut not at an event boundary"
+        pos = gap.end() - 1
+    assert text[pos:] == chunks[-1] and len(chunks[-1]) >= chunk
+    assert len(chunks) > 5
+    assert sha == rawtrace.sha256(p)
+
+
 def test_parallel_gzip_cut_short_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a gzip trace cut in the middle, read by workers in small chunks (held in memfds)
     data = gzip.compress(gzip.decompress(H200_TRACES[0].read_bytes()))
@@ -198,13 +230,13 @@ def test_parallel_gzip_chunk_file_unreadable_falls_back(
     want = read_trace(H200_TRACES[0])
     monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
     monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 256 << 10)
-    real_put = kineto_parallel._Memfds.put
+    real_task = kineto_parallel._Memfds.task
 
-    def put(self, data):
-        real_put(self, data)
-        return str(tmp_path / "no-such-chunk"), 0, len(data)
+    def task(self):
+        _, start, end = real_task(self)
+        return str(tmp_path / "no-such-chunk"), start, end
 
-    monkeypatch.setattr(kineto_parallel._Memfds, "put", put)
+    monkeypatch.setattr(kineto_parallel._Memfds, "task", task)
     # THEN the file is read sequentially instead, into the same tables
     got = read_trace(H200_TRACES[0])
     for a, b in zip(_tables(got), _tables(want), strict=True):

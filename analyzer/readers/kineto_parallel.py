@@ -211,26 +211,41 @@ class _Memfds:
     """Decompressed chunks for the workers, each in an in-memory file (``memfd``) they open as
     ``/proc/<this pid>/fd/<n>``. A file is written again once its task is collected, so its pages are
     allocated once: at most a few chunks exist at a time, and nothing goes to disk (a spill file cost
-    ~2 s of system time per GB here)."""
+    ~2 s of system time per GB here). A chunk is written piece by piece as it is decompressed: no
+    buffer of this process holds it whole."""
 
     def __init__(self) -> None:
         self.free: list[int] = []
         self.fds: list[int] = []
+        self.fd = -1  # the file being written, and its length so far
+        self.size = 0
 
-    def put(self, data: memoryview) -> tuple[str, int, int]:
-        """A task range (path, 0, size) holding ``data``."""
-        if self.free:
-            fd = self.free.pop()
-        else:
-            try:
-                fd = os.memfd_create("lkm-chunk", os.MFD_CLOEXEC)
-            except (AttributeError, OSError) as e:
-                raise Fallback(f"no in-memory file for a chunk ({e})") from None
-            self.fds.append(fd)
+    def write(self, data: memoryview) -> None:
+        """Append ``data`` to the chunk being written (a new one if none is)."""
+        if self.fd < 0:
+            self.fd, self.size = self._take(), 0
         done = 0
         while done < len(data):
-            done += os.pwrite(fd, data[done:], done)
-        return f"/proc/{os.getpid()}/fd/{fd}", 0, len(data)
+            done += os.pwrite(self.fd, data[done:], self.size + done)
+        self.size += done
+
+    def task(self) -> tuple[str, int, int]:
+        """The chunk written so far as a task range (path, 0, size); the next write starts another."""
+        if self.fd < 0:
+            self.fd, self.size = self._take(), 0
+        task = (f"/proc/{os.getpid()}/fd/{self.fd}", 0, self.size)
+        self.fd, self.size = -1, 0
+        return task
+
+    def _take(self) -> int:
+        if self.free:
+            return self.free.pop()
+        try:
+            fd = os.memfd_create("lkm-chunk", os.MFD_CLOEXEC)
+        except (AttributeError, OSError) as e:
+            raise Fallback(f"no in-memory file for a chunk ({e})") from None
+        self.fds.append(fd)
+        return fd
 
     def release(self, task: tuple[str, int, int]) -> None:
         """The worker of ``task`` is done with its file: it may hold the next chunk."""
@@ -241,60 +256,58 @@ class _Memfds:
             os.close(fd)
         self.fds.clear()
         self.free.clear()
+        self.fd, self.size = -1, 0
 
 
 def _gzip_pieces(
     path: Path, find_events: Callable[[bytes], tuple[bytes | None, int] | None], chunk: int, files: _Memfds
 ) -> Iterator[tuple[str, Any, int]]:
     """The same pieces for a gzip file: this process decompresses, and each chunk goes to the workers
-    in one of ``files``."""
+    in one of ``files``.
+
+    Each decompressed block is written straight into the chunk files, cut at an event boundary once
+    a chunk holds ``chunk`` bytes; no cut leaves less than ``chunk`` bytes after it (known from the
+    next block, read ahead), so the rest of the top-level object stays in the last chunk, as in
+    :func:`_file_pieces`. A boundary split between two blocks is not seen: the cut moves to the
+    next one."""
     from analyzer.readers import gz
     from analyzer.readers.kineto import _open
 
     g, raw = _open(path)
-    # one buffer for the whole file: growing and shrinking a bytearray per chunk made the allocator
-    # return and fault in its pages again (~3 s of system time per GB)
-    buf = bytearray(3 * chunk + PROBE_BYTES)
-    view = memoryview(buf)
-    fill = 0  # decompressed bytes in buf, not yet handed out beyond pos
+
+    def read() -> bytes:
+        try:
+            return g.read(chunk)
+        except gz.ERRORS as e:
+            raise Fallback(f"gzip: {e}") from None
+
     try:
-
-        def more() -> bool:
-            nonlocal fill
-            try:
-                block = g.read(chunk)
-            except gz.ERRORS as e:
-                raise Fallback(f"gzip: {e}") from None
-            view[fill : fill + len(block)] = block
-            fill += len(block)
-            return bool(block)
-
-        eof = not more()
-        found = find_events(bytes(view[: min(fill, PROBE_BYTES)]))
+        block = read()
+        found = find_events(block[:PROBE_BYTES])
         if found is None:
             raise Fallback("no traceEvents array near the start")
         prefix, pos = found
         yield "prefix", prefix, 0
         rx = _boundary()
-        while True:
-            while fill - pos < 2 * chunk and not eof:
-                eof = not more()
-            if fill - pos < 2 * chunk:
-                break
-            m = rx.search(buf, pos + chunk, fill)
-            if m is None:
-                raise Fallback("no event boundary in a chunk")
-            yield "task", files.put(view[pos : m.start() + 1]), raw.tell()
-            nxt = m.end() - 1
-            view[: fill - nxt] = view[nxt:fill]  # the rest moves to the front (memmove)
-            fill -= nxt
-            pos = 0
-        yield "last", files.put(view[pos:fill]), raw.tell()
+        while block:
+            ahead = read()
+            view = memoryview(block)
+            while True:
+                start = pos + max(0, chunk - files.size)  # the chunk being written is full there
+                m = rx.search(block, start) if start < len(block) else None
+                if m is None or len(block) - m.end() + 1 + len(ahead) < chunk:
+                    files.write(view[pos:])
+                    break
+                files.write(view[pos : m.start() + 1])
+                yield "task", files.task(), raw.tell()
+                pos = m.end() - 1
+            view.release()
+            block, pos = ahead, 0
+        yield "last", files.task(), raw.tell()
         while raw.readinto(bytearray(1 << 20)):  # bytes after the gzip stream, if any
             pass
         yield "sha", raw.sha.hexdigest(), raw.tell()
     finally:
-        view.release()
         g.close()
         raw.close()
 
