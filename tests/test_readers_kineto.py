@@ -376,3 +376,28 @@ def test_reader_never_crashes_on_mutated_traces(
         and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     ]
     assert trace.kernels.num_rows == len(gpu)
+
+
+@pytest.mark.parametrize(
+    "vals",
+    [
+        [[1, 2, 3], None, [4, 5, 6]],
+        [None, None],
+        [],
+        [[1, 2], [1, 2, 3, 4], [7, 8, 9], []],
+        [[2**62, 1, 1], [0, 0, 0]],
+        [[2**64, 1, 1], [1, 2, 3]],  # beyond int64: that value null, as any a column cannot hold
+    ],
+)
+def test_grid_and_block_triples_split_into_columns(vals: list) -> None:
+    # GIVEN grid/block values as decoded: triples, missing ones, lists of another length
+    cols = kineto._dims3(vals)
+
+    # THEN each axis holds the triple's value, null where there is no triple or it does not fit
+    def want(v: list | None, i: int) -> int | None:
+        ok = v is not None and len(v) == 3 and -(2**63) <= v[i] < 2**63
+        return v[i] if ok else None
+
+    for i, col in enumerate(cols):
+        assert col.type == "int64"
+        assert col.to_pylist() == [want(v, i) for v in vals]

@@ -637,7 +637,21 @@ _NO_DIMS = (None, None, None)
 
 
 def _dims3(vals: list[list[int] | None]) -> list[pa.Array]:
-    """x, y, z columns of grid/block triples (missing entries null)."""
+    """x, y, z columns of grid/block triples (missing entries, and lists of another length, null)."""
+    try:
+        lists = pa.array(vals, pa.list_(pa.int64()))  # in C; values beyond int64 take the slow way
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        return _dims3_slow(vals)
+    if lists.values.null_count:
+        return _dims3_slow(vals)
+    starts = lists.offsets.to_numpy()[:-1]
+    ok = pc.fill_null(pc.equal(pc.list_value_length(lists), 3), False).to_numpy(zero_copy_only=False)
+    values = np.append(lists.values.to_numpy(zero_copy_only=False), np.zeros(3, np.int64))
+    at = np.where(ok, starts, len(values) - 3)  # a missing triple reads zeros, masked
+    return [pa.array(values[at + i], mask=~ok) for i in range(3)]
+
+
+def _dims3_slow(vals: list[Any]) -> list[pa.Array]:
     flat = [v for d in vals for v in (d if d is not None and len(d) == 3 else _NO_DIMS)]
     arr = _ints(flat).to_numpy(zero_copy_only=False)  # float64 with NaN where null
     if arr.dtype.kind == "f":
