@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analyzer import keys
 from analyzer import rules as rules_mod
 from analyzer.model import dict_isin, dict_strings, dict_take, pylist
 
@@ -77,8 +78,8 @@ def classify_kernels(kernels: pa.Table, host_ops: pa.Table, ruleset: Any) -> pa.
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     start = 0
     ordered = order[timed[order]]
-    keys = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
-    bounds = np.flatnonzero(np.diff(keys)) + 1
+    segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
+    bounds = np.flatnonzero(np.diff(segment)) + 1
     for seg in np.split(ordered, bounds):
         if len(seg):
             walk_sequence(seg, stage, norm, op_names, launch, layer)
@@ -164,11 +165,6 @@ def op_hint_table() -> dict[str, str]:
     return out
 
 
-def _op_keys(trace_id: pa.Array, ext: pa.Array) -> pa.Array:
-    """One int64 key per (trace_id, external id): ids are far below 2**40 in any real trace."""
-    return pc.add(pc.multiply(trace_id.cast(pa.int64()), pa.scalar(1 << 40, pa.int64())), ext)
-
-
 _LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
 
 
@@ -193,14 +189,9 @@ def forget_launching_ops() -> None:
 
 
 def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
-    wanted = pc.unique(kernels["launch_op_id"].drop_null())
-    is_op = pa.array(dict_isin(host_ops["category"], ["cpu_op"]))
-    mask = pc.and_(is_op, pc.fill_null(pc.is_in(host_ops["external_id"], wanted), False))
-    rows = (
-        pc.indices_nonzero(mask)
-        if hasattr(pc, "indices_nonzero")
-        else pa.array(np.flatnonzero(mask.to_numpy(zero_copy_only=False)))
-    )
+    wanted = keys.unique(kernels["launch_op_id"])
+    mask = dict_isin(host_ops["category"], ["cpu_op"]) & keys.isin(host_ops["external_id"], wanted)
+    rows = pa.array(np.flatnonzero(mask))
     if len(rows) == 0:
         return None
     # several ops share an external id when nested: the innermost is the latest to start. Order and
@@ -208,17 +199,15 @@ def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table,
     start = host_ops["start_ns"].take(rows)
     order = pc.array_sort_indices(start.combine_chunks(), order="descending")
     rows = rows.take(order)
-    keys = _op_keys(
-        host_ops["trace_id"].take(rows).combine_chunks(), host_ops["external_id"].take(rows).combine_chunks()
-    )
-    first = pc.index_in(keys, value_set=keys)  # first occurrence = latest start
+    op_keys = keys.pair(host_ops["trace_id"].take(rows), host_ops["external_id"].take(rows))
+    first = keys.index_in(op_keys, op_keys)  # first occurrence = latest start
     keep = pc.equal(first, pa.array(np.arange(len(rows)), pa.int32()))
     rows = rows.filter(keep)
     # the key columns only (the shape lists stay in host_ops: ``row`` points there), so that the
     # memo holds a few bytes per launching op
     ops = host_ops.select(["trace_id", "name", "shape_id"]).take(rows).append_column("row", rows)
-    kkeys = _op_keys(kernels["trace_id"].combine_chunks(), kernels["launch_op_id"].combine_chunks())
-    return ops, pc.index_in(kkeys, value_set=keys.filter(keep))
+    kkeys = keys.pair(kernels["trace_id"], kernels["launch_op_id"])
+    return ops, keys.index_in(kkeys, op_keys.filter(keep))
 
 
 def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | None], dict[int, Any]]:

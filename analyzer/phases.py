@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer import timeline
+from analyzer import keys, timeline
 from analyzer.model import dict_isin, dict_strings, launch_calls, objects
 
 if TYPE_CHECKING:
@@ -301,17 +301,13 @@ def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
     calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
     if calls.num_rows == 0:
         return start.copy()
-    c = calls.to_pandas()
-    c = c.drop_duplicates(["trace_id", "correlation"])
-    k = pd.DataFrame(
-        {
-            "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
-            "correlation": kernels["correlation"].to_pandas(),
-        }
+    pos = keys.index_in(  # the first call of each (trace, correlation)
+        keys.pair(kernels["trace_id"], kernels["correlation"]),
+        keys.pair(calls["trace_id"], calls["correlation"]),
     )
-    m = k.merge(c, on=["trace_id", "correlation"], how="left")
-    out = m["start_ns"].to_numpy(dtype="float64")
-    return np.where(np.isnan(out), start, out).astype(np.int64)
+    call_start = pc.take(calls["start_ns"], pos)
+    found = call_start.is_valid().to_numpy(zero_copy_only=False)
+    return np.where(found, call_start.fill_null(0).to_numpy(zero_copy_only=False), start).astype(np.int64)
 
 
 # --------------------------------------------------------------------------- annotated steps

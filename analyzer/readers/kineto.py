@@ -28,6 +28,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analyzer import keys
 from analyzer.errors import InputError
 from analyzer.model import (
     ANNOTATION_SCHEMA,
@@ -812,7 +813,7 @@ def _post_process(
     base = _base_ns(meta_obj)
     rank = meta.rank
     ext = [c.cast(pa.int64()) for t in builder.kernels for c in t["external_id"].chunks]
-    wanted = pc.unique(pa.chunked_array(ext, pa.int64())).drop_null() if ext else None
+    wanted = keys.unique(pa.chunked_array(ext, pa.int64())) if ext else None
     host = _host_ops(builder.host, wanted, base, rank)
     ann = _annotations(builder.ann, base, rank)
     kernels = _kernels(builder.kernels, host, base, rank, meta)
@@ -833,20 +834,16 @@ def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: i
         _decoded_dictionary(whole["dims_raw"], _parse_dims, pa.list_(pa.list_(pa.int64()))),
         _decoded_dictionary(whole["types_raw"], _parse_types, pa.list_(pa.string())),
     ]
-    # one hash set for the whole column (per batch it would be built again each time)
-    named = None if wanted is None else pc.fill_null(pc.is_in(whole["external_id"], wanted), False)
     batches = whole.to_batches()
     del whole
     batches.reverse()
     out: list[pa.Table] = []
-    offset = 0
     while batches:
         b = batches.pop()
-        keep = pa.array(~dict_isin(b["category"], ["cpu_op"]))
-        if named is not None:
-            keep = pc.or_(keep, named.slice(offset, b.num_rows).combine_chunks())
-        offset += b.num_rows
-        b = b.filter(keep)
+        keep = ~dict_isin(b["category"], ["cpu_op"])
+        if wanted is not None:
+            keep |= keys.isin(b["external_id"], wanted)
+        b = b.filter(pa.array(keep))
         del keep
         nh = b.num_rows
         if nh == 0:
@@ -934,8 +931,7 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
     else:
         devcol = dev_raw.astype(np.int64)
     if meta.extra.get("rocm"):
-        uniq = np.unique(devcol)
-        devcol = np.searchsorted(uniq, devcol)
+        devcol = np.searchsorted(keys.unique(devcol), devcol)
     # launch linkage via correlation
     launch_api, graph = _launch_info(k, host)
     start = _shift(k["ts"], base)
@@ -1029,7 +1025,7 @@ def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
     launches = launch_calls(host, ["correlation", "name"])
     if launches.num_rows == 0:
         return none
-    pos = pc.index_in(corr, value_set=launches["correlation"].combine_chunks())  # first match per correlation
+    pos = keys.index_in(corr, launches["correlation"])  # first match per correlation
     names = dict_take(launches["name"], pos)
     # the pattern is tested once per distinct call name, not once per kernel
     graph = pc.match_substring_regex(names.dictionary, _GRAPH_LAUNCH.pattern).take(names.indices)

@@ -1,0 +1,86 @@
+"""Membership and lookup of integer ids (external ids, correlation ids, op keys) by sorting.
+
+Arrow's hash kernels (``unique``, ``is_in``, ``index_in``) and numpy 2's hash-based ``np.unique``
+probe tables far bigger than the CPU caches at random: on a virtual machine that cost 60-100 ms
+per 400k ids (numpy's ``unique``: 450 ms), a few hundred ms per GB of trace. The ids of a trace come
+nearly in order (file and time order), so a stable sort of them is almost a pass over memory and a
+binary search into the sorted ids stays in cache: 2-35 ms for the same work.
+
+Nulls never match. Results equal those of the Arrow kernels (tested).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def ints(values: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """``values`` (Arrow array, chunked array or numpy) as int64 and a validity mask (None: no nulls)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if isinstance(values, pa.Array):
+        if values.type != pa.int64():
+            values = values.cast(pa.int64())
+        if values.null_count:
+            valid = values.is_valid().to_numpy(zero_copy_only=False)
+            return pc.fill_null(values, 0).to_numpy(), valid
+        return values.to_numpy(zero_copy_only=False), None
+    return np.asarray(values, np.int64), None
+
+
+def pair(trace_id: Any, ids: Any) -> pa.Array:
+    """One int64 key per (trace_id, id), null where the id is: ids are far below 2**40 in any real
+    trace (external ids, correlation ids)."""
+    tid = trace_id.combine_chunks() if isinstance(trace_id, pa.ChunkedArray) else trace_id
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    return pc.add(pc.multiply(tid.cast(pa.int64()), pa.scalar(1 << 40, pa.int64())), ids.cast(pa.int64()))
+
+
+def unique(values: Any) -> np.ndarray:
+    """The distinct non-null values, sorted."""
+    v, valid = ints(values)
+    if valid is not None:
+        v = v[valid]
+    s = np.sort(v, kind="stable")
+    if len(s) < 2:
+        return s
+    return s[np.concatenate(([True], s[1:] != s[:-1]))]
+
+
+def isin(values: Any, sorted_unique: np.ndarray) -> np.ndarray:
+    """Per value: whether it is in ``sorted_unique`` (from :func:`unique`); False for nulls."""
+    v, valid = ints(values)
+    if not len(sorted_unique) or not len(v):
+        return np.zeros(len(v), bool)
+    pos = np.searchsorted(sorted_unique, v)
+    pos[pos == len(sorted_unique)] = 0
+    hit = sorted_unique[pos] == v
+    return hit if valid is None else hit & valid
+
+
+def index_in(values: Any, value_set: Any) -> pa.Array:
+    """Per value: the index of its first occurrence in ``value_set`` (int32; null when absent or
+    null), as ``pyarrow.compute.index_in``."""
+    s, s_valid = ints(value_set)
+    at = np.arange(len(s)) if s_valid is None else np.flatnonzero(s_valid)
+    if s_valid is not None:
+        s = s[s_valid]
+    order = np.argsort(s, kind="stable")  # equal values keep their order: the first comes first
+    s = s[order]
+    first = np.ones(len(s), bool)
+    first[1:] = s[1:] != s[:-1]
+    uniq, uniq_at = s[first], at[order[first]]
+    del s, order, first, at  # a 10 GB trace's ids: tens of MB each
+    v, valid = ints(values)
+    if not len(uniq) or not len(v):
+        return pa.nulls(len(v), pa.int32())
+    pos = np.searchsorted(uniq, v)
+    pos[pos == len(uniq)] = 0
+    hit = uniq[pos] == v
+    if valid is not None:
+        hit &= valid
+    return pa.array(np.where(hit, uniq_at[pos], 0).astype(np.int32), mask=~hit)
