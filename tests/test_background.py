@@ -108,14 +108,16 @@ def test_a_plain_trace_is_hashed_beside_the_analysis(
     plain.write_bytes(gzip.decompress(H200_DENSE.read_bytes()))
     monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
     monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 1 << 20)
-    threads = []
-    real = analyzer.readers.file_sha256
+    threads = []  # the thread of each sha256 computed
 
-    def spy(path):
-        threads.append(threading.current_thread().name)
-        return real(path)
+    class Spy:
+        @staticmethod
+        def sha256():
+            threads.append(threading.current_thread().name)
+            return hashlib.sha256()
 
-    monkeypatch.setattr(analyzer.readers, "file_sha256", spy)
+    monkeypatch.setattr(analyzer.readers, "hashlib", Spy)
+    analyzer.readers._SHA_MEMO.clear()
     # (big inputs: memory first, see analyzer.memory)
     monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "0" if tight else "1000")
     # WHEN the CLI's analysis runs
@@ -130,3 +132,62 @@ def test_a_plain_trace_is_hashed_beside_the_analysis(
         key = cache.cache_key(plain)
         assert key.sha256 == digest
         assert cache.read_entry(cache.entry_dir(tmp_path / "cache", key), key, plain) is not None
+
+
+def test_a_file_asked_for_by_two_threads_is_hashed_once(monkeypatch, tmp_path: Path) -> None:
+    import hashlib
+
+    import analyzer.readers
+
+    # GIVEN a hash that is slow to start, and two threads asking for the same file's digest
+    p = tmp_path / "t.bin"
+    p.write_bytes(b"x" * 100_000)
+    started, release, made = threading.Event(), threading.Event(), []
+
+    class Slow:
+        @staticmethod
+        def sha256():
+            made.append(1)
+            started.set()
+            release.wait(10)
+            return hashlib.sha256()
+
+    monkeypatch.setattr(analyzer.readers, "hashlib", Slow)
+    got = []
+    first = threading.Thread(target=lambda: got.append(analyzer.readers.file_sha256(p)))
+    first.start()
+    started.wait(10)
+    second = threading.Thread(target=lambda: got.append(analyzer.readers.file_sha256(p)))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    # THEN it was hashed once and both got the true digest
+    assert made == [1]
+    assert got == [hashlib.sha256(p.read_bytes()).hexdigest()] * 2
+
+
+def test_the_deferred_hash_starts_before_the_post_processing(monkeypatch, tmp_path: Path) -> None:
+    import gzip
+
+    from analyzer.readers import kineto, kineto_parallel, read_trace
+
+    # GIVEN a plain trace the parallel reader parses inside a deferred block
+    plain = tmp_path / "trace.json"
+    plain.write_bytes(gzip.decompress(H200_DENSE.read_bytes()))
+    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
+    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "1000")
+    seen = []
+    real = kineto._post_process
+
+    def post(*args):
+        seen.append(len(background._threads))
+        return real(*args)
+
+    monkeypatch.setattr(kineto, "_post_process", post)
+    with background.deferred():
+        trace = read_trace(plain)
+    # THEN a background thread was hashing while the tables were post-processed
+    assert seen == [1]
+    assert trace.inputs[0].sha256 == ""  # filled by whoever needs it (the cache, the summary)

@@ -22,7 +22,10 @@ def test_lookups_equal_arrow_kernels(values: list, value_set: list) -> None:
     # THEN unique, membership and first-occurrence index equal Arrow's (nulls never match)
     want_unique = sorted(x for x in set(value_set) if x is not None)
     assert keys.unique(s).tolist() == want_unique
-    assert keys.unique(pa.chunked_array([s[: len(s) // 2], s[len(s) // 2 :]], pa.int64())).tolist() == want_unique
+    assert (
+        keys.unique(pa.chunked_array([s[: len(s) // 2], s[len(s) // 2 :]], pa.int64())).tolist()
+        == want_unique
+    )
     member = pc.fill_null(pc.is_in(v, value_set=s, skip_nulls=True), False).to_numpy(zero_copy_only=False)
     assert keys.isin(v, keys.unique(s)).tolist() == member.tolist()
     got = keys.index_in(v, s)

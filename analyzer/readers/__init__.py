@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +99,8 @@ def read_trace(path: str | os.PathLike[str], progress: Callable[[int, int], None
 
 
 _SHA_MEMO: dict[tuple[str, int, int], str] = {}
+_SHA_RUNNING: dict[tuple[str, int, int], threading.Event] = {}  # files being hashed now
+_SHA_LOCK = threading.Lock()
 
 
 def _stat_key(path: str | os.PathLike[str]) -> tuple[str, int, int]:
@@ -116,19 +119,33 @@ def memo_sha256(path: str | os.PathLike[str]) -> str | None:
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of the file's bytes (memoised by path, size and mtime within one process)."""
+    """sha256 of the file's bytes (memoised by path, size and mtime within one process). A thread
+    asking for a file another thread is hashing waits for that digest instead of hashing it too."""
     key = _stat_key(path)
     hit = _SHA_MEMO.get(key)
     if hit is not None:
         return hit
-    h = hashlib.sha256()
-    buf = bytearray(1 << 22)  # one buffer: a fresh 4 MB block per read costs its page faults each time
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    _SHA_MEMO[key] = h.hexdigest()
-    return _SHA_MEMO[key]
+    with _SHA_LOCK:
+        running = _SHA_RUNNING.get(key)
+        if running is None:
+            _SHA_RUNNING[key] = done = threading.Event()
+    if running is not None:
+        running.wait()
+        hit = _SHA_MEMO.get(key)
+        return hit if hit is not None else file_sha256(path)  # that thread failed: try here
+    try:
+        h = hashlib.sha256()
+        buf = bytearray(1 << 22)  # one buffer: a fresh 4 MB block per read costs its page faults each time
+        view = memoryview(buf)
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                h.update(view[:n])
+        _SHA_MEMO[key] = h.hexdigest()
+        return _SHA_MEMO[key]
+    finally:
+        with _SHA_LOCK:
+            del _SHA_RUNNING[key]
+        done.set()
 
 
 def expand_inputs(paths: list[str]) -> list[Path]:

@@ -171,10 +171,22 @@ def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
             meta_obj = builder.meta
     meta = _input_meta(path, meta_obj, any(_uses_hip(h) for h in builder.host))
     meta.sha256 = memo_sha256(path) or ("" if background.deferring() else file_sha256(path))
+    if not meta.sha256:
+        # left to a thread by the parallel reader: started now, beside the post-processing (mostly
+        # Arrow kernels, outside the GIL), it is done before the analysis ends and the cache entry
+        # that waits for it is written in time (whoever asks for the digest meanwhile waits for it)
+        background.run(_hash_ahead, path)
     kernels, host_ops, annotations, warnings = _post_process(builder, meta, meta_obj)
     if kernels.num_rows == 0:
         raise InputError(f"{path}: no GPU activity recorded (no kernel, memcpy or memset events)")
     return Trace(kernels, host_ops, annotations, [meta], warnings)
+
+
+def _hash_ahead(path: Path) -> None:
+    from analyzer.readers import file_sha256
+
+    with contextlib.suppress(OSError):  # whoever needs the digest hashes again and reports it
+        file_sha256(path)
 
 
 def _parallel_read(path: Path, progress: Callable[[int], None] | None) -> _Builder | None:

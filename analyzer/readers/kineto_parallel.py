@@ -8,7 +8,8 @@ caller then reads the file sequentially, which reports bad input precisely. Noth
 ranges and paths one way and Arrow IPC bytes the other.
 
 * plain files: workers read their own ranges (``pread``), this process only probes for the cuts and
-  hashes the file in a thread (inside ``background.deferred()`` the analysis's thread does, later);
+  hashes the file in a thread (inside ``background.deferred()`` a thread started once the workers
+  are done does, beside the post-processing and the analysis);
 * gzip: this process decompresses (and hashes the compressed bytes); each chunk goes into an
   in-memory file the workers read like a plain file's range (nothing big crosses a pipe or a disk).
 
