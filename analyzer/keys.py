@@ -11,6 +11,7 @@ Nulls never match. Results equal those of the Arrow kernels (tested).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -51,14 +52,26 @@ def unique(values: Any) -> np.ndarray:
     return s[np.concatenate(([True], s[1:] != s[:-1]))]
 
 
+BLOCK = 1 << 20  # values looked up at a time: the temporaries stay ~8 MB each, whatever the trace
+
+
+def _positions(sorted_unique: np.ndarray, v: np.ndarray) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    """Per block of ``v``: its slice, the position in ``sorted_unique`` of each value, and whether
+    the value is there."""
+    for lo in range(0, len(v), BLOCK):
+        part = v[lo : lo + BLOCK]
+        pos = np.searchsorted(sorted_unique, part)
+        pos[pos == len(sorted_unique)] = 0
+        yield slice(lo, lo + len(part)), pos, sorted_unique[pos] == part
+
+
 def isin(values: Any, sorted_unique: np.ndarray) -> np.ndarray:
     """Per value: whether it is in ``sorted_unique`` (from :func:`unique`); False for nulls."""
     v, valid = ints(values)
-    if not len(sorted_unique) or not len(v):
-        return np.zeros(len(v), bool)
-    pos = np.searchsorted(sorted_unique, v)
-    pos[pos == len(sorted_unique)] = 0
-    hit = sorted_unique[pos] == v
+    hit = np.zeros(len(v), bool)
+    if len(sorted_unique):
+        for at, _, found in _positions(sorted_unique, v):
+            hit[at] = found
     return hit if valid is None else hit & valid
 
 
@@ -82,13 +95,12 @@ def index_in(values: Any, value_set: Any) -> pa.Array:
     v, valid = ints(values)
     if not len(uniq) or not len(v):
         return pa.nulls(len(v), pa.int32())
-    pos = np.searchsorted(uniq, v)
-    pos[pos == len(uniq)] = 0
-    miss = uniq[pos] != v
+    index = np.zeros(len(v), np.int32)
+    miss = np.ones(len(v), bool)
+    for at, pos, found in _positions(uniq, v):
+        index[at] = np.where(found, uniq_at[pos], 0)
+        miss[at] = ~found
     if valid is not None:
         miss |= ~valid
-    del uniq, v
-    found = uniq_at[pos].astype(np.int32)
-    del pos
-    found[miss] = 0
-    return pa.array(found, mask=miss)
+        index[~valid] = 0
+    return pa.array(index, mask=miss)

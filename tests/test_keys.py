@@ -39,3 +39,15 @@ def test_other_integer_types_and_numpy_input() -> None:
     # THEN they are looked up as int64
     assert keys.isin(v, np.array([1, 7])).tolist() == [False, False, True, True, True]
     assert keys.index_in(v, np.array([7, 3, 7])).to_pylist() == [1, None, 0, 0, None]
+
+
+def test_lookups_in_several_blocks(monkeypatch) -> None:
+    # GIVEN lookups done a few values at a time
+    monkeypatch.setattr(keys, "BLOCK", 7)
+    rng = np.random.default_rng(3)
+    v = pa.array([None if x % 11 == 0 else int(x) for x in rng.integers(0, 60, 200)], pa.int64())
+    s = pa.array(rng.integers(0, 60, 90), pa.int64())
+    # THEN they equal Arrow's
+    member = pc.fill_null(pc.is_in(v, value_set=s, skip_nulls=True), False).to_numpy(zero_copy_only=False)
+    assert keys.isin(v, keys.unique(s)).tolist() == member.tolist()
+    assert keys.index_in(v, s).to_pylist() == pc.index_in(v, value_set=s, skip_nulls=True).to_pylist()
