@@ -31,6 +31,29 @@ _MAX_ENTRIES = 10_000  # a folder is looked into this far, no further
 def configure(argv: Sequence[str] = ()) -> None:
     if "MIMALLOC_PURGE_DELAY" not in os.environ:
         os.environ["MIMALLOC_PURGE_DELAY"] = "0" if input_bytes(argv) >= BIG_INPUT_BYTES else "1000"
+    if tight():
+        _map_big_blocks()
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_BLOCK = 1 << 20
+
+
+def _map_big_blocks() -> None:
+    """numpy and pandas allocate from glibc's malloc, whose threshold for giving a block its own
+    mapping grows with the blocks freed (up to 32 MB): the temporaries of a big analysis then come
+    from the heap and stay in the process once freed (~100 MB at the 10 GB trace's peak). A fixed
+    threshold maps every block of 1 MB or more apart, and unmaps it when freed (10 GB trace:
+    3,024 -> 2,965 MB). glibc only; a no-op elsewhere."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_BLOCK)
+    except (OSError, AttributeError):
+        pass  # not glibc (musl has no mallopt)
 
 
 def tight() -> bool:

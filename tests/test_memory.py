@@ -36,6 +36,25 @@ def test_purge_delay_follows_the_size_of_the_inputs_unless_set(monkeypatch, tmp_
     assert os.environ["MIMALLOC_PURGE_DELAY"] == "250"
 
 
+def test_big_blocks_are_mapped_apart_only_where_memory_comes_first(monkeypatch) -> None:
+    # GIVEN the policy set for small and for big inputs
+    calls = []
+    monkeypatch.setattr(memory, "_map_big_blocks", lambda: calls.append(1))
+    for delay, want in (("1000", []), ("0", [1])):
+        calls.clear()
+        monkeypatch.setenv("MIMALLOC_PURGE_DELAY", delay)
+        memory.configure([])
+        # THEN glibc's threshold is fixed only where freed memory goes back at once
+        assert calls == want
+
+
+def test_mapping_big_blocks_apart_is_harmless() -> None:
+    # (a no-op off glibc; on glibc the allocator keeps working) in a process of its own
+    code = "from analyzer import memory; memory._map_big_blocks(); print(len(bytearray(8 << 20)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(8 << 20)
+
+
 HOOK = """
 import os, sys
 os.environ.pop("MIMALLOC_PURGE_DELAY", None)
