@@ -42,7 +42,7 @@ MMAP_BLOCK = 1 << 20
 def _map_big_blocks() -> None:
     """numpy and pandas allocate from glibc's malloc, whose threshold for giving a block its own
     mapping grows with the blocks freed (up to 32 MB): the temporaries of a big analysis then come
-    from the heap and stay in the process once freed (~100 MB at the 10 GB trace's peak). A fixed
+    from the heap and stay in the process once freed (~60 MB at the 10 GB trace's peak). A fixed
     threshold maps every block of 1 MB or more apart, and unmaps it when freed (10 GB trace:
     3,024 -> 2,965 MB). glibc only; a no-op elsewhere."""
     import ctypes

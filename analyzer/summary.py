@@ -46,7 +46,7 @@ def kernels_frame(analysis: Analysis) -> pd.DataFrame:
         return cached[1]
     k = analysis.kernels
     # one block per column (no 2-D block per dtype to copy into): numeric columns stay views of
-    # the Arrow buffers, so the frame of a 10 GB trace costs ~0.6 GB less at its peak
+    # the Arrow buffers (the findings' peak on a 10 GB trace: 3.09 -> 2.87 GB)
     df = k.select([c for c in k.column_names if c not in FRAME_SKIP]).to_pandas(
         strings_to_categorical=True, split_blocks=True
     )

@@ -223,8 +223,7 @@ class _Memfds:
 
     def write(self, data: memoryview) -> None:
         """Append ``data`` to the chunk being written (a new one if none is)."""
-        if self.fd < 0:
-            self.fd, self.size = self._take(), 0
+        self._start()
         done = 0
         while done < len(data):
             done += os.pwrite(self.fd, data[done:], self.size + done)
@@ -232,21 +231,24 @@ class _Memfds:
 
     def task(self) -> tuple[str, int, int]:
         """The chunk written so far as a task range (path, 0, size); the next write starts another."""
-        if self.fd < 0:
-            self.fd, self.size = self._take(), 0
+        self._start()
         task = (f"/proc/{os.getpid()}/fd/{self.fd}", 0, self.size)
         self.fd, self.size = -1, 0
         return task
 
-    def _take(self) -> int:
+    def _start(self) -> None:
+        """A file for the chunk being written, if it has none yet: a free one, else a new one."""
+        if self.fd >= 0:
+            return
         if self.free:
-            return self.free.pop()
-        try:
-            fd = os.memfd_create("lkm-chunk", os.MFD_CLOEXEC)
-        except (AttributeError, OSError) as e:
-            raise Fallback(f"no in-memory file for a chunk ({e})") from None
-        self.fds.append(fd)
-        return fd
+            self.fd = self.free.pop()
+        else:
+            try:
+                self.fd = os.memfd_create("lkm-chunk", os.MFD_CLOEXEC)
+            except (AttributeError, OSError) as e:
+                raise Fallback(f"no in-memory file for a chunk ({e})") from None
+            self.fds.append(self.fd)
+        self.size = 0
 
     def release(self, task: tuple[str, int, int]) -> None:
         """The worker of ``task`` is done with its file: it may hold the next chunk."""
