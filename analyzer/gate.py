@@ -1,6 +1,6 @@
 """Baseline vs candidate -> pass / regressions (DESIGN §1): pure functions over two baseline objects.
 
-Contract: :func:`compare` takes two objects built by :func:`analyzer.baseline.build_baseline` (the
+Contract: :func:`compare` takes two objects built by :func:`analyzer.results.baseline.build_baseline` (the
 saved baseline and the candidate run) and :class:`Thresholds`, and returns a JSON-ready result
 dict; it never reads or writes anything. Runs that cannot be compared (another GPU, another model
 shape, other tokens or batch per step, too few steps) raise :class:`NotComparableError`: one line
@@ -25,8 +25,8 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from analyzer.baseline import group_hash
 from analyzer.errors import InputError, UsageError
+from analyzer.results.baseline import group_hash
 
 RESULT_FORMAT_VERSION = 1
 RESULT_KIND = "llm-kernel-map/gate-result"

@@ -60,9 +60,9 @@ def load_inputs(
     ``jobs`` processes parse several files at once (default: one per file, at most one per CPU);
     ``cache`` (True: ``$LKM_CACHE_DIR`` or ``~/.cache/llm-kernel-map``; a folder; False: off) keeps
     parsed tables so the same trace is parsed once; ``executor="dask"`` runs the parsing on the Dask
-    cluster at ``scheduler`` (a local one without it). See :mod:`analyzer.executor`.
+    cluster at ``scheduler`` (a local one without it). See :mod:`analyzer.runtime.pools`.
     """
-    from analyzer.executor import read_traces
+    from analyzer.runtime.pools import read_traces
 
     files = expand_inputs(list(paths))
     traces = read_traces(
@@ -87,7 +87,7 @@ def analyze_trace(trace: Trace, options: Options | None = None, *, keep_host_ops
     (the CLI, which holds no other reference to the trace) ``analysis.trace`` loses them after the
     roofline, so the summary's frames are built without them in memory (~750 MB for a 10 GB trace).
     """
-    from analyzer import classify
+    from analyzer.analyses import classify
 
     options = options or Options()
     analysis = Analysis(trace=trace, kernels=trace.kernels, warnings=list(trace.warnings))
@@ -105,8 +105,8 @@ def analyze_trace(trace: Trace, options: Options | None = None, *, keep_host_ops
 def analyze_inputs(analysis: Analysis, options: Options) -> None:
     """The steps whose result for each input depends on that input alone (and on the run's GPU and
     world size): classification, phases and the roofline. They may run on each input apart
-    (:mod:`analyzer.parts`) and be joined."""
-    from analyzer import classify, phases, roofline
+    (:mod:`analyzer.runtime.rank_workers`) and be joined."""
+    from analyzer.analyses import classify, phases, roofline
 
     classify.run(analysis, options)
     phases.label(analysis, options)
@@ -115,7 +115,7 @@ def analyze_inputs(analysis: Analysis, options: Options) -> None:
 
 def finish_run(analysis: Analysis, options: Options) -> None:
     """The steps that need the whole run: its warnings and the findings."""
-    from analyzer import findings, phases, roofline
+    from analyzer.analyses import findings, phases, roofline
 
     analysis.warnings.extend(phases.coverage_warnings(analysis.kernels))
     analysis.warnings.extend(roofline.rate_warnings(analysis))
@@ -137,20 +137,20 @@ def analyze_run(
 
     When the inputs are parsed in worker processes (several files: ranks of a run, see
     :func:`load_inputs`), each worker also runs :func:`analyze_inputs` on its input, so only the
-    joined warnings and findings run here (:mod:`analyzer.parts`); the result equals that of
+    joined warnings and findings run here (:mod:`analyzer.runtime.rank_workers`); the result equals that of
     ``analyze_trace(load_inputs(...), keep_host_ops=False)``.
     """
-    from analyzer import background, parts
+    from analyzer.runtime import background, rank_workers
 
     options = options or Options()
     files = list(paths)
-    joined = parts.analyze_parts(
+    joined = rank_workers.analyze_parts(
         files, options, jobs=jobs, cache=cache, executor=executor, scheduler=scheduler, progress=progress
     )
     if joined is not None:
         finish_run(joined, options)
         return joined
-    # a cache entry is written beside the classification (analyzer.background)
+    # a cache entry is written beside the classification (analyzer.runtime.background)
     with background.deferred():
         # no local name for the trace: the analysis may then free its host ops once they are used
         return analyze_trace(

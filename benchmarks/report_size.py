@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 def measure(path: Path) -> dict[str, float | int | str]:
     from analyzer.pipeline import analyze_paths
     from analyzer.report import figures, html
-    from analyzer.summary import build_summary
+    from analyzer.results.summary import build_summary
 
     t0 = time.perf_counter()
     analysis = analyze_paths([str(path)])

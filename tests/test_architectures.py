@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.architectures import (
+from analyzer.errors import InputError
+from analyzer.knowledge.architectures import (
     ModelArch,
     from_hf_config,
     from_meta_arch,
     load_builtin_models,
     load_model,
 )
-from analyzer.errors import InputError
 
 BUILTINS = load_builtin_models()
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer import background, cache
 from analyzer.pipeline import analyze_run
-from analyzer.summary import build_summary
+from analyzer.results.summary import build_summary
+from analyzer.runtime import background, cache
 from tests.conftest import H200_DENSE, H200_TP2
 
 
@@ -79,12 +79,13 @@ def test_reading_the_next_input_waits_for_the_write_before(tmp_path: Path, monke
 
 
 def test_forking_reader_waits_for_background_work(monkeypatch, tmp_path: Path) -> None:
-    from analyzer.readers import kineto_parallel, read_trace
+    from analyzer.readers import read_trace
+    from analyzer.runtime import chunked_kineto
 
     calls = []
     monkeypatch.setattr(background, "wait", lambda: calls.append("wait"))
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
-    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
+    monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 1 << 20)
     read_trace(H200_DENSE)
     assert calls == ["wait"]
 
@@ -101,13 +102,13 @@ def test_a_plain_trace_is_hashed_beside_the_analysis(
     import hashlib
 
     import analyzer.readers
-    from analyzer.readers import kineto_parallel
+    from analyzer.runtime import chunked_kineto
 
     # GIVEN a plain trace the parallel reader parses (small chunks, two workers)
     plain = tmp_path / "trace.json"
     plain.write_bytes(gzip.decompress(H200_DENSE.read_bytes()))
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
-    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
+    monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 1 << 20)
     threads = []  # the thread of each sha256 computed
 
     class Spy:
@@ -118,7 +119,7 @@ def test_a_plain_trace_is_hashed_beside_the_analysis(
 
     monkeypatch.setattr(analyzer.readers, "hashlib", Spy)
     analyzer.readers._SHA_MEMO.clear()
-    # (big inputs: memory first, see analyzer.memory)
+    # (big inputs: memory first, see analyzer.runtime.memory)
     monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "0" if tight else "1000")
     # WHEN the CLI's analysis runs
     analysis = analyze_run([str(plain)], cache=tmp_path / "cache" if cached else False)
@@ -170,13 +171,14 @@ def test_a_file_asked_for_by_two_threads_is_hashed_once(monkeypatch, tmp_path: P
 def test_the_deferred_hash_starts_before_the_post_processing(monkeypatch, tmp_path: Path) -> None:
     import gzip
 
-    from analyzer.readers import kineto, kineto_parallel, read_trace
+    from analyzer.readers import kineto, read_trace
+    from analyzer.runtime import chunked_kineto
 
     # GIVEN a plain trace the parallel reader parses inside a deferred block
     plain = tmp_path / "trace.json"
     plain.write_bytes(gzip.decompress(H200_DENSE.read_bytes()))
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
-    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
+    monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 1 << 20)
     monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "1000")
     seen = []
     real = kineto._post_process

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.baseline import FORMAT_VERSION, KIND, build_baseline, check_baseline, group_hash
 from analyzer.cli import main
 from analyzer.errors import InputError
 from analyzer.pipeline import analyze_paths
+from analyzer.results.baseline import FORMAT_VERSION, KIND, build_baseline, check_baseline, group_hash
 from tests.conftest import FIXTURES, H200_DENSE
 
 SAVED = sorted(FIXTURES.glob("*/baseline.json"))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from analyzer import cache
 from analyzer.cli import main
 from analyzer.model import Trace
 from analyzer.pipeline import load_inputs
 from analyzer.readers import kineto
+from analyzer.runtime import cache
 from tests import rawtrace
 from tests.conftest import H200_TP2
 

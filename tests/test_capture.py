@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.analyses.phases import parse_annotation
 from analyzer.cli import main
 from analyzer.errors import InputError, UsageError
-from analyzer.phases import parse_annotation
 
 TINY = {
     "model_type": "llama",
@@ -349,7 +349,7 @@ def test_h200_capture_unannotated_split_agrees(tmp_path: Path) -> None:
 def test_h200_capture_classification_and_roofline_match_the_annotations() -> None:
     """Every kernel is classified; shape-derived GEMM and attention FLOPs per step equal what the
     step annotation's q, bs and kv imply for the architecture in meta.json."""
-    from analyzer.architectures import load_model
+    from analyzer.knowledge.architectures import load_model
     from analyzer.pipeline import analyze_paths
 
     meta = json.loads((FIXTURE / "meta.json").read_text())

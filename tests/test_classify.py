@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer import classify
-from analyzer.architectures import from_meta_arch
+from analyzer.analyses import classify
+from analyzer.knowledge.architectures import from_meta_arch
 from analyzer.model import HOST_OP_SCHEMA
 from analyzer.pipeline import analyze_trace, load_inputs
 from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, H200_TRACES, SHARED, shared_kineto_traces

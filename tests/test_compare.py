@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.cli import cli
-from analyzer.compare import FORMAT_VERSION, compare_summaries, input_labels
 from analyzer.pipeline import analyze_paths
 from analyzer.report import text
-from analyzer.summary import build_summary
+from analyzer.results.compare import FORMAT_VERSION, compare_summaries, input_labels
+from analyzer.results.summary import build_summary
 from tests.conftest import shared
 
 PAIR = "sglang-deepseek-llama8b-decode-mi300x-vs-b300"

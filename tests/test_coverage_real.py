@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.rules import classify_names, default_rules
+from analyzer.knowledge.kernel_rules import classify_names, default_rules
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 MIN_COVERAGE = 0.99

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from analyzer import executor
 from analyzer.errors import InputError, UsageError
 from analyzer.model import Trace
 from analyzer.pipeline import analyze_run, analyze_trace, load_inputs
-from analyzer.summary import build_summary
+from analyzer.results.summary import build_summary
+from analyzer.runtime import pools
 from tests.conftest import H200_TP2
 
 PATHS = [str(p) for p in H200_TP2]
@@ -30,22 +30,22 @@ def local() -> Trace:
 
 
 def test_ipc_round_trip_keeps_everything(local: Trace) -> None:
-    back = executor.from_ipc(executor.to_ipc(local))
+    back = pools.from_ipc(pools.to_ipc(local))
     same(local, back)
 
 
-@pytest.mark.skipif(not executor.can_fork(), reason="fork start method needs Linux")
+@pytest.mark.skipif(not pools.can_fork(), reason="fork start method needs Linux")
 def test_workers_are_forked_only_from_a_process_without_other_threads() -> None:
     import threading
 
     # GIVEN this process alone: the workers are forked (every module already imported)
-    assert executor._start_method() == "fork"
+    assert pools._start_method() == "fork"
     # WHEN another thread runs (a notebook, a Dask client), THEN the workers start clean instead
     release = threading.Event()
     other = threading.Thread(target=release.wait, args=(10,))
     other.start()
     try:
-        assert executor._start_method() in ("forkserver", "spawn")
+        assert pools._start_method() in ("forkserver", "spawn")
     finally:
         release.set()
         other.join()
@@ -53,17 +53,17 @@ def test_workers_are_forked_only_from_a_process_without_other_threads() -> None:
 
 def test_unknown_executor_and_bad_jobs_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="unknown executor"):
-        executor.read_traces(PATHS, executor="ray")
+        pools.read_traces(PATHS, executor="ray")
     with pytest.raises(UsageError, match="at least 1"):
-        executor.read_traces(PATHS, jobs=0)
+        pools.read_traces(PATHS, jobs=0)
     with pytest.raises(UsageError, match="needs --executor dask"):
-        executor.read_traces(PATHS, scheduler="tcp://127.0.0.1:1")
+        pools.read_traces(PATHS, scheduler="tcp://127.0.0.1:1")
 
 
 def test_small_inputs_stay_in_process_unless_jobs_is_given() -> None:
-    assert executor.plan_jobs(PATHS, None) == 1  # 1.4 MB of gzip: workers would cost more than they save
-    assert executor.plan_jobs(PATHS, 2) == 2
-    assert executor.plan_jobs(PATHS, 8) == 2  # never more processes than files
+    assert pools.plan_jobs(PATHS, None) == 1  # 1.4 MB of gzip: workers would cost more than they save
+    assert pools.plan_jobs(PATHS, 2) == 2
+    assert pools.plan_jobs(PATHS, 8) == 2  # never more processes than files
 
 
 # --------------------------------------------------------------------------------------- dask
@@ -116,7 +116,7 @@ def test_dask_cache_not_visible_here_falls_back_to_ipc(
     cluster, local: Trace, tmp_path: Path, monkeypatch
 ) -> None:
     # a worker's entry this process cannot see (no shared folder): the tables are sent instead
-    monkeypatch.setattr(executor, "_from_dask", _hide_entries(executor._from_dask))
+    monkeypatch.setattr(pools, "_from_dask", _hide_entries(pools._from_dask))
     got = load_inputs(PATHS, executor="dask", scheduler=cluster.scheduler_address, cache=tmp_path)
     same(local, got)
 
@@ -139,7 +139,7 @@ def test_dask_bad_input_is_one_clean_error(cluster, tmp_path: Path) -> None:
 
 def test_dask_unreachable_scheduler_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="cannot reach the Dask scheduler"):
-        with executor.dask_client("tcp://127.0.0.1:1", 1, timeout="2s"):
+        with pools.dask_client("tcp://127.0.0.1:1", 1, timeout="2s"):
             pass
 
 

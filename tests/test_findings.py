@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.analyses.findings import load_settings
 from analyzer.errors import UsageError
-from analyzer.findings import load_settings
 from analyzer.pipeline import Options, analyze_paths
 from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, shared
 

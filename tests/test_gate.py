@@ -12,11 +12,11 @@ import orjson
 import pytest
 
 from analyzer import gate
-from analyzer.baseline import build_baseline
 from analyzer.cli import main
 from analyzer.errors import UsageError
 from analyzer.pipeline import analyze_paths
 from analyzer.report import gate_report
+from analyzer.results.baseline import build_baseline
 from tests.conftest import FIXTURES, H200_DENSE, H200_MOE, H200_TP2
 
 DENSE_BASELINE = FIXTURES / "h200-llama3-8b-dense" / "baseline.json"
@@ -279,7 +279,7 @@ def test_group_that_grows_out_of_the_tail_is_compared_with_its_mean(dense) -> No
     key, mean = next(iter(b["tail_groups"]["decode"]["keys"].items()))
     # find the tail group's name from the analysis and put it in the candidate's top, much slower
     df = dense[0].kernels.to_pandas()
-    from analyzer.baseline import group_hash
+    from analyzer.results.baseline import group_hash
 
     sub = df[df["phase"] == "decode"].drop_duplicates(["stage", "group_key"])
     stage, gk = next(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.pipeline import analyze_paths
-from analyzer.summary import build_summary
+from analyzer.results.summary import build_summary
 from tests.conftest import FIXTURES, ROOT
 
 CASES = {

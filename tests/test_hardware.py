@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.errors import InputError
-from analyzer.hardware import (
+from analyzer.knowledge.hardware import (
     DTYPES,
     arch_from_compute,
     arch_key,

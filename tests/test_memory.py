@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from analyzer import memory
+from analyzer.runtime import memory
 
 
 def test_purge_delay_follows_the_size_of_the_inputs_unless_set(monkeypatch, tmp_path) -> None:
@@ -50,7 +50,7 @@ def test_big_blocks_are_mapped_apart_only_where_memory_comes_first(monkeypatch) 
 
 def test_mapping_big_blocks_apart_is_harmless() -> None:
     # (a no-op off glibc; on glibc the allocator keeps working) in a process of its own
-    code = "from analyzer import memory; memory._map_big_blocks(); print(len(bytearray(8 << 20)))"
+    code = "from analyzer.runtime import memory; memory._map_big_blocks(); print(len(bytearray(8 << 20)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(8 << 20)
 

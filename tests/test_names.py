@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.names import DECODED_KEYS, decode_name, group_key, normalize_name
+from analyzer.knowledge.names import DECODED_KEYS, decode_name, group_key, normalize_name
 
 # --- normalize_name --------------------------------------------------------------------------------------
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer import parts
 from analyzer.errors import InputError, UsageError
 from analyzer.pipeline import Analysis, Options, analyze_run, analyze_trace, load_inputs
-from analyzer.summary import build_summary
+from analyzer.results.summary import build_summary
+from analyzer.runtime import rank_workers
 from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, shared
 
 TP2 = [str(p) for p in H200_TP2]
@@ -38,7 +38,7 @@ def assert_same_analysis(a: Analysis, b: Analysis) -> None:
 def test_two_ranks_analysed_in_workers_equal_the_serial_run() -> None:
     # GIVEN the two rank traces of a tensor-parallel run
     # WHEN each is parsed and analysed in its own worker process and the results joined
-    got = parts.analyze_parts(TP2, Options(), jobs=2)
+    got = rank_workers.analyze_parts(TP2, Options(), jobs=2)
     assert got is not None and got.trace.host_ops.num_rows == 0
     # THEN, with the run-wide warnings and findings added, every number is the serial run's
     from analyzer.pipeline import finish_run
@@ -69,19 +69,19 @@ def test_inputs_of_other_world_sizes_take_the_serial_path() -> None:
     # the roofline splits collective bytes by the run's world size: a single-GPU trace joined with
     # two ranks of world size 2 must be measured with 2, which its own worker could not know
     paths = [str(H200_DENSE), *TP2]
-    assert parts.analyze_parts(paths, Options(), jobs=2) is None
+    assert rank_workers.analyze_parts(paths, Options(), jobs=2) is None
     assert_same_analysis(serial(paths), analyze_run(paths, jobs=2))
 
 
 def test_inputs_of_other_gpus_take_the_serial_path() -> None:
     amd = shared("mi300x-vllm-gptoss-decode-fullgraph")
     paths = [str(H200_DENSE), str(amd)]
-    assert parts.analyze_parts(paths, Options(), jobs=2) is None
+    assert rank_workers.analyze_parts(paths, Options(), jobs=2) is None
     assert_same_analysis(serial(paths), analyze_run(paths, jobs=2))
 
 
 def test_small_inputs_without_jobs_stay_in_this_process() -> None:
-    assert parts.analyze_parts(TP2, Options()) is None  # 1.4 MB: workers cost more than they save
+    assert rank_workers.analyze_parts(TP2, Options()) is None  # 1.4 MB: workers cost more than they save
 
 
 def test_bad_input_is_one_clean_error(tmp_path: Path) -> None:
@@ -95,11 +95,11 @@ def test_bad_options_fail_before_any_worker_starts(monkeypatch) -> None:
     def no_pool(*args, **kwargs):
         raise AssertionError("a worker pool was started")
 
-    monkeypatch.setattr(parts.executor_mod, "pool_map", no_pool)
+    monkeypatch.setattr(rank_workers.executor_mod, "pool_map", no_pool)
     with pytest.raises(UsageError, match="not in rules/hardware.toml"):
-        parts.analyze_parts(TP2, Options(gpu="no-such-gpu"), jobs=2)
+        rank_workers.analyze_parts(TP2, Options(gpu="no-such-gpu"), jobs=2)
     with pytest.raises(UsageError, match="unknown executor"):
-        parts.analyze_parts(TP2, Options(), executor="ray")
+        rank_workers.analyze_parts(TP2, Options(), executor="ray")
 
 
 def test_cli_prints_the_same_with_and_without_workers(capsys, tmp_path: Path, monkeypatch) -> None:

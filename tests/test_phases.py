@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analyzer import phases
+from analyzer.analyses import phases
 from analyzer.model import ANNOTATION_SCHEMA, table_from_columns
 from analyzer.pipeline import analyze_trace, load_inputs
 from tests import gt
@@ -53,7 +53,7 @@ def test_tp2_graph_steps_open_with_their_buffer_fills() -> None:
 
 
 def test_phase_summary_numbers() -> None:
-    from analyzer.summary import build_summary
+    from analyzer.results.summary import build_summary
 
     trace, _ = gt.strip_labels(load_inputs([str(H200_TRACES[0])]))
     s = build_summary(analyze_trace(trace))

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analyzer.analyses.ranks import rank_summary
 from analyzer.pipeline import analyze_trace, load_inputs
-from analyzer.ranks import rank_summary
 from analyzer.report.ranks_text import render_ranks
-from analyzer.summary import build_summary
+from analyzer.results.summary import build_summary
 from tests import rawtrace
 from tests.conftest import H200_TP2
 

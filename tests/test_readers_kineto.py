@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer import timeline
 from analyzer.errors import InputError
-from analyzer.readers import kineto, kineto_parallel, read_trace, sniff
+from analyzer.readers import kineto, read_trace, sniff
+from analyzer.runtime import chunked_kineto
+from analyzer.tables import intervals
 from tests import rawtrace
 from tests.conftest import H200_TRACES, SHARED, shared, shared_kineto_traces
 
@@ -58,7 +59,7 @@ def test_per_stream_busy_time_matches_raw_json(path: Path) -> None:
     got = []
     for _, g in df.groupby(["device", "stream"], dropna=False):
         s = g["start_ns"].to_numpy(np.int64)
-        got.append(timeline.busy_ns(s, s + g["dur_ns"].to_numpy(np.int64)))
+        got.append(intervals.busy_ns(s, s + g["dur_ns"].to_numpy(np.int64)))
     assert sorted(got) == want
 
 
@@ -118,7 +119,7 @@ def test_mi250_without_rocm_metadata_is_still_rocm() -> None:
 
 def test_chunked_reading_equals_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN tiny chunks so the events array is cut hundreds of times
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "1")
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "1")
     whole = read_trace(H200_TRACES[1])
     monkeypatch.setattr(kineto, "CHUNK_BYTES", 64 << 10)
     monkeypatch.setattr(kineto, "READ_BYTES", 16 << 10)
@@ -146,12 +147,12 @@ def test_parallel_reading_equals_sequential(
     # GIVEN worker processes and small chunks, on the gzip trace and on its plain JSON
     plain = tmp_path / "trace.json"
     plain.write_bytes(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "1")
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "1")
     want = read_trace(path)
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
-    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", max(4 << 10, plain.stat().st_size // 16))
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
+    monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", max(4 << 10, plain.stat().st_size // 16))
     used = []
-    monkeypatch.setattr(kineto_parallel, "_collect", _counting(kineto_parallel._collect, used))
+    monkeypatch.setattr(chunked_kineto, "_collect", _counting(chunked_kineto._collect, used))
     for src in (path, plain):
         got = read_trace(src)
         # THEN the workers parsed it, and into exactly the sequential tables
@@ -180,10 +181,10 @@ def test_gzip_chunks_tile_the_events_at_boundaries(chunk: int, tmp_path: Path) -
     events = [{"ph": "X", "cat": "kernel", "name": "k" * (i % 37), "ts": i, "dur": 1} for i in range(2000)]
     text = json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0}, {"id": 1}]}, indent=1).encode()
     p = _write(tmp_path, "t.json.gz", gzip.compress(text))
-    files = kineto_parallel._Memfds()
+    files = chunked_kineto._Memfds()
     chunks: list[bytes] = []
     try:
-        for kind, value, _ in kineto_parallel._gzip_pieces(p, kineto._find_events, chunk, files):
+        for kind, value, _ in chunked_kineto._gzip_pieces(p, kineto._find_events, chunk, files):
             if kind in ("task", "last"):
                 path, start, end = value
                 chunks.append(Path(path).read_bytes()[start:end])
@@ -210,10 +211,10 @@ def test_parallel_gzip_cut_short_is_one_clear_error(tmp_path: Path, monkeypatch:
     # GIVEN a gzip trace cut in the middle, read by workers in small chunks (held in memfds)
     data = gzip.compress(gzip.decompress(H200_TRACES[0].read_bytes()))
     p = _write(tmp_path, "cut.json.gz", data[: len(data) * 2 // 3])
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
-    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 256 << 10)
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
+    monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 256 << 10)
     used = []
-    monkeypatch.setattr(kineto_parallel, "_collect", _counting(kineto_parallel._collect, used))
+    monkeypatch.setattr(chunked_kineto, "_collect", _counting(chunked_kineto._collect, used))
     fds = len(os.listdir("/proc/self/fd"))
     # THEN the workers took some chunks, the damage is one InputError, and no chunk file stays open
     with pytest.raises(InputError, match="gzip|truncated"):
@@ -226,17 +227,17 @@ def test_parallel_gzip_chunk_file_unreadable_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GIVEN workers that cannot open the in-memory files holding the gzip chunks (no /proc, say)
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "1")
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "1")
     want = read_trace(H200_TRACES[0])
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
-    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 256 << 10)
-    real_task = kineto_parallel._Memfds.task
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
+    monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 256 << 10)
+    real_task = chunked_kineto._Memfds.task
 
     def task(self):
         _, start, end = real_task(self)
         return str(tmp_path / "no-such-chunk"), start, end
 
-    monkeypatch.setattr(kineto_parallel._Memfds, "task", task)
+    monkeypatch.setattr(chunked_kineto._Memfds, "task", task)
     # THEN the file is read sequentially instead, into the same tables
     got = read_trace(H200_TRACES[0])
     for a, b in zip(_tables(got), _tables(want), strict=True):
@@ -252,8 +253,8 @@ def test_parallel_cut_inside_a_string_falls_back(tmp_path: Path, monkeypatch: py
     ]
     p = tmp_path / "evil.json"
     p.write_text(json.dumps({"traceEvents": events}, separators=(",", ":")))
-    monkeypatch.setenv(kineto_parallel.ENV_JOBS, "2")
-    monkeypatch.setattr(kineto_parallel, "CHUNK_BYTES", 16 << 10)
+    monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
+    monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 16 << 10)
     trace = read_trace(p)
     # THEN every event is read once, with its name whole
     assert trace.kernels.num_rows == 4000

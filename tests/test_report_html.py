@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from analyzer.cli import cli
 from analyzer.pipeline import Options, analyze_paths
 from analyzer.report import figures, html
-from analyzer.summary import build_summary
+from analyzer.results.summary import build_summary
 from tests.conftest import H200_DENSE, H200_MOE, ROOT, SHARED
 
 CHROMIUM = Path("/usr/bin/chromium")

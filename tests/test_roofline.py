@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer import hardware, roofline
+from analyzer.analyses import roofline
+from analyzer.knowledge import hardware
 from analyzer.pipeline import Options, analyze_paths
 from tests.conftest import H200_DENSE, H200_TP2
 

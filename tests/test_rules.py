@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.errors import InputError
-from analyzer.names import normalize_name
-from analyzer.rules import (
+from analyzer.knowledge.kernel_rules import (
     KERNELS_TOML,
     MAX_PATTERN_LENGTH,
     RULES_DIR,
@@ -22,6 +21,7 @@ from analyzer.rules import (
     redos_problem,
     required_literals,
 )
+from analyzer.knowledge.names import normalize_name
 
 RULESET = default_rules()
 TAXONOMY = RULESET.taxonomy

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from analyzer.pipeline import analyze_paths
-from analyzer.summary import FORMAT_VERSION, build_summary
+from analyzer.results.summary import FORMAT_VERSION, build_summary
 from tests import rawtrace
 from tests.conftest import H200_DENSE, H200_TP2, shared
 

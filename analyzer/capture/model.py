@@ -1,7 +1,7 @@
 """Decoder models with random weights for ``capture``, and the greedy loop that runs them.
 
 Contract: nothing is downloaded. :func:`build_model` takes a HF ``config.json`` path or a built-in
-name of ``rules/models.toml`` (through :func:`analyzer.architectures.load_model`) and returns a
+name of ``rules/models.toml`` (through :func:`analyzer.knowledge.architectures.load_model`) and returns a
 :class:`CausalLM`: ``reset(batch, max_len)`` empties the KV cache, ``step(input_ids)`` runs one
 forward over the new tokens and returns the last position's logits ``[batch, vocab]``.
 
@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analyzer import architectures
 from analyzer.errors import UsageError
+from analyzer.knowledge import architectures
 
 BACKENDS = ("auto", "transformers", "reference")
 DTYPES = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from analyzer import memory
+from analyzer.runtime import memory
 
 memory.configure(sys.argv[1:])  # before pyarrow loads: see analyzer/memory.py
 
@@ -79,7 +79,7 @@ def leave(code: int) -> None:
     after a 250 MB trace), where the operating system takes the whole process back at once."""
     import atexit
 
-    from analyzer import background
+    from analyzer.runtime import background
 
     background.wait()  # nothing is left running (analyze_run joins its threads already)
     for stream in (sys.stdout, sys.stderr):

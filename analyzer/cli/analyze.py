@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
-from analyzer.output import write_json
+from analyzer.cli.output import write_json
 
 
 @click.command()
@@ -36,11 +36,11 @@ def analyze(
     stage and provider, top kernels, unclassified kernels and findings.
     """
     from analyzer.report import text
-    from analyzer.summary import build_summary
+    from analyzer.results.summary import build_summary
 
     options = make_options(rules, gpu, model, settings)
     if compare:
-        from analyzer.compare import compare_summaries
+        from analyzer.results.compare import compare_summaries
 
         summaries = [build_summary(run_analysis((t,), options)) for t in traces]
         result: dict[str, Any] = compare_summaries(summaries)

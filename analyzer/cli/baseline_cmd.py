@@ -8,7 +8,7 @@ import click
 import orjson
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
-from analyzer.output import output_file
+from analyzer.cli.output import output_file
 
 
 def dumps(obj: object) -> bytes:
@@ -48,7 +48,7 @@ def command(
     the inputs' sha256, the rules' sha256 and what must match for a comparison (GPU, layers seen,
     GEMM roles, ranks, tokens and batch per step). Commit it next to the fixture trace.
     """
-    from analyzer.baseline import build_baseline
+    from analyzer.results.baseline import build_baseline
 
     analysis = run_analysis(traces, make_options(rules, gpu, model, settings))
     obj = build_baseline(analysis, top_share=top_share)

@@ -90,7 +90,7 @@ def command(
 
     from analyzer.capture.model import build_model
     from analyzer.capture.profile import capture_generate
-    from analyzer.output import write_json
+    from analyzer.cli.output import write_json
 
     if not output.endswith((".json", ".json.gz")):
         raise UsageError(f"-o {output}: the trace name must end in .json or .json.gz")
@@ -116,10 +116,10 @@ def command(
 def _analyze(
     trace: str, model_spec: str, json_path: str | None, report_path: str | None, print_text: bool
 ) -> None:
-    from analyzer.output import write_json
+    from analyzer.cli.output import write_json
     from analyzer.pipeline import Options, analyze_paths
     from analyzer.report import text
-    from analyzer.summary import build_summary
+    from analyzer.results.summary import build_summary
 
     analysis = analyze_paths([trace], Options(model=model_spec))
     summary = build_summary(analysis)

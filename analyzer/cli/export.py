@@ -8,8 +8,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
+from analyzer.cli.output import output_file
 from analyzer.errors import UsageError
-from analyzer.output import output_file
 
 
 def plain_columns(table: pa.Table) -> pa.Table:

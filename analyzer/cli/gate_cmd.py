@@ -12,8 +12,8 @@ import click
 import orjson
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
+from analyzer.cli.output import output_file
 from analyzer.errors import InputError, UsageError
-from analyzer.output import output_file
 from analyzer.pipeline import Options
 
 CONFIG_TABLE = ("tool", "llm-kernel-map", "gate")
@@ -59,7 +59,7 @@ def _is_saved_json(path: Path) -> bool:
 
 def load_side(paths: tuple[str, ...], options: Options, top_share: float, label: str) -> dict[str, Any]:
     """A baseline object from a saved baseline JSON, or from analysing trace files."""
-    from analyzer.baseline import build_baseline, check_baseline
+    from analyzer.results.baseline import build_baseline, check_baseline
 
     saved = [p for p in paths if _is_saved_json(Path(p))]
     if saved:

@@ -49,7 +49,7 @@ def command(
     so the page works offline (use --cdn for a small page that loads it from the network).
     """
     from analyzer.report import html
-    from analyzer.summary import build_summary
+    from analyzer.results.summary import build_summary
 
     options = make_options(rules, gpu, model, settings)
     path = output or default_output(traces)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from analyzer import rules as rules_mod
 from analyzer.errors import UsageError
-from analyzer.names import normalize_name
+from analyzer.knowledge import kernel_rules as rules_mod
+from analyzer.knowledge.names import normalize_name
 
 
 @click.group()

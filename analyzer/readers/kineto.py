@@ -28,7 +28,6 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer import keys
 from analyzer.errors import InputError
 from analyzer.model import (
     ANNOTATION_SCHEMA,
@@ -43,6 +42,7 @@ from analyzer.model import (
     table_from_columns,
 )
 from analyzer.readers import gz
+from analyzer.tables import lookup
 
 FORMAT = "kineto"
 READER_VERSION = "5"
@@ -158,9 +158,9 @@ def read(path: Path, progress: Callable[[int], None] | None = None) -> Trace:
     """Read one Kineto trace; ``progress`` is called with the bytes read so far.
 
     ``meta.sha256`` stays empty when the parallel reader left hashing to a background thread
-    (inside :func:`analyzer.background.deferred`; see :func:`analyzer.cache.load_trace`)."""
-    from analyzer import background
+    (inside :func:`analyzer.runtime.background.deferred`; see :func:`analyzer.runtime.cache.load_trace`)."""
     from analyzer.readers import file_sha256, memo_sha256
+    from analyzer.runtime import background
 
     with _gc_paused():
         builder = _parallel_read(path, progress)
@@ -191,20 +191,21 @@ def _hash_ahead(path: Path) -> None:
 
 def _parallel_read(path: Path, progress: Callable[[int], None] | None) -> _Builder | None:
     """The tables of a big trace parsed by worker processes; None when it is read here instead."""
-    from analyzer.readers import kineto_parallel, remember_sha256
+    from analyzer.readers import remember_sha256
+    from analyzer.runtime import chunked_kineto
 
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
     size = path.stat().st_size * (8 if gz else 1)  # gzip traces inflate about tenfold
-    jobs = kineto_parallel.jobs_for(size)
+    jobs = chunked_kineto.jobs_for(size)
     if jobs < 2:
         return None
     builder = _Builder()
     try:
-        prefix, tail, sha = kineto_parallel.stream(
-            path, gz, builder.add_tables, _find_events, jobs, progress, kineto_parallel.CHUNK_BYTES
+        prefix, tail, sha = chunked_kineto.stream(
+            path, gz, builder.add_tables, _find_events, jobs, progress, chunked_kineto.CHUNK_BYTES
         )
-    except (kineto_parallel.Fallback, InputError):
+    except (chunked_kineto.Fallback, InputError):
         return None  # read sequentially: same tables, or the precise error
     if sha:
         remember_sha256(path, sha)
@@ -825,7 +826,7 @@ def _post_process(
     base = _base_ns(meta_obj)
     rank = meta.rank
     ext = [c.cast(pa.int64()) for t in builder.kernels for c in t["external_id"].chunks]
-    wanted = keys.unique(pa.chunked_array(ext, pa.int64())) if ext else None
+    wanted = lookup.unique(pa.chunked_array(ext, pa.int64())) if ext else None
     host = _host_ops(builder.host, wanted, base, rank)
     ann = _annotations(builder.ann, base, rank)
     kernels = _kernels(builder.kernels, host, base, rank, meta)
@@ -854,7 +855,7 @@ def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: i
         b = batches.pop()
         keep = ~dict_isin(b["category"], ["cpu_op"])
         if wanted is not None:
-            keep |= keys.isin(b["external_id"], wanted)
+            keep |= lookup.isin(b["external_id"], wanted)
         b = b.filter(pa.array(keep))
         del keep
         nh = b.num_rows
@@ -943,7 +944,7 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
     else:
         devcol = dev_raw.astype(np.int64)
     if meta.extra.get("rocm"):
-        devcol = np.searchsorted(keys.unique(devcol), devcol)
+        devcol = np.searchsorted(lookup.unique(devcol), devcol)
     # launch linkage via correlation
     launch_api, graph = _launch_info(k, host)
     start = _shift(k["ts"], base)
@@ -1037,7 +1038,7 @@ def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
     launches = launch_calls(host, ["correlation", "name"])
     if launches.num_rows == 0:
         return none
-    pos = keys.index_in(corr, launches["correlation"])  # first match per correlation
+    pos = lookup.index_in(corr, launches["correlation"])  # first match per correlation
     names = dict_take(launches["name"], pos)
     # the pattern is tested once per distinct call name, not once per kernel
     graph = pc.match_substring_regex(names.dictionary, _GRAPH_LAUNCH.pattern).take(names.indices)

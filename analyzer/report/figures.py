@@ -48,7 +48,7 @@ def short(name: Any, width: int = NAME_WIDTH) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    from analyzer.rules import load_taxonomy
+    from analyzer.knowledge.kernel_rules import load_taxonomy
 
     t = load_taxonomy()
     return t.stages, t.providers

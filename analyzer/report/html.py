@@ -200,7 +200,7 @@ def write_report(
     analysis: Analysis, summary: dict[str, Any], path: str | os.PathLike[str], cdn: bool = False
 ) -> None:
     """Write the report page to ``path`` (a half-written file is removed on error)."""
-    from analyzer.output import output_file
+    from analyzer.cli.output import output_file
 
     text = render_report(analysis, summary, cdn)
     with output_file(path, "w") as f:
@@ -403,7 +403,7 @@ def _warnings(page: Page, warnings: list[str]) -> None:
 
 def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) -> str:
     """The side-by-side page of ``--compare`` (ratios over the first input, A)."""
-    from analyzer.compare import compare_summaries
+    from analyzer.results.compare import compare_summaries
 
     r = compare_summaries(summaries)
     ins = r["inputs"]
@@ -462,7 +462,7 @@ def write_compare_report(
     summaries: list[dict[str, Any]], path: str | os.PathLike[str], cdn: bool = False
 ) -> None:
     """Write the side-by-side page of ``summaries`` to ``path``."""
-    from analyzer.output import output_file
+    from analyzer.cli.output import output_file
 
     text = render_compare_report(summaries, cdn)
     with output_file(path, "w") as f:

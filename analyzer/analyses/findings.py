@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from analyzer import timeline
+from analyzer.analyses.phases import GEMMS
 from analyzer.errors import UsageError
 from analyzer.paths import RULES_DIR
-from analyzer.phases import GEMMS
+from analyzer.tables import intervals
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -40,7 +40,7 @@ class Context:
 
     def only(self, *columns: str) -> pd.DataFrame:
         """The kernels frame narrowed to ``columns``: row selections then copy these alone."""
-        from analyzer.summary import only_columns
+        from analyzer.results.summary import only_columns
 
         return only_columns(self.df, *columns)
 
@@ -74,7 +74,7 @@ def load_settings(
 
 def run(analysis: Analysis, options: Options) -> None:
     cfg = load_settings(options.settings)
-    from analyzer.summary import kernels_frame
+    from analyzer.results.summary import kernels_frame
 
     df = kernels_frame(analysis)
     ctx = Context(df=df, steps=analysis.steps, total_ns=int(df["dur_ns"].sum()))
@@ -483,13 +483,13 @@ def communication_not_overlapped(ctx: Context, c: dict[str, Any]) -> list[dict[s
         for _, g in ph.groupby(["trace_id", "device"]):
             s = g["start_ns"].to_numpy(np.int64)
             e = s + g["dur_ns"].to_numpy(np.int64)
-            busy += timeline.busy_ns(s, e)
+            busy += intervals.busy_ns(s, e)
             is_c = (g["stage"] == "communication").to_numpy()
             cs, ce = s[is_c], e[is_c]
             os_, oe = s[~is_c], e[~is_c]
-            comm_busy = timeline.busy_ns(cs, ce)
-            both = timeline.busy_ns(np.concatenate([cs, os_]), np.concatenate([ce, oe]))
-            other = timeline.busy_ns(os_, oe)
+            comm_busy = intervals.busy_ns(cs, ce)
+            both = intervals.busy_ns(np.concatenate([cs, os_]), np.concatenate([ce, oe]))
+            other = intervals.busy_ns(os_, oe)
             exposed += both - other  # communication time with no compute running beside it
             _ = comm_busy
         share = exposed / busy if busy else 0.0

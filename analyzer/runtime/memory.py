@@ -14,7 +14,7 @@ So the delay follows the size of the inputs named on the command line: 0 (purge 
 under its limit. A value the user set wins. mimalloc reads its options when pyarrow first loads it,
 so this must run before pyarrow is imported. It changes when memory returns to the system, never
 what is computed. (The reader's worker processes use jemalloc: see
-``readers.kineto_parallel.worker_memory_pool``.)
+``runtime.chunked_kineto.worker_memory_pool``.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ whole run (warnings over all inputs, findings, the summary). Contract: :func:`an
 what ``analyze_trace(load_inputs(files), options, keep_host_ops=False)`` gives (a test compares
 them), or None when it cannot, and the caller then takes that serial path:
 
-* the files are too few or too small for worker processes (:func:`analyzer.executor.pool_jobs`),
+* the files are too few or too small for worker processes (:func:`analyzer.runtime.pools.pool_jobs`),
   or a worker died;
 * the inputs do not agree on what the roofline takes from the run as a whole: the GPU (taken from the
   first input) and the world size (the largest of any input).
@@ -28,8 +28,6 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer import cache as cache_mod
-from analyzer import executor as executor_mod
 from analyzer.model import (
     ANNOTATION_SCHEMA,
     HOST_OP_SCHEMA,
@@ -42,6 +40,8 @@ from analyzer.model import (
     with_trace_id,
 )
 from analyzer.pipeline import Analysis, Options, ProgressFn, analyze_inputs
+from analyzer.runtime import cache as cache_mod
+from analyzer.runtime import pools as executor_mod
 
 
 def analyze_parts(
@@ -86,9 +86,10 @@ def analyze_parts(
 
 def _plain_options(options: Options) -> dict[str, Any]:
     """``options`` as plain data for a worker, checked here; rule files as absolute paths."""
-    from analyzer import architectures, roofline, rules
+    from analyzer.analyses import roofline
+    from analyzer.knowledge import architectures, kernel_rules
 
-    rules.load_rules(list(options.rules))
+    kernel_rules.load_rules(list(options.rules))
     if options.gpu:
         roofline.gpu_override(options.gpu)
     if options.model:
@@ -107,7 +108,7 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
     ``("part", {"kernels": IPC bytes, "annotations": IPC bytes, "meta": JSON})``, or
     ``("error", message)`` for bad input.
     """
-    from analyzer import classify, roofline
+    from analyzer.analyses import classify, roofline
     from analyzer.errors import AnalyzerError
 
     try:
@@ -140,8 +141,9 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
 
 def join_parts(results: Sequence[tuple[str, Any]], options: Options) -> Analysis | None:
     """The run made of the analysed inputs, in order; None when they disagree on the GPU or world size."""
-    from analyzer import architectures, phases
+    from analyzer.analyses import phases
     from analyzer.errors import InputError
+    from analyzer.knowledge import architectures
 
     for status, value in results:
         if status == "error":

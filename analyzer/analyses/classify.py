@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer import keys
-from analyzer import rules as rules_mod
+from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.model import dict_isin, dict_strings, dict_take, pylist
+from analyzer.tables import lookup
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -189,8 +189,8 @@ def forget_launching_ops() -> None:
 
 
 def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
-    wanted = keys.unique(kernels["launch_op_id"])
-    mask = dict_isin(host_ops["category"], ["cpu_op"]) & keys.isin(host_ops["external_id"], wanted)
+    wanted = lookup.unique(kernels["launch_op_id"])
+    mask = dict_isin(host_ops["category"], ["cpu_op"]) & lookup.isin(host_ops["external_id"], wanted)
     rows = pa.array(np.flatnonzero(mask))
     if len(rows) == 0:
         return None
@@ -199,15 +199,15 @@ def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table,
     start = host_ops["start_ns"].take(rows)
     order = pc.array_sort_indices(start.combine_chunks(), order="descending")
     rows = rows.take(order)
-    op_keys = keys.pair(host_ops["trace_id"].take(rows), host_ops["external_id"].take(rows))
-    first = keys.index_in(op_keys, op_keys)  # first occurrence = latest start
+    op_keys = lookup.pair(host_ops["trace_id"].take(rows), host_ops["external_id"].take(rows))
+    first = lookup.index_in(op_keys, op_keys)  # first occurrence = latest start
     keep = pc.equal(first, pa.array(np.arange(len(rows)), pa.int32()))
     rows = rows.filter(keep)
     # the key columns only (the shape lists stay in host_ops: ``row`` points there), so that the
     # memo holds a few bytes per launching op
     ops = host_ops.select(["trace_id", "name", "shape_id"]).take(rows).append_column("row", rows)
-    kkeys = keys.pair(kernels["trace_id"], kernels["launch_op_id"])
-    return ops, keys.index_in(kkeys, op_keys.filter(keep))
+    kkeys = lookup.pair(kernels["trace_id"], kernels["launch_op_id"])
+    return ops, lookup.index_in(kkeys, op_keys.filter(keep))
 
 
 def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | None], dict[int, Any]]:
@@ -575,7 +575,7 @@ def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, 
 def gemm_roles_from_shapes(kernels: pa.Table, host_ops: pa.Table, arch: Any, tp: int = 1) -> list[str | None]:
     """Role per kernel from its op's (K, N) checked against the layer dimensions; None if undecidable.
 
-    ``arch`` is an :class:`analyzer.architectures.ModelArch`; with tensor parallelism each rank holds
+    ``arch`` is an :class:`analyzer.knowledge.architectures.ModelArch`; with tensor parallelism each rank holds
     1/tp of the column-parallel outputs (QKV, gate/up, LM head) and of the row-parallel inputs (O,
     down). When two roles share a shape (Llama's q_proj and o_proj are both hidden x hidden) the
     kernel gets None: shapes alone cannot tell them apart.

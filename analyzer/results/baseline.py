@@ -79,7 +79,7 @@ def check_baseline(obj: Any, source: str) -> dict[str, Any]:
 
 def build_baseline(analysis: Analysis, top_share: float = TOP_SHARE) -> dict[str, Any]:
     """The baseline object of an analysed run (see the module docstring for its contract)."""
-    from analyzer.summary import kernels_frame
+    from analyzer.results.summary import kernels_frame
 
     if not 0 < top_share <= 1:
         raise ValueError(f"top_share must be in (0, 1], got {top_share}")

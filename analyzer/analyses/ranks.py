@@ -198,7 +198,7 @@ def per_rank_rows(
     df: pd.DataFrame, comm: pd.DataFrame, ranks: list[int], split: dict[str, np.ndarray]
 ) -> list[dict[str, Any]]:
     """Stage and phase time per rank, and its communication split into transfer and waiting."""
-    from analyzer import timeline
+    from analyzer.tables import intervals
 
     rows = []
     index = split["index"]
@@ -213,7 +213,7 @@ def per_rank_rows(
         busy = 0
         for _, g in sub.groupby(["trace_id", "device"], sort=True):
             s = g["start_ns"].to_numpy(np.int64)
-            busy += timeline.busy_ns(s, s + g["dur_ns"].to_numpy(np.int64))
+            busy += intervals.busy_ns(s, s + g["dur_ns"].to_numpy(np.int64))
         stages = _time_by(sub, "stage").sort_values(ascending=False, kind="stable")
         phases = _time_by(sub, "phase")
         comm_ns = int(comm.loc[comm["rank"] == r, "dur_ns"].sum())

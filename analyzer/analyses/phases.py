@@ -33,8 +33,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer import keys, timeline
 from analyzer.model import dict_isin, dict_strings, launch_calls, objects
+from analyzer.tables import intervals, lookup
 
 if TYPE_CHECKING:
     from analyzer.pipeline import Analysis, Options
@@ -301,9 +301,9 @@ def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
     calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
     if calls.num_rows == 0:
         return start.copy()
-    pos = keys.index_in(  # the first call of each (trace, correlation)
-        keys.pair(kernels["trace_id"], kernels["correlation"]),
-        keys.pair(calls["trace_id"], calls["correlation"]),
+    pos = lookup.index_in(  # the first call of each (trace, correlation)
+        lookup.pair(kernels["trace_id"], kernels["correlation"]),
+        lookup.pair(calls["trace_id"], calls["correlation"]),
     )
     call_start = pc.take(calls["start_ns"], pos)
     found = call_start.is_valid().to_numpy(zero_copy_only=False)
@@ -408,7 +408,7 @@ def _step_row(
         "phase": ph,
         "start_ns": int(lo),
         "dur_ns": int(hi - lo),
-        "busy_ns": timeline.busy_ns(st, en),
+        "busy_ns": intervals.busy_ns(st, en),
         "kernel_ns": int(df["dur"][members].sum()),
         "kernels": len(members),
         "tokens": tok,

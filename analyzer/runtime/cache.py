@@ -36,8 +36,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analyzer import background
 from analyzer.model import ANNOTATION_SCHEMA, HOST_OP_SCHEMA, KERNEL_SCHEMA, InputMeta, Trace
+from analyzer.runtime import background
 
 CACHE_FORMAT = "1"
 ENV_DIR = "LKM_CACHE_DIR"
@@ -94,9 +94,14 @@ class CacheKey:
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """sha256 of the source that turns a file into tables: the readers and the model."""
-    root = Path(__file__).resolve().parent
-    files = sorted((root / "readers").glob("*.py")) + [root / "model.py"]
+    """sha256 of the source that turns a file into tables: the readers, the table helpers, the
+    chunked Kineto reading and the model."""
+    root = Path(__file__).resolve().parent.parent
+    files = (
+        sorted((root / "readers").glob("*.py"))
+        + sorted((root / "tables").glob("*.py"))
+        + [root / "runtime" / "chunked_kineto.py", root / "model.py"]
+    )
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
@@ -262,7 +267,7 @@ def load_trace(
             return hit
     before = _stat_id(path)
     trace = read_trace(path, progress=progress)
-    # written now, or beside the classification (analyzer.background), not after the analysis: the
+    # written now, or beside the classification (analyzer.runtime.background), not after the analysis: the
     # analysis may then free tables it no longer needs (host ops), and the writer's own buffers are
     # small next to the tables. A reader that left the file unhashed (to spare the CPU its workers
     # used) has it hashed there first.

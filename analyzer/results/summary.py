@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer import timeline
+from analyzer.analyses.ranks import rank_summary
 from analyzer.pipeline import Analysis
-from analyzer.ranks import rank_summary
+from analyzer.tables import intervals
 
 FORMAT_VERSION = 1
 PHASES = ("prefill", "decode", "mixed", "unknown")
@@ -140,10 +140,10 @@ def totals(df: pd.DataFrame) -> dict[str, Any]:
         devices += 1
         s = g["start_ns"].to_numpy(np.int64)
         e = s + g["dur_ns"].to_numpy(np.int64)
-        sp = timeline.span_ns(s, e)
+        sp = intervals.span_ns(s, e)
         wall = max(wall, sp)
         span_sum += sp
-        busy += timeline.busy_ns(s, e)
+        busy += intervals.busy_ns(s, e)
     return {
         "wall_ns": int(wall),
         "kernel_ns": int(df["dur_ns"].sum()),
@@ -160,7 +160,7 @@ def _pct(values: pd.Series | np.ndarray, q: float) -> int:
 
 
 def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str, Any]:
-    from analyzer.rules import category_labels
+    from analyzer.knowledge.kernel_rules import category_labels
 
     sub = df[df["phase"] == phase]
     kernel_ns = int(sub["dur_ns"].sum())

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.errors import InputError
-from analyzer.names import decode_name, group_key, normalize_name
+from analyzer.knowledge.names import decode_name, group_key, normalize_name
 
 try:  # Python >= 3.11 moved the regex parser to re._parser
     import re._constants as _sre_c

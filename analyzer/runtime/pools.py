@@ -32,10 +32,10 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from analyzer import cache as cache_mod
 from analyzer.errors import InputError, UsageError
 from analyzer.model import InputMeta, Trace, ipc_bytes, ipc_table
-from analyzer.readers.kineto_parallel import can_fork
+from analyzer.runtime import cache as cache_mod
+from analyzer.runtime.chunked_kineto import can_fork
 
 EXECUTORS = ("local", "dask")
 POOL_MIN_BYTES = 64 << 20
@@ -123,7 +123,7 @@ def _start_method() -> str:
     module imported (a fresh interpreter spends ~1 s importing pandas and pyarrow, on each worker).
     A process with threads (a notebook, a Dask client) must not be forked: a lock another thread
     holds would stay locked in the child; there forkserver/spawn start clean workers."""
-    from analyzer import background
+    from analyzer.runtime import background
 
     background.wait()  # our own threads are done before anything forks
     if can_fork() and threading.active_count() == 1:
@@ -174,9 +174,9 @@ def pool_jobs(paths: Sequence[str], jobs: int | None) -> int:
 
 def _one_reader_process() -> None:
     """Pool workers already run one per CPU: each parses its file without workers of its own."""
-    from analyzer.readers import kineto_parallel
+    from analyzer.runtime import chunked_kineto
 
-    os.environ[kineto_parallel.ENV_JOBS] = "1"
+    os.environ[chunked_kineto.ENV_JOBS] = "1"
 
 
 def _collect(path: str, result: tuple[str, str] | None, cache_dir: Path | None) -> Trace:
@@ -264,7 +264,7 @@ def dask_client(scheduler: str | None, workers: int, timeout: str = "30s") -> It
 
 
 def dask_parse(path: str, cache_dir: str) -> tuple[str, str]:
-    """Dask task: parse ``path`` into the shared cache folder (see :func:`analyzer.cache.parse_into`)."""
+    """Dask task: parse ``path`` into the shared cache folder (see :func:`analyzer.runtime.cache.parse_into`)."""
     return cache_mod.parse_into(path, cache_dir, lookup=True)
 
 

@@ -31,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer import architectures, hardware
+from analyzer.knowledge import architectures, hardware
 from analyzer.model import DICT_STRING, dict_isin, dict_strings, objects
 
 if TYPE_CHECKING:
@@ -328,7 +328,7 @@ def kernel_work(
         }
     )
     # 1. shapes: the numbers of each launching op go to its longest kernel
-    from analyzer.classify import launching_op_rows
+    from analyzer.analyses.classify import launching_op_rows
 
     found = launching_op_rows(kernels, host_ops)
     if found is not None:

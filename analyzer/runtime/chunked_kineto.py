@@ -85,7 +85,7 @@ def stream(
     ``find_events(head)`` gives (text before the array or None for a bare list, offset of the first
     event) or None; ``add`` receives each chunk's tables in file order.
     """
-    from analyzer import background, memory
+    from analyzer.runtime import background, memory
 
     background.wait()  # no thread of ours is mid-work when the workers are forked
     ctx = multiprocessing.get_context("fork")
@@ -109,7 +109,7 @@ def stream(
             pieces = _gzip_pieces(path, find_events, chunk_bytes, files)
         else:
             # hashing competes with the workers for the CPU: inside a deferred block it waits for
-            # the analysis, which leaves a core idle (analyzer.background); not where memory comes
+            # the analysis, which leaves a core idle (analyzer.runtime.background); not where memory comes
             # first: the cache entry, written after the hash, holds the whole trace until written
             later = background.deferring() and not memory.tight()
             pieces = _file_pieces(path, find_events, chunk_bytes, hash_now=not later)
@@ -345,12 +345,12 @@ def _init_worker() -> None:
 def worker_memory_pool() -> None:
     """Arrow allocations of a worker from jemalloc, which keeps freed pages for reuse a while.
 
-    A forked worker inherits this process's mimalloc setting (``analyzer.memory``). Where that hands
+    A forked worker inherits this process's mimalloc setting (``analyzer.runtime.memory``). Where that hands
     freed pages back at once, the inputs are big and memory comes first: the worker keeps it. Else
     jemalloc spares the worker faulting each chunk's pages in again (~0.7 s of system time per GB
     here, half its page faults); a worker holds one chunk's tables at a time, so what it keeps is
     small."""
-    from analyzer import memory
+    from analyzer.runtime import memory
 
     if memory.tight():
         return

@@ -1,6 +1,6 @@
 """``--compare`` (DESIGN §6): summaries of separately analysed inputs set side by side.
 
-Contract: a pure function of summary dicts (``analyzer.summary.build_summary``); it reads no trace
+Contract: a pure function of summary dicts (``analyzer.results.summary.build_summary``); it reads no trace
 and recomputes nothing from kernels. Times stay in integer ns, shares are fractions 0..1, and every
 ratio is an input's time over the first input's time (None where the first has none), so "B is
 1.9x A" reads ``ratio[1] == 1.9``.
