@@ -211,7 +211,7 @@ def dict_take(dictionary: pa.Array, indices: pa.Array) -> pa.DictionaryArray:
 
 def objects(values: Any) -> np.ndarray:
     """A string column as a numpy object array whose equal values share one ``str`` (a plain
-    ``to_pylist`` makes one object per row: ~100 bytes each for millions of kernels)."""
+    ``to_pylist`` makes one object per row, for millions of kernels)."""
     codes = dict_strings(values)
     uniq = np.array(codes.dictionary.to_pylist() + [None], dtype=object)
     return uniq[codes.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)]

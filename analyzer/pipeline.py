@@ -1,174 +1,204 @@
-"""The one data flow: paths -> readers -> Trace -> classify -> phases -> roofline -> findings.
+"""The one analysis path: Options -> Context (resolved once) -> the ordered analyses -> Analysis.
 
-``load_inputs`` reads and joins the inputs of one run; ``analyze_trace`` runs every analysis on it
-and returns an :class:`Analysis` (the analysed kernels table plus what the summary needs). The CLI
-only wires options into these two calls; reporters and the gate consume the result.
+Contract:
+
+* :func:`resolve_context` is the only place a run's knowledge is looked up: the rule set (with the
+  user's rule files), op hints, annotation patterns, finding settings, the ``--gpu`` override and the
+  ``--model`` architecture, each read and validated by :mod:`analyzer.knowledge` (which caches them).
+* The analyses are pure functions of tables and the :class:`Context` (:mod:`analyzer.analyses`);
+  this module holds their order, as two lists of steps, and is the only place that sequences them:
+
+  - :data:`INPUT_STEPS` label each input from that input alone (and the run's GPU and world size):
+    classification, phases, roofline. Inputs may run them apart and be joined
+    (:mod:`analyzer.runtime.rank_workers`);
+  - :data:`RUN_STEPS` need the whole run: its warnings, then the findings.
+
+  A step takes an :class:`Analysis` and returns a new one (``dataclasses.replace``); none mutates the
+  analysis it is given, opens a file, starts a process or reads the environment.
+* Loading the traces (processes, pools, the parsed-trace cache) belongs to :mod:`analyzer.runtime`,
+  whose ``analyze`` calls :func:`analyze_trace` here: the CLI, the tests and the Python API all take
+  that path.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 
-from analyzer.model import Trace, concat_traces
-from analyzer.readers import expand_inputs
+from analyzer.analyses import classify, findings, phases, roofline
+from analyzer.errors import UsageError
+from analyzer.knowledge import architectures, hardware, kernel_rules
+from analyzer.knowledge.annotations import load_annotation_patterns
+from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
+from analyzer.knowledge.finding_settings import load_finding_settings
+from analyzer.knowledge.op_hints import load_op_hints
+from analyzer.model import Trace
+from analyzer.options import Options
+from analyzer.tables import launches
+from analyzer.tables.frames import to_frame
 
 
-@dataclasses.dataclass
-class Options:
-    """What a user can set for one analysis (DESIGN §6 shared options)."""
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Everything the analyses know besides the trace, resolved once per run from :class:`Options`."""
 
-    rules: Sequence[str] = ()
-    gpu: str | None = None
-    model: str | None = None
-    settings: dict[str, str] = dataclasses.field(default_factory=dict)
+    options: Options
+    ruleset: kernel_rules.RuleSet
+    op_hints: Mapping[str, str]
+    annotation_patterns: Sequence[Mapping[str, Any]]
+    attention_ops: AttentionOps  # where each attention op keeps its query length (rules/attention_ops.toml)
+    finding_settings: Mapping[str, Mapping[str, Any]]
+    gpu: tuple[hardware.GpuSpec, str] | None  # the ``--gpu`` override and its name; None: detect it
+    gpu_table: Mapping[str, hardware.GpuSpec]  # rules/hardware.toml: the GPUs detection chooses from
+    model: architectures.ModelArch | None
+
+
+def resolve_context(options: Options | None = None) -> Context:
+    """The run's knowledge for ``options``; a bad rule file, ``--gpu``, ``--model`` or ``--set``
+    fails here, before any trace is read."""
+    options = options or Options()
+    ruleset = kernel_rules.load_rules(list(options.rules))
+    gpu = None
+    if options.gpu:
+        spec = hardware.find_gpu(options.gpu)
+        if spec is None:
+            known = ", ".join(sorted(hardware.load_hardware()))
+            raise UsageError(f"--gpu {options.gpu!r} is not in rules/hardware.toml (known: {known})")
+        gpu = (spec, options.gpu)
+    model = architectures.load_model(options.model) if options.model else None
+    return Context(
+        options=options,
+        ruleset=ruleset,
+        op_hints=load_op_hints(),
+        annotation_patterns=load_annotation_patterns(),
+        attention_ops=load_attention_ops(),
+        finding_settings=load_finding_settings(dict(options.settings)),
+        gpu=gpu,
+        gpu_table=hardware.default_table(),
+        model=model,
+    )
 
 
 @dataclasses.dataclass
 class Analysis:
-    """An analysed run: the kernels table with every analysis column, and its context."""
+    """An analysed run: the kernels table with every analysis column, and what the summary needs."""
 
     trace: Trace
     kernels: pa.Table
-    steps: pa.Table | None = None
+    steps: pd.DataFrame | None = None
     gpu: dict[str, Any] | None = None
     model: Any = None
     findings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     annotations_found: list[str] = dataclasses.field(default_factory=list)
     rules_sha256: str = ""
-
-
-ProgressFn = Callable[[str, int, int], None]
-
-
-def load_inputs(
-    paths: Sequence[str],
-    progress: ProgressFn | None = None,
-    byte_progress: Callable[[int, int], None] | None = None,
-    jobs: int | None = None,
-    cache: bool | str | os.PathLike[str] | None = False,
-    executor: str = "local",
-    scheduler: str | None = None,
-) -> Trace:
-    """Read every input (directories expand to the traces inside) and join them as one run.
-
-    ``jobs`` processes parse several files at once (default: one per file, at most one per CPU);
-    ``cache`` (True: ``$LKM_CACHE_DIR`` or ``~/.cache/llm-kernel-map``; a folder; False: off) keeps
-    parsed tables so the same trace is parsed once; ``executor="dask"`` runs the parsing on the Dask
-    cluster at ``scheduler`` (a local one without it). See :mod:`analyzer.runtime.pools`.
-    """
-    from analyzer.runtime.pools import read_traces
-
-    files = expand_inputs(list(paths))
-    traces = read_traces(
-        files,
-        jobs=jobs,
-        cache=cache,
-        executor=executor,
-        scheduler=scheduler,
-        progress=progress,
-        byte_progress=byte_progress,
+    _frame: tuple[pa.Table, pd.DataFrame] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
     )
-    trace = concat_traces(traces) if len(traces) > 1 else traces[0]
-    for i, m in enumerate(trace.inputs):
-        m.trace_id = i
-    return trace
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """The kernels as pandas (:func:`analyzer.tables.frames.to_frame`), built once per kernels
+        table: the findings, the summary and the baseline read the same frame."""
+        if self._frame is None or self._frame[0] is not self.kernels:
+            self._frame = (self.kernels, to_frame(self.kernels))
+        return self._frame[1]
 
 
-def analyze_trace(trace: Trace, options: Options | None = None, *, keep_host_ops: bool = True) -> Analysis:
-    """Run classification, phases, roofline and findings on a loaded trace.
+Step = Callable[[Analysis, Context], Analysis]
 
-    Host ops are read by classification, phases and the roofline only. With ``keep_host_ops=False``
-    (the CLI, which holds no other reference to the trace) ``analysis.trace`` loses them after the
-    roofline, so the summary's frames are built without them in memory (~750 MB for a 10 GB trace).
-    """
-    from analyzer.analyses import classify
 
-    options = options or Options()
-    analysis = Analysis(trace=trace, kernels=trace.kernels, warnings=list(trace.warnings))
-    analyze_inputs(analysis, options)
-    if not keep_host_ops:
-        del trace
-        analysis.trace = dataclasses.replace(
-            analysis.trace, host_ops=analysis.trace.host_ops.schema.empty_table()
-        )
-        classify.forget_launching_ops()
-    finish_run(analysis, options)
+# --------------------------------------------------------------------------- the steps
+
+
+def classify_step(a: Analysis, ctx: Context) -> Analysis:
+    kernels, warnings = classify.classify_and_check(a.kernels, a.trace.host_ops, ctx.ruleset, ctx.op_hints)
+    return dataclasses.replace(
+        a, kernels=kernels, rules_sha256=ctx.ruleset.sha256, warnings=[*a.warnings, *warnings]
+    )
+
+
+def phases_step(a: Analysis, ctx: Context) -> Analysis:
+    got = phases.label_phases(
+        a.kernels, a.trace.host_ops, a.trace.annotations, ctx.annotation_patterns, ctx.attention_ops
+    )
+    return dataclasses.replace(
+        a,
+        kernels=got.kernels,
+        steps=got.steps,
+        annotations_found=got.annotations_found,
+        warnings=[*a.warnings, *got.warnings],
+    )
+
+
+def roofline_step(a: Analysis, ctx: Context) -> Analysis:
+    got = roofline.measure(a.kernels, a.trace.host_ops, a.trace.inputs, ctx.gpu, ctx.model, ctx.gpu_table)
+    return dataclasses.replace(
+        a, kernels=got.kernels, gpu=got.gpu, model=ctx.model if ctx.model is not None else a.model
+    )
+
+
+def run_warnings_step(a: Analysis, ctx: Context) -> Analysis:
+    more = phases.coverage_warnings(a.kernels) + roofline.rate_warnings(a.kernels, a.gpu)
+    return dataclasses.replace(a, warnings=[*a.warnings, *more])
+
+
+def findings_step(a: Analysis, ctx: Context) -> Analysis:
+    return dataclasses.replace(a, findings=findings.find(a.frame, a.steps, ctx.finding_settings))
+
+
+INPUT_STEPS: tuple[Step, ...] = (classify_step, phases_step, roofline_step)
+RUN_STEPS: tuple[Step, ...] = (run_warnings_step, findings_step)
+
+
+# --------------------------------------------------------------------------- sequencing
+
+
+def as_context(options: Options | Context | None) -> Context:
+    return options if isinstance(options, Context) else resolve_context(options)
+
+
+def analyze_inputs(analysis: Analysis, options: Options | Context | None = None) -> Analysis:
+    """:data:`INPUT_STEPS` in order."""
+    context = as_context(options)
+    for step in INPUT_STEPS:
+        analysis = step(analysis, context)
     return analysis
 
 
-def analyze_inputs(analysis: Analysis, options: Options) -> None:
-    """The steps whose result for each input depends on that input alone (and on the run's GPU and
-    world size): classification, phases and the roofline. They may run on each input apart
-    (:mod:`analyzer.runtime.rank_workers`) and be joined."""
-    from analyzer.analyses import classify, phases, roofline
-
-    classify.run(analysis, options)
-    phases.label(analysis, options)
-    roofline.measure(analysis, options)
+def finish_run(analysis: Analysis, options: Options | Context | None = None) -> Analysis:
+    """:data:`RUN_STEPS` in order."""
+    context = as_context(options)
+    for step in RUN_STEPS:
+        analysis = step(analysis, context)
+    return analysis
 
 
-def finish_run(analysis: Analysis, options: Options) -> None:
-    """The steps that need the whole run: its warnings and the findings."""
-    from analyzer.analyses import findings, phases, roofline
-
-    analysis.warnings.extend(phases.coverage_warnings(analysis.kernels))
-    analysis.warnings.extend(roofline.rate_warnings(analysis))
-    findings.run(analysis, options)
+def start(trace: Trace) -> Analysis:
+    """The analysis of ``trace`` before any step ran: its kernels as read, the reader's warnings."""
+    return Analysis(trace=trace, kernels=trace.kernels, warnings=list(trace.warnings))
 
 
-def analyze_run(
-    paths: Sequence[str],
-    options: Options | None = None,
-    *,
-    progress: ProgressFn | None = None,
-    byte_progress: Callable[[int, int], None] | None = None,
-    jobs: int | None = None,
-    cache: bool | str | os.PathLike[str] | None = False,
-    executor: str = "local",
-    scheduler: str | None = None,
+def analyze_trace(
+    trace: Trace, options: Options | Context | None = None, *, keep_host_ops: bool = True
 ) -> Analysis:
-    """Load and analyse the inputs of one run, as the CLI does: host ops are dropped once used.
+    """Every analysis, in order, on a loaded trace.
 
-    When the inputs are parsed in worker processes (several files: ranks of a run, see
-    :func:`load_inputs`), each worker also runs :func:`analyze_inputs` on its input, so only the
-    joined warnings and findings run here (:mod:`analyzer.runtime.rank_workers`); the result equals that of
-    ``analyze_trace(load_inputs(...), keep_host_ops=False)``.
+    Host ops are read by the input steps only. With ``keep_host_ops=False`` (a caller that holds no
+    other reference to the trace) the analysis drops them before the run steps, so the findings'
+    and the summary's frames are built without them in memory.
     """
-    from analyzer.runtime import background, rank_workers
-
-    options = options or Options()
-    files = list(paths)
-    joined = rank_workers.analyze_parts(
-        files, options, jobs=jobs, cache=cache, executor=executor, scheduler=scheduler, progress=progress
-    )
-    if joined is not None:
-        finish_run(joined, options)
-        return joined
-    # a cache entry is written beside the classification (analyzer.runtime.background)
-    with background.deferred():
-        # no local name for the trace: the analysis may then free its host ops once they are used
-        return analyze_trace(
-            load_inputs(
-                files,
-                progress=progress,
-                byte_progress=byte_progress,
-                jobs=jobs,
-                cache=cache,
-                executor=executor,
-                scheduler=scheduler,
-            ),
-            options,
-            keep_host_ops=False,
+    context = as_context(options)
+    analysis = analyze_inputs(start(trace), context)
+    if not keep_host_ops:
+        del trace
+        analysis = dataclasses.replace(
+            analysis,
+            trace=dataclasses.replace(analysis.trace, host_ops=analysis.trace.host_ops.schema.empty_table()),
         )
-
-
-def analyze_paths(
-    paths: Sequence[str], options: Options | None = None, progress: ProgressFn | None = None
-) -> Analysis:
-    return analyze_trace(load_inputs(paths, progress), options)
+        launches.forget_launching_ops()
+    return finish_run(analysis, context)

@@ -32,12 +32,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def measure(path: Path) -> dict[str, float | int | str]:
-    from analyzer.pipeline import analyze_paths
+    from analyzer.output import write_report
     from analyzer.report import figures, html
     from analyzer.results.summary import build_summary
+    from analyzer.runtime.driver import RunPolicy, analyze
 
     t0 = time.perf_counter()
-    analysis = analyze_paths([str(path)])
+    analysis = analyze([str(path)], policy=RunPolicy(keep_host_ops=True))
     t1 = time.perf_counter()
     summary = build_summary(analysis)
     t2 = time.perf_counter()
@@ -45,7 +46,7 @@ def measure(path: Path) -> dict[str, float | int | str]:
     t3 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "report.html"
-        html.write_report(analysis, summary, out)
+        write_report(html.HtmlReporter(analysis.kernels), summary, out)
         t4 = time.perf_counter()
         size = out.stat().st_size
     t5 = time.perf_counter()

@@ -54,3 +54,11 @@ def shared_kineto_traces() -> list[str]:
         if b"traceEvents" in h or b'"schemaVersion"' in h:
             out.append(str(p.relative_to(SHARED)))
     return out
+
+
+try:  # transformers' generate shows tqdm bars; tqdm's monitor thread would outlive the capture tests
+    import tqdm  # and make this process look threaded to the tests of the fork policy
+
+    tqdm.tqdm.monitor_interval = 0
+except ImportError:  # pragma: no cover - tqdm comes with transformers
+    pass

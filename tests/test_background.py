@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.pipeline import analyze_run
 from analyzer.results.summary import build_summary
 from analyzer.runtime import background, cache
+from analyzer.runtime.read_policy import read_policy
 from tests.conftest import H200_DENSE, H200_TP2
+from tests.runs import analyze_run
 
 
 def test_outside_a_block_work_is_done_at_once() -> None:
@@ -86,7 +87,7 @@ def test_forking_reader_waits_for_background_work(monkeypatch, tmp_path: Path) -
     monkeypatch.setattr(background, "wait", lambda: calls.append("wait"))
     monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
     monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 1 << 20)
-    read_trace(H200_DENSE)
+    read_trace(H200_DENSE, policy=read_policy())
     assert calls == ["wait"]
 
 
@@ -189,7 +190,7 @@ def test_the_deferred_hash_starts_before_the_post_processing(monkeypatch, tmp_pa
 
     monkeypatch.setattr(kineto, "_post_process", post)
     with background.deferred():
-        trace = read_trace(plain)
+        trace = read_trace(plain, policy=read_policy())
     # THEN a background thread was hashing while the tables were post-processed
     assert seen == [1]
     assert trace.inputs[0].sha256 == ""  # filled by whoever needs it (the cache, the summary)

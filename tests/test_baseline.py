@@ -12,9 +12,9 @@ import pytest
 
 from analyzer.cli import main
 from analyzer.errors import InputError
-from analyzer.pipeline import analyze_paths
 from analyzer.results.baseline import FORMAT_VERSION, KIND, build_baseline, check_baseline, group_hash
 from tests.conftest import FIXTURES, H200_DENSE
+from tests.runs import analyze_paths
 
 SAVED = sorted(FIXTURES.glob("*/baseline.json"))
 

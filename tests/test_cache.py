@@ -11,11 +11,11 @@ import pytest
 
 from analyzer.cli import main
 from analyzer.model import Trace
-from analyzer.pipeline import load_inputs
 from analyzer.readers import kineto
 from analyzer.runtime import cache
 from tests import rawtrace
 from tests.conftest import H200_TP2
+from tests.runs import load_inputs
 
 
 def same(a: Trace, b: Trace) -> None:

@@ -16,6 +16,7 @@ import pytest
 from analyzer.analyses.phases import parse_annotation
 from analyzer.cli import main
 from analyzer.errors import InputError, UsageError
+from analyzer.knowledge.annotations import load_annotation_patterns
 
 TINY = {
     "model_type": "llama",
@@ -114,7 +115,8 @@ def test_capture_annotates_one_prefill_and_two_decode_steps(cpu_capture) -> None
         "lkm::step phase=decode q=1 bs=2 kv=10",
     ]
     assert meta["steps"] == [e["name"] for e in anns]
-    assert [parse_annotation(e["name"]) for e in anns] == [
+    parsed = [parse_annotation(e["name"], load_annotation_patterns()) for e in anns]
+    assert [(a.engine, a.phase, a.tokens) for a in parsed] == [
         ("lkm", "prefill", 16),
         ("lkm", "decode", 2),
         ("lkm", "decode", 2),
@@ -211,7 +213,8 @@ def test_annotation_names_parse_back(torch) -> None:
 
     assert annotation_name("mixed", 5, 4, 900) == "lkm::step phase=mixed q=5 bs=4 kv=900"
     assert annotation_name("decode", bs=8) == "lkm::step phase=decode bs=8"
-    assert parse_annotation(annotation_name("mixed", 5, 4, 900)) == ("lkm", "mixed", 20)
+    got = parse_annotation(annotation_name("mixed", 5, 4, 900), load_annotation_patterns())
+    assert (got.engine, got.phase, got.tokens) == ("lkm", "mixed", 20)
     with pytest.raises(UsageError):
         annotation_name("warmup")
     assert describe_batch([1, 1, 1], [10, 20, 30]) == ("decode", 1, 3, 30)
@@ -302,7 +305,7 @@ def _phase_by_correlation(a) -> dict[int, str]:
 @needs_fixture
 def test_h200_capture_phases_follow_its_annotations() -> None:
     """Every kernel gets the phase of the step annotation it ran in; steps carry q x bs tokens."""
-    from analyzer.pipeline import analyze_paths
+    from tests.runs import analyze_paths
 
     meta = json.loads((FIXTURE / "meta.json").read_text())
     a = analyze_paths([str(FIXTURE / "trace.json.gz")])
@@ -324,7 +327,7 @@ def test_h200_capture_unannotated_split_agrees(tmp_path: Path) -> None:
     """Without its lkm annotations the analyzer finds the same 16 steps, phases and token counts on
     its own; only the one kernel launched after the last step (the torch.cat of the generated ids)
     joins that step."""
-    from analyzer.pipeline import analyze_paths
+    from tests.runs import analyze_paths
 
     data = _raw(FIXTURE / "trace.json.gz")
     truth = _truth(data)
@@ -350,7 +353,7 @@ def test_h200_capture_classification_and_roofline_match_the_annotations() -> Non
     """Every kernel is classified; shape-derived GEMM and attention FLOPs per step equal what the
     step annotation's q, bs and kv imply for the architecture in meta.json."""
     from analyzer.knowledge.architectures import load_model
-    from analyzer.pipeline import analyze_paths
+    from tests.runs import analyze_paths
 
     meta = json.loads((FIXTURE / "meta.json").read_text())
     arch, layers, bs = load_model("llama-3-8b"), meta["layers"], meta["batch"]

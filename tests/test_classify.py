@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.analyses import classify
+from analyzer.analyses import layers
 from analyzer.knowledge.architectures import from_meta_arch
+from analyzer.knowledge.taxonomy import DENSE_GEMM_STAGES
 from analyzer.model import HOST_OP_SCHEMA
-from analyzer.pipeline import analyze_trace, load_inputs
+from analyzer.pipeline import analyze_trace
 from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, H200_TRACES, SHARED, shared_kineto_traces
+from tests.runs import load_inputs
 
 ALL_KINETO = [pytest.param(p, id=p.parent.name + "/" + p.name) for p in H200_TRACES] + [
     pytest.param(SHARED / rel, id=rel) for rel in shared_kineto_traces()
@@ -80,7 +82,7 @@ def test_position_roles_agree_with_shape_roles(path: Path) -> None:
     # GIVEN roles from shapes (host ops kept) and from position alone (host ops withheld)
     arch, tp = _meta(path)
     trace, full = _analyse(path)
-    by_shape = classify.gemm_roles_from_shapes(full.kernels, trace.host_ops, arch, tp)
+    by_shape = layers.gemm_roles_from_shapes(full.kernels, trace.host_ops, arch, tp)
     _, bare = _analyse(path, host_ops=False)
     by_position = bare.kernels["stage"].to_pylist()
     kind = full.kernels["kind"].to_pylist()
@@ -95,7 +97,7 @@ def test_position_roles_agree_with_shape_roles(path: Path) -> None:
 def _role_sequence(k, mask) -> list[tuple[int, tuple[str, ...]]]:
     """Per (step, layer): the GEMM roles in order, one per GEMM op (split-K reduce folded in)."""
     out = []
-    sub = k[mask & k["stage"].isin(classify.GEMM_STAGES) & k["layer"].notna()].sort_values("start_ns")
+    sub = k[mask & k["stage"].isin(DENSE_GEMM_STAGES) & k["layer"].notna()].sort_values("start_ns")
     for (_step, _layer), g in sub.groupby(["step", "layer"], sort=False):
         roles = []
         for s in g["stage"]:
@@ -110,7 +112,7 @@ def test_graph_replayed_decode_gets_the_roles_of_eager_prefill(path: Path) -> No
     arch, tp = _meta(path)
     trace, a = _analyse(path)
     k = a.kernels.to_pandas()
-    k["shape_role"] = classify.gemm_roles_from_shapes(a.kernels, trace.host_ops, arch, tp)
+    k["shape_role"] = layers.gemm_roles_from_shapes(a.kernels, trace.host_ops, arch, tp)
     pre = k[(k["phase"] == "prefill") & k["shape_role"].notna() & (k["kind"] == "kernel")]
     # the eager prefill's layer pattern, from shapes
     layer0 = pre[pre["layer"] == 0].sort_values("start_ns")
@@ -118,7 +120,7 @@ def test_graph_replayed_decode_gets_the_roles_of_eager_prefill(path: Path) -> No
     assert pattern == ("qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm")
     decode = k["phase"] == "decode"
     # decode GEMMs are replayed from the CUDA graph: no host op, no shapes
-    dec_gemm = k[decode & k["stage"].isin(classify.GEMM_STAGES)]
+    dec_gemm = k[decode & k["stage"].isin(DENSE_GEMM_STAGES)]
     assert dec_gemm["graph_launch"].all() and dec_gemm["launch_op_id"].isna().all()
     seqs = _role_sequence(k, decode)
     assert len(seqs) == 32 * arch.num_hidden_layers
@@ -165,3 +167,33 @@ def test_user_rules_take_precedence(tmp_path: Path) -> None:
     k = a.kernels.to_pandas()
     nv = k[k["norm_name"].astype(str).str.startswith("nvjet_")]
     assert set(nv["provider"]) == {"cutlass"} and set(nv["rule_id"]) == {"USR001"}
+
+
+def test_classification_shares_cover_the_kernel_time_and_structure_is_trusted() -> None:
+    from analyzer.analyses.classify import SOURCES, classification_shares
+
+    # GIVEN the H200 dense trace, analysed
+    _, a = _analyse(H200_DENSE)
+    # THEN every kernel says how its stage was decided, and the shares sum to the kernel time
+    shares = classification_shares(a.kernels["stage_source"], a.kernels["dur_ns"])
+    assert list(shares) == list(SOURCES) and abs(sum(shares.values()) - 1) < 1e-4
+    assert shares["by_structure"] > 0.5 and shares["role_free"] < 0.01
+    # AND the layer structure was found with confidence: no self-check warning
+    assert not [w for w in a.warnings if w.startswith("layer structure not found")]
+
+
+def test_training_kernels_make_the_self_check_warn() -> None:
+    import pyarrow as pa
+
+    from analyzer.analyses.classify import TRAINING_WARNING, _check_warnings
+
+    def table(names: list[str], stages: list[str]) -> pa.Table:
+        return pa.table({"norm_name": names, "stage": stages})
+
+    # GIVEN an optimizer kernel, or a backward kernel: training
+    assert TRAINING_WARNING in _check_warnings(
+        table(["multi_tensor_apply_kernel<FusedAdamMathFunctor>"], ["optimizer"]), []
+    )
+    assert TRAINING_WARNING in _check_warnings(table(["softmax_warp_backward<float>"], ["elementwise"]), [])
+    # AND an inference trace does not warn
+    assert _check_warnings(table(["flash_fwd_kernel"], ["flash_attention"]), []) == []

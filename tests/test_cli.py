@@ -37,7 +37,7 @@ def test_analyze_prints_summary_and_writes_json(capsys, tmp_path: Path) -> None:
     ):
         assert text in out
     s = json.loads(out_json.read_text())
-    assert s["format_version"] == 1 and s["totals"]["kernels"] == 5377
+    assert s["format_version"] == 2 and s["totals"]["kernels"] == 5377
 
 
 def test_export_csv_and_parquet(capsys, tmp_path: Path) -> None:
@@ -194,3 +194,9 @@ def test_console_entry_flushes_everything_and_keeps_exit_codes(capsys, tmp_path:
     )
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "missing.json" in bad.stderr
+
+
+@pytest.mark.parametrize("top", ["0", "-3"])
+def test_top_must_be_at_least_one(capsys, top: str) -> None:
+    code, _, err = run(capsys, "analyze", str(H200_DENSE), "--top", top)
+    assert code == 2 and "--top" in err and len(err.strip().splitlines()) == 1

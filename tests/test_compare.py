@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.cli import cli
-from analyzer.pipeline import analyze_paths
 from analyzer.report import text
 from analyzer.results.compare import FORMAT_VERSION, compare_summaries, input_labels
 from analyzer.results.summary import build_summary
 from tests.conftest import shared
+from tests.runs import analyze_paths
 
 PAIR = "sglang-deepseek-llama8b-decode-mi300x-vs-b300"
 

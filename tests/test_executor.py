@@ -9,10 +9,11 @@ import pytest
 
 from analyzer.errors import InputError, UsageError
 from analyzer.model import Trace
-from analyzer.pipeline import analyze_run, analyze_trace, load_inputs
+from analyzer.pipeline import analyze_trace
 from analyzer.results.summary import build_summary
-from analyzer.runtime import pools
+from analyzer.runtime import loading, pools
 from tests.conftest import H200_TP2
+from tests.runs import analyze_run, load_inputs
 
 PATHS = [str(p) for p in H200_TP2]
 
@@ -30,7 +31,7 @@ def local() -> Trace:
 
 
 def test_ipc_round_trip_keeps_everything(local: Trace) -> None:
-    back = pools.from_ipc(pools.to_ipc(local))
+    back = loading.from_ipc(loading.to_ipc(local))
     same(local, back)
 
 
@@ -53,11 +54,11 @@ def test_workers_are_forked_only_from_a_process_without_other_threads() -> None:
 
 def test_unknown_executor_and_bad_jobs_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="unknown executor"):
-        pools.read_traces(PATHS, executor="ray")
+        loading.read_traces(PATHS, executor="ray")
     with pytest.raises(UsageError, match="at least 1"):
-        pools.read_traces(PATHS, jobs=0)
+        loading.read_traces(PATHS, jobs=0)
     with pytest.raises(UsageError, match="needs --executor dask"):
-        pools.read_traces(PATHS, scheduler="tcp://127.0.0.1:1")
+        loading.read_traces(PATHS, scheduler="tcp://127.0.0.1:1")
 
 
 def test_small_inputs_stay_in_process_unless_jobs_is_given() -> None:
@@ -116,7 +117,7 @@ def test_dask_cache_not_visible_here_falls_back_to_ipc(
     cluster, local: Trace, tmp_path: Path, monkeypatch
 ) -> None:
     # a worker's entry this process cannot see (no shared folder): the tables are sent instead
-    monkeypatch.setattr(pools, "_from_dask", _hide_entries(pools._from_dask))
+    monkeypatch.setattr(loading, "_from_dask", _hide_entries(loading._from_dask))
     got = load_inputs(PATHS, executor="dask", scheduler=cluster.scheduler_address, cache=tmp_path)
     same(local, got)
 

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analyses.findings import load_settings
 from analyzer.errors import UsageError
-from analyzer.pipeline import Options, analyze_paths
+from analyzer.knowledge.finding_settings import load_finding_settings
+from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES as GEMM_STAGES
+from analyzer.pipeline import Options
 from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, shared
+from tests.runs import analyze_paths
 
 
 def _ids(paths: list[Path], **settings: str) -> dict[str, list[dict]]:
@@ -135,10 +137,51 @@ def test_findings_are_ordered_by_severity(dense) -> None:
 
 
 def test_settings_overrides_and_errors() -> None:
-    cfg = load_settings({"decode_gpu_idle.max_idle": "0.9"})
+    cfg = load_finding_settings({"decode_gpu_idle.max_idle": "0.9"})
     assert cfg["decode_gpu_idle"]["max_idle"] == 0.9
     with pytest.raises(UsageError):
-        load_settings({"decode_gpu_idle.nope": "1"})
+        load_finding_settings({"decode_gpu_idle.nope": "1"})
     with pytest.raises(UsageError):
-        load_settings({"decode_gpu_idle.max_idle": "high"})
+        load_finding_settings({"decode_gpu_idle.max_idle": "high"})
     assert "F006" not in _ids([H200_DENSE], **{"decode_gpu_idle.max_idle": "0.95"})
+
+
+# ------------------------------------------------------------------ advice agrees with the evidence
+
+
+@pytest.fixture(scope="module")
+def sglang_graph_decode() -> dict[str, list[dict]]:
+    return _ids([shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_decode.json.gz")])
+
+
+def test_idle_advice_on_graph_replayed_decode_does_not_ask_for_graphs(sglang_graph_decode) -> None:
+    # GIVEN a decode trace whose kernels are ~99% replayed from HIP graphs, with the GPU idle
+    f = sglang_graph_decode["F006"][0]
+    # THEN the finding records the replay share and does not advise capturing graphs again
+    assert f["evidence"]["graph_replayed"] > 0.95
+    assert "graph" in f["suggestion"].lower()
+    assert "capture decode in cuda/hip graphs" not in f["suggestion"].lower()
+    for x in sglang_graph_decode.get("F005", []):
+        assert x["evidence"]["graph_replayed"] > 0.95
+        assert "capture the step in a cuda/hip graph" not in x["suggestion"].lower()
+
+
+def test_idle_advice_on_eager_decode_asks_for_graphs(dense) -> None:
+    f = dense["F006"][0]
+    assert f["evidence"]["graph_replayed"] < 0.05
+    assert "cuda/hip graphs" in f["suggestion"].lower()
+
+
+def test_same_kernel_advice_fits_the_kernel_kind(sglang, dense) -> None:
+    # GIVEN F001 findings on norm / activation / RoPE / KV-store kernels (and GEMMs where present)
+    stretched = [x for found in (sglang, dense) for x in found.get("F001", []) if x["severity"] != "info"]
+    small = [x for x in stretched if x["evidence"]["stage"] not in GEMM_STAGES]
+    assert {x["evidence"]["stage"] for x in small} >= {"norm", "activation", "rope"}
+    # THEN the small kernels get launch / fusion advice, never GEMM tiling advice
+    for x in small:
+        s = x["suggestion"].lower()
+        assert "split-k" not in s and "tile" not in s, x["title"]
+        assert "fus" in s, x["title"]
+    for x in stretched:
+        if x["evidence"]["stage"] in GEMM_STAGES:
+            assert "split-k" in x["suggestion"].lower()

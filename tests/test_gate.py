@@ -1,4 +1,4 @@
-"""The regression gate (analyzer/gate.py, report/gate_report.py, the `gate` command) on the real H200 traces."""
+"""The regression gate (analyzer/regressions.py, report/gate_report.py, the `gate` command) on the real H200 traces."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from analyzer import gate
+from analyzer import regressions as gate
 from analyzer.cli import main
 from analyzer.errors import UsageError
-from analyzer.pipeline import analyze_paths
 from analyzer.report import gate_report
 from analyzer.results.baseline import build_baseline
 from tests.conftest import FIXTURES, H200_DENSE, H200_MOE, H200_TP2
+from tests.runs import analyze_paths
 
 DENSE_BASELINE = FIXTURES / "h200-llama3-8b-dense" / "baseline.json"
 MOE_BASELINE = FIXTURES / "h200-qwen3-30b-a3b-moe" / "baseline.json"
@@ -179,6 +179,94 @@ def test_trace_as_baseline_and_unknown_config_key(capsys, tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     code, _, err = run(capsys, "gate", H200_DENSE, "--baseline", H200_DENSE)
     assert code == 2 and "unknown key 'thresold'" in err and err.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def host_slower(tmp_path_factory) -> Path:
+    """A copy of the dense trace whose steps last ~6x as long with the same kernels: every
+    timestamp stretched around the first, host events' durations too, kernels' durations kept."""
+    doc = orjson.loads(gzip.decompress(H200_DENSE.read_bytes()))
+    events = [e for e in doc["traceEvents"] if isinstance(e.get("ts"), int | float)]
+    t0 = min(e["ts"] for e in events)
+    factor = 91.32 / 14.88
+    for e in events:
+        e["ts"] = t0 + (e["ts"] - t0) * factor
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset") and isinstance(
+            e.get("dur"), int | float
+        ):
+            e["dur"] = e["dur"] * factor
+    p = tmp_path_factory.mktemp("host") / "dense-host-slower.json"
+    p.write_bytes(orjson.dumps(doc))
+    return p
+
+
+def test_slower_decode_steps_fail_though_kernels_did_not_change(capsys, tmp_path, host_slower) -> None:
+    # GIVEN the dense trace whose decode steps take ~91 ms instead of ~14.9 ms, same kernels
+    js = tmp_path / "gate.json"
+    # WHEN it is gated against the saved baseline
+    code, out, err = run(capsys, "gate", host_slower, "--baseline", DENSE_BASELINE, "-o", js)
+    # THEN it fails on the decode step time (p50 and p90), not on any stage
+    assert code == 1, out + err
+    result = json.loads(js.read_text())
+    failed = {f["id"] for f in result["failed"]}
+    assert {"decode.step_p50", "decode.step_p90"} <= failed
+    assert not any(f["level"] == "stage" for f in result["failed"])
+    row = next(r for r in result["rows"] if r["id"] == "decode.step_p50")
+    assert row["level"] == "step" and row["baseline_ns"] == 14_880_844
+    assert row["candidate_ns"] == pytest.approx(91.32e6, rel=0.05)
+    assert row["threshold"] == gate.DEFAULT_STEP_THRESHOLD and result["thresholds"]["step_threshold"]
+    assert "decode step time p50" in out and "FAIL" in out
+
+
+def test_step_threshold_from_option_and_pyproject(capsys, tmp_path, monkeypatch, dense) -> None:
+    b = dense[1]
+    c = copy.deepcopy(b)
+    c["phases"]["decode"]["step_ns"]["p50"] = int(b["phases"]["decode"]["step_ns"]["p50"] * 1.15)
+    # +15% of step time: under the default step threshold, over a 10% one
+    assert gate.compare(b, c)["status"] == "pass"
+    r = gate.compare(b, c, gate.make_thresholds(step_threshold=0.1))
+    assert r["status"] == "fail" and [f["id"] for f in r["failed"]] == ["decode.step_p50"]
+    # kernel-time threshold does not move the step threshold, and vice versa
+    assert gate.compare(b, c, gate.make_thresholds(threshold=0.01))["status"] == "pass"
+    t = gate.make_thresholds({"step_threshold": "10%"})
+    assert t.step_threshold == 0.1 and t.threshold == gate.DEFAULT_THRESHOLD
+    # the command line and pyproject both set it
+    base, cand = tmp_path / "b.json", tmp_path / "c.json"
+    base.write_bytes(orjson.dumps(b))
+    cand.write_bytes(orjson.dumps(c))
+    assert run(capsys, "gate", cand, "--baseline", base)[0] == 0
+    assert run(capsys, "gate", cand, "--baseline", base, "--step-threshold", "0.1")[0] == 1
+    (tmp_path / "pyproject.toml").write_text("[tool.llm-kernel-map.gate]\nstep_threshold = 0.1\n")
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "gate", cand, "--baseline", base)[0] == 1
+    assert run(capsys, "gate", cand, "--baseline", base, "--step-threshold", "0.5")[0] == 0
+
+
+def test_old_baseline_without_step_times_is_gated_on_kernels_with_a_note(dense) -> None:
+    b = copy.deepcopy(dense[1])
+    for e in b["phases"].values():
+        del e["step_ns"]
+    r = gate.compare(b, dense[1])
+    assert r["status"] == "pass"
+    assert not any(x["level"] == "step" for x in r["rows"])
+    assert any("decode: the baseline has no step times" in n for n in r["notes"])
+    b = copy.deepcopy(dense[1])
+    del b["phases"]["decode"]["step_ns"]["p90"]
+    r = gate.compare(b, dense[1])
+    assert [x["id"] for x in r["rows"] if x["level"] == "step" and x["phase"] == "decode"] == [
+        "decode.step_p50"
+    ]
+    assert any("decode: the baseline has no step time p90" in n for n in r["notes"])
+    for fmt in ("text", "markdown", "junit", "json"):
+        assert _render(r, fmt)
+
+
+@pytest.mark.parametrize("name", ["gate.pdf", "gate.html", "gate.csv"])
+def test_output_with_an_unknown_format_is_a_usage_error(capsys, tmp_path, name) -> None:
+    target = tmp_path / name
+    code, out, err = run(capsys, "gate", H200_DENSE, "--baseline", DENSE_BASELINE, "-o", target)
+    assert code == 2 and err.count("\n") == 1 and name in err and ".md" in err
+    assert not target.exists() and out == ""
 
 
 # -------------------------------------------------------------------- pure comparison rules
@@ -421,4 +509,7 @@ def test_renderers_escape_hostile_kernel_names(dense) -> None:
     assert json.loads(_render(r, "json"))["failed"][0]["id"] == "decode.other"
     assert gate_report.format_for_path("x/summary.MD") == "markdown"
     assert gate_report.format_for_path("junit.xml") == "junit"
-    assert gate_report.format_for_path("report.log", "json") == "json"
+    assert gate_report.format_for_path("report", "json") == "json"
+    for bad in ("x.pdf", "report.log"):
+        with pytest.raises(UsageError, match=bad):
+            gate_report.format_for_path(bad)

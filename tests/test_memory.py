@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from analyzer.runtime import memory
+from tests.conftest import H200_DENSE
 
 
 def test_purge_delay_follows_the_size_of_the_inputs_unless_set(monkeypatch, tmp_path) -> None:
@@ -66,11 +67,18 @@ class Hook:
         return None
 sys.meta_path.insert(0, Hook())
 import analyzer.cli
-print(seen[0] if seen else "never")
+imported = seen[0] if seen else "never"
+with open(os.devnull, "w") as sink:
+    sys.stdout, out = sink, sys.stdout
+    analyzer.cli.main(["analyze", sys.argv[1]])
+    sys.stdout = out
+print(imported, seen[0] if seen else "never")
 """
 
 
 def test_cli_configures_before_pyarrow_is_imported() -> None:
-    # mimalloc reads its options when pyarrow first loads it: the CLI must set them before that
-    out = subprocess.run([sys.executable, "-c", HOOK], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "1000"  # no input named: a small run
+    # mimalloc reads its options when pyarrow first loads it: the CLI's main() must set them before
+    # that, and importing the CLI must not load pyarrow at all
+    fixture = str(H200_DENSE)
+    out = subprocess.run([sys.executable, "-c", HOOK, fixture], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["never", "1000"]  # a small input: purge after a second

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 
 from analyzer.errors import InputError, UsageError
-from analyzer.pipeline import Analysis, Options, analyze_run, analyze_trace, load_inputs
+from analyzer.pipeline import Analysis, Options, analyze_trace
 from analyzer.results.summary import build_summary
 from analyzer.runtime import rank_workers
 from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, shared
+from tests.runs import analyze_run, load_inputs
 
 TP2 = [str(p) for p in H200_TP2]
 
@@ -43,7 +44,7 @@ def test_two_ranks_analysed_in_workers_equal_the_serial_run() -> None:
     # THEN, with the run-wide warnings and findings added, every number is the serial run's
     from analyzer.pipeline import finish_run
 
-    finish_run(got, Options())
+    got = finish_run(got, Options())
     want = serial(TP2)
     assert_same_analysis(want, got)
     assert sorted(set(got.kernels["trace_id"].to_pylist())) == [0, 1]
@@ -70,14 +71,20 @@ def test_inputs_of_other_world_sizes_take_the_serial_path() -> None:
     # two ranks of world size 2 must be measured with 2, which its own worker could not know
     paths = [str(H200_DENSE), *TP2]
     assert rank_workers.analyze_parts(paths, Options(), jobs=2) is None
-    assert_same_analysis(serial(paths), analyze_run(paths, jobs=2))
+    # ... and they are not one run at all (DESIGN §6): exit 2 on either path
+    for run in (lambda: serial(paths), lambda: analyze_run(paths, jobs=2)):
+        with pytest.raises(InputError, match="different world sizes"):
+            run()
 
 
 def test_inputs_of_other_gpus_take_the_serial_path() -> None:
     amd = shared("mi300x-vllm-gptoss-decode-fullgraph")
     paths = [str(H200_DENSE), str(amd)]
     assert rank_workers.analyze_parts(paths, Options(), jobs=2) is None
-    assert_same_analysis(serial(paths), analyze_run(paths, jobs=2))
+    # ... and they are not one run at all (DESIGN §6): exit 2 on either path
+    for run in (lambda: serial(paths), lambda: analyze_run(paths, jobs=2)):
+        with pytest.raises(InputError, match="ran on different GPUs"):
+            run()
 
 
 def test_small_inputs_without_jobs_stay_in_this_process() -> None:
@@ -113,3 +120,32 @@ def test_cli_prints_the_same_with_and_without_workers(capsys, tmp_path: Path, mo
     assert main(["analyze", *TP2, "--jobs", "2", "--json", str(out2)]) == 0
     assert capsys.readouterr().out == plain
     assert json.loads(out1.read_text()) == json.loads(out2.read_text())
+
+
+_REAL_PART = rank_workers.analyze_part
+
+
+def recording_part(path: str, index: int, cache_dir: str | None, *rest):
+    """analyze_part, leaving a file named after the process that ran it in the run's cache folder
+    (the one argument every worker gets that the test chooses, whatever the start method)."""
+    import os
+
+    assert cache_dir is not None
+    pids = Path(cache_dir) / "pids"
+    pids.mkdir(exist_ok=True)
+    (pids / f"{index}-{os.getpid()}").touch()
+    return _REAL_PART(path, index, cache_dir, *rest)
+
+
+def test_the_inputs_are_analysed_in_worker_processes(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    # GIVEN a spy on the worker task
+    monkeypatch.setattr(rank_workers, "analyze_part", recording_part)
+    # WHEN a run of two ranks is analysed with two jobs
+    got = rank_workers.analyze_parts(TP2, Options(), jobs=2, cache=tmp_path)
+    # THEN each input was analysed once, in a process other than this one
+    assert got is not None
+    ran = sorted(p.name.split("-") for p in (tmp_path / "pids").iterdir())
+    assert [int(i) for i, _ in ran] == [0, 1]
+    assert all(int(pid) != os.getpid() for _, pid in ran)

@@ -9,10 +9,12 @@ import pyarrow as pa
 import pytest
 
 from analyzer.analyses import phases
+from analyzer.knowledge.annotations import load_annotation_patterns
 from analyzer.model import ANNOTATION_SCHEMA, table_from_columns
-from analyzer.pipeline import analyze_trace, load_inputs
+from analyzer.pipeline import analyze_trace
 from tests import gt
 from tests.conftest import H200_TRACES, shared
+from tests.runs import load_inputs
 
 
 @pytest.mark.parametrize("path", H200_TRACES, ids=lambda p: p.parent.name + "/" + p.name)
@@ -94,14 +96,33 @@ def test_phase_summary_numbers() -> None:
     ],
 )
 def test_engine_annotations(name: str, expect: tuple) -> None:
-    assert phases.parse_annotation(name) == expect
+    got = phases.parse_annotation(name, load_annotation_patterns())
+    assert got is not None and (got.engine, got.phase, got.tokens) == expect
+
+
+@pytest.mark.parametrize(
+    ("name", "expect"),
+    [
+        # (prefill_tokens, decode_tokens, model, verify_k)
+        ("lkm::step phase=prefill q=48 bs=2 kv=48", (96, 0, "target", None)),
+        ("lkm::step phase=mixed q=12 bs=4 kv=57 prefill_tokens=46 decode_tokens=2", (46, 2, "target", None)),
+        ("lkm::step phase=decode q=2 bs=1 kv=49 model=draft", (0, 2, "draft", None)),
+        ("lkm::step phase=decode q=2 bs=1 kv=50", (0, 2, "target", 2)),
+        ("lkm::step phase=decode q=1 bs=4 kv=73", (0, 4, "target", None)),
+        ("lkm::step phase=prefill q=5 bs=1 kv=5 tokens=9", (9, 0, "target", None)),
+        ("execute_new_2_cached_6", (None, None, "target", None)),
+    ],
+)
+def test_annotation_token_kinds_model_and_verify_width(name: str, expect: tuple) -> None:
+    got = phases.parse_annotation(name, load_annotation_patterns())
+    assert got is not None and (got.prefill_tokens, got.decode_tokens, got.model, got.verify_k) == expect
 
 
 @pytest.mark.parametrize(
     "name", ["ProfilerStep#3", "aten::mm", "gt_phase::prefill::q512", "nccl:all_reduce", "my_decoder_block"]
 )
 def test_not_step_annotations(name: str) -> None:
-    assert phases.parse_annotation(name) is None
+    assert phases.parse_annotation(name, load_annotation_patterns()) is None
 
 
 def test_sglang_annotated_steps_are_used_exactly() -> None:
@@ -155,3 +176,18 @@ def test_bad_annotations_warn_and_never_drop_kernels() -> None:
 def test_capture_only_trace_warns() -> None:
     a = analyze_trace(load_inputs([str(shared("mi300x-sglang-qwen3-8b/bs_32_rank0.json.gz"))]))
     assert any("graph-capture" in w for w in a.warnings)
+
+
+def test_attention_op_layouts_are_data_per_op(tmp_path) -> None:
+    from analyzer.errors import InputError
+    from analyzer.knowledge.attention_ops import load_attention_ops
+
+    t = load_attention_ops()
+    # the SDPA front end holds the query length in dim 2, the flash kernel below it in dim 1
+    assert t.layout("aten::scaled_dot_product_attention").q_dim == 2
+    assert t.layout("aten::_flash_attention_forward").q_dim == 1
+    assert t.layout("triton_tem_fused_flex_attention_0") is not None and t.layout("aten::mm") is None
+    bad = tmp_path / "a.toml"
+    bad.write_text('[[op]]\nid = "x"\nnote = "n"\nnames = ["o"]\nquery = 0\nrank = 3\nq_dim = 3\n')
+    with pytest.raises(InputError, match="q_dim = 3 is not a dimension"):
+        load_attention_ops(bad)

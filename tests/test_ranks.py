@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 
 from analyzer.analyses.ranks import rank_summary
-from analyzer.pipeline import analyze_trace, load_inputs
+from analyzer.pipeline import analyze_trace
 from analyzer.report.ranks_text import render_ranks
 from analyzer.results.summary import build_summary
 from tests import rawtrace
 from tests.conftest import H200_TP2
+from tests.runs import load_inputs
 
 PREFILL_ALLREDUCES = 16  # 8 layers x 2 all-reduces (after attention and after the MLP), eager prefill
 

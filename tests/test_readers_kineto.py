@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer.errors import InputError
-from analyzer.readers import kineto, read_trace, sniff
+from analyzer.readers import kineto_events, kineto_scan, read_trace, sniff
 from analyzer.runtime import chunked_kineto
+from analyzer.runtime.read_policy import read_policy
 from analyzer.tables import intervals
 from tests import rawtrace
 from tests.conftest import H200_TRACES, SHARED, shared, shared_kineto_traces
@@ -31,10 +32,10 @@ def test_kernel_count_and_time_match_raw_json(path: Path) -> None:
     events = rawtrace.gpu_events(obj)
     if not events:
         with pytest.raises(InputError, match="no GPU activity"):
-            read_trace(path)
+            read_trace(path, policy=read_policy())
         return
     # WHEN the reader reads it
-    trace = read_trace(path)
+    trace = read_trace(path, policy=read_policy())
     trace.validate()
     k = trace.kernels
     # THEN kernel count, total time and kinds agree exactly
@@ -55,7 +56,7 @@ def test_per_stream_busy_time_matches_raw_json(path: Path) -> None:
     if not events:
         pytest.skip("trace without GPU activity")
     want = sorted(rawtrace.stream_busy(events).values())
-    df = read_trace(path).kernels.to_pandas()
+    df = read_trace(path, policy=read_policy()).kernels.to_pandas()
     got = []
     for _, g in df.groupby(["device", "stream"], dropna=False):
         s = g["start_ns"].to_numpy(np.int64)
@@ -64,7 +65,7 @@ def test_per_stream_busy_time_matches_raw_json(path: Path) -> None:
 
 
 def test_h200_metadata_and_links() -> None:
-    trace = read_trace(H200_TRACES[0])
+    trace = read_trace(H200_TRACES[0], policy=read_policy())
     m = trace.inputs[0]
     assert (m.format, m.gpu_name, m.arch, m.sm_count) == ("kineto", "NVIDIA H200", "sm_90", 132)
     assert m.total_memory == 150109880320
@@ -82,7 +83,7 @@ def test_h200_metadata_and_links() -> None:
 
 
 def test_tp2_graph_replay_and_rank() -> None:
-    trace = read_trace(H200_TRACES[3])
+    trace = read_trace(H200_TRACES[3], policy=read_policy())
     assert trace.inputs[0].rank == 1 and trace.inputs[0].world_size == 2
     k = trace.kernels.to_pandas()
     graph = k[k["graph_launch"]]
@@ -96,7 +97,7 @@ def test_rocm_devices_and_workitem_grids() -> None:
     path = shared("mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz")
     raw = rawtrace.gpu_events(rawtrace.load(path))
     assert {e["args"]["device"] for e in raw} != {0}  # HSA node ids in the raw trace
-    trace = read_trace(path)
+    trace = read_trace(path, policy=read_policy())
     assert trace.inputs[0].arch == "gfx942"
     assert set(trace.kernels["device"].to_pylist()) == {0}
     k = trace.kernels.to_pandas()
@@ -112,7 +113,9 @@ def test_rocm_devices_and_workitem_grids() -> None:
 
 
 def test_mi250_without_rocm_metadata_is_still_rocm() -> None:
-    trace = read_trace(shared("mi250-hta-minitoy/mi250_minitoy_train_ROCm6_2_kineto.json.gz"))
+    trace = read_trace(
+        shared("mi250-hta-minitoy/mi250_minitoy_train_ROCm6_2_kineto.json.gz"), policy=read_policy()
+    )
     assert trace.inputs[0].arch == "gfx90a"
     assert set(trace.kernels["device"].to_pylist()) == {0}
 
@@ -120,10 +123,10 @@ def test_mi250_without_rocm_metadata_is_still_rocm() -> None:
 def test_chunked_reading_equals_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN tiny chunks so the events array is cut hundreds of times
     monkeypatch.setenv(chunked_kineto.ENV_JOBS, "1")
-    whole = read_trace(H200_TRACES[1])
-    monkeypatch.setattr(kineto, "CHUNK_BYTES", 64 << 10)
-    monkeypatch.setattr(kineto, "READ_BYTES", 16 << 10)
-    chunked = read_trace(H200_TRACES[1])
+    whole = read_trace(H200_TRACES[1], policy=read_policy())
+    monkeypatch.setattr(kineto_scan, "CHUNK_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto_scan, "READ_BYTES", 16 << 10)
+    chunked = read_trace(H200_TRACES[1], policy=read_policy())
     for a, b in zip(_tables(chunked), _tables(whole), strict=True):
         assert a.equals(b)
 
@@ -148,13 +151,13 @@ def test_parallel_reading_equals_sequential(
     plain = tmp_path / "trace.json"
     plain.write_bytes(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
     monkeypatch.setenv(chunked_kineto.ENV_JOBS, "1")
-    want = read_trace(path)
+    want = read_trace(path, policy=read_policy())
     monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
     monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", max(4 << 10, plain.stat().st_size // 16))
     used = []
     monkeypatch.setattr(chunked_kineto, "_collect", _counting(chunked_kineto._collect, used))
     for src in (path, plain):
-        got = read_trace(src)
+        got = read_trace(src, policy=read_policy())
         # THEN the workers parsed it, and into exactly the sequential tables
         assert len(used) >= 8, "the parallel path was not taken"
         used.clear()
@@ -184,7 +187,7 @@ def test_gzip_chunks_tile_the_events_at_boundaries(chunk: int, tmp_path: Path) -
     files = chunked_kineto._Memfds()
     chunks: list[bytes] = []
     try:
-        for kind, value, _ in chunked_kineto._gzip_pieces(p, kineto._find_events, chunk, files):
+        for kind, value, _ in chunked_kineto._gzip_pieces(p, kineto_scan.find_events, chunk, files):
             if kind in ("task", "last"):
                 path, start, end = value
                 chunks.append(Path(path).read_bytes()[start:end])
@@ -199,7 +202,7 @@ def test_gzip_chunks_tile_the_events_at_boundaries(chunk: int, tmp_path: Path) -
     for c in chunks[:-1]:
         assert text[pos : pos + len(c)] == c
         assert c.startswith(b"{") and c.endswith(b"}") and len(c) >= chunk
-        gap = kineto._BOUNDARY.match(text, pos + len(c) - 1)
+        gap = kineto_scan.BOUNDARY.match(text, pos + len(c) - 1)
         assert gap is not None, "a cut not at an event boundary"
         pos = gap.end() - 1
     assert text[pos:] == chunks[-1] and len(chunks[-1]) >= chunk
@@ -218,7 +221,7 @@ def test_parallel_gzip_cut_short_is_one_clear_error(tmp_path: Path, monkeypatch:
     fds = len(os.listdir("/proc/self/fd"))
     # THEN the workers took some chunks, the damage is one InputError, and no chunk file stays open
     with pytest.raises(InputError, match="gzip|truncated"):
-        read_trace(p)
+        read_trace(p, policy=read_policy())
     assert used, "the parallel path was not taken"
     assert len(os.listdir("/proc/self/fd")) == fds
 
@@ -228,7 +231,7 @@ def test_parallel_gzip_chunk_file_unreadable_falls_back(
 ) -> None:
     # GIVEN workers that cannot open the in-memory files holding the gzip chunks (no /proc, say)
     monkeypatch.setenv(chunked_kineto.ENV_JOBS, "1")
-    want = read_trace(H200_TRACES[0])
+    want = read_trace(H200_TRACES[0], policy=read_policy())
     monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
     monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 256 << 10)
     real_task = chunked_kineto._Memfds.task
@@ -239,7 +242,7 @@ def test_parallel_gzip_chunk_file_unreadable_falls_back(
 
     monkeypatch.setattr(chunked_kineto._Memfds, "task", task)
     # THEN the file is read sequentially instead, into the same tables
-    got = read_trace(H200_TRACES[0])
+    got = read_trace(H200_TRACES[0], policy=read_policy())
     for a, b in zip(_tables(got), _tables(want), strict=True):
         assert a.equals(b)
 
@@ -255,7 +258,7 @@ def test_parallel_cut_inside_a_string_falls_back(tmp_path: Path, monkeypatch: py
     p.write_text(json.dumps({"traceEvents": events}, separators=(",", ":")))
     monkeypatch.setenv(chunked_kineto.ENV_JOBS, "2")
     monkeypatch.setattr(chunked_kineto, "CHUNK_BYTES", 16 << 10)
-    trace = read_trace(p)
+    trace = read_trace(p, policy=read_policy())
     # THEN every event is read once, with its name whole
     assert trace.kernels.num_rows == 4000
     assert set(trace.kernels["name"].to_pylist()) == {evil + "}, {" * 40}
@@ -302,14 +305,14 @@ def _write(tmp: Path, name: str, data: bytes) -> Path:
 def test_bad_input_is_one_clear_error(tmp_path: Path, name: str, data: bytes, msg: str) -> None:
     p = _write(tmp_path, name, data)
     with pytest.raises(InputError, match=msg):
-        read_trace(p)
+        read_trace(p, policy=read_policy())
 
 
 def test_truncated_gzip(tmp_path: Path) -> None:
     data = H200_TRACES[1].read_bytes()
     p = _write(tmp_path, "cut.json.gz", data[: len(data) // 2])
     with pytest.raises(InputError, match="gzip|truncated"):
-        read_trace(p)
+        read_trace(p, policy=read_policy())
 
 
 def test_directory_and_missing(tmp_path: Path) -> None:
@@ -364,7 +367,7 @@ def test_reader_never_crashes_on_mutated_traces(
     p = tmp_path_factory.mktemp("mut") / "t.json.gz"
     p.write_bytes(gzip.compress(data))
     try:
-        trace = read_trace(p)
+        trace = read_trace(p, policy=read_policy())
     except InputError:
         return
     # whatever was read is a valid trace and never loses a kernel it accepted
@@ -392,7 +395,7 @@ def test_reader_never_crashes_on_mutated_traces(
 )
 def test_grid_and_block_triples_split_into_columns(vals: list) -> None:
     # GIVEN grid/block values as decoded: triples, missing ones, lists of another length
-    cols = kineto._dims3(vals)
+    cols = kineto_events._dims3(vals)
 
     # THEN each axis holds the triple's value, null where there is no triple or it does not fit
     def want(v: list | None, i: int) -> int | None:

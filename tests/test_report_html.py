@@ -18,10 +18,13 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.cli import cli
-from analyzer.pipeline import Options, analyze_paths
+from analyzer.output import write_report
+from analyzer.pipeline import Options
 from analyzer.report import figures, html
+from analyzer.results.compare import compare_summaries
 from analyzer.results.summary import build_summary
-from tests.conftest import H200_DENSE, H200_MOE, ROOT, SHARED
+from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, ROOT, SHARED
+from tests.runs import analyze_paths
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -225,10 +228,134 @@ def test_analyze_html_writes_the_report(tmp_path: Path) -> None:
     assert 'id="roofline"' in out.read_text()
 
 
-def test_default_output_name() -> None:
+def test_default_output_name_is_distinct_per_set_of_inputs() -> None:
     from analyzer.cli.report_cmd import default_output
 
-    assert default_output(("x/rank0.json.gz",)) == str(Path("reports") / "rank0.html")
+    # GIVEN inputs that share a file name, or one input and a set holding it
+    one = default_output(("x/rank0.json.gz",))
+    names = {
+        one,
+        default_output(("y/rank0.json.gz",)),
+        default_output(("x/rank0.json.gz", "x/rank1.json.gz")),
+        default_output(("x/rank0.json.gz", "x/rank1.json.gz"), compare=True),
+        default_output(("x/rank1.json.gz", "x/rank0.json.gz")),
+    }
+    # THEN no two reports get the same default name; it stays readable and deterministic
+    assert len(names) == 5
+    assert Path(one).parent == Path("reports") and Path(one).name.startswith("rank0-")
+    assert Path(one).suffix == ".html" and one == default_output(("x/rank0.json.gz",))
+    assert "rank0+rank1" in default_output(("x/rank0.json.gz", "x/rank1.json.gz"))
+    assert len(Path(default_output(tuple(f"d/trace{i}.json" for i in range(50)))).name) < 100
+
+
+# ----------------------------------------------------------- the page matches the text summary
+
+
+def test_ranks_section_shows_transfer_and_waiting_like_the_text() -> None:
+    import io
+
+    from analyzer.report.formatting import fmt_ns
+    from analyzer.report.ranks_text import render_ranks
+
+    # GIVEN the two-rank fixture (the text summary has a Ranks section)
+    analysis, summary = analysed(H200_TP2)
+    buf = io.StringIO()
+    render_ranks(summary, buf)
+    assert buf.getvalue().strip().startswith("Ranks (2)")
+    # WHEN its page is rendered, THEN it has a Ranks section with each rank's transfer and waiting
+    text = html.render_report(analysis, summary)
+    assert 'id="ranks"' in text and 'href="#ranks"' in text
+    section = text.split('id="ranks"', 1)[1].split("<h2", 1)[0]
+    for r in summary["ranks"]["per_rank"]:
+        for key in ("comm_ns", "comm_transfer_ns", "comm_wait_ns"):
+            assert f">{html.esc(fmt_ns(r[key]))}<" in section, key
+    assert "transfer" in section and "waiting" in section
+    assert "longest waits" in section
+    # and a single-rank run has none
+    a1, s1 = analysed([H200_DENSE])
+    assert 'id="ranks"' not in html.render_report(a1, s1)
+
+
+def test_compare_page_carries_each_inputs_findings_top_kernels_and_rooflines() -> None:
+    # GIVEN two inputs compared
+    summaries = [analysed([H200_DENSE])[1], analysed([H200_MOE])[1]]
+    text = html.compare_page(compare_summaries(summaries), summaries)
+    # THEN each input's findings, top kernels and rooflines are on the page
+    for key, s in zip("AB", summaries, strict=True):
+        for anchor in (f"findings-{key}", f"top-{key}", f"roofline-{key}"):
+            assert f'id="{anchor}"' in text, anchor
+        for f in s["findings"]:
+            assert html.esc(f["title"]) in text
+        for k in s["top_kernels"][:3]:
+            assert (
+                html.esc(figures.short(k["norm_name"], html.NAME_CELL)) in text
+                or html.esc(k["norm_name"]) in text
+            )
+    names = [f["layout"]["title"]["text"] for f in figure_data(text).values()]
+    assert sum("roofline" in n for n in names) >= 2
+
+
+def test_evidence_values_are_formatted() -> None:
+    # GIVEN evidence with missing values, large floats, nested tables and lists
+    ev = {
+        "token_ratio": None,
+        "tokens": 15360.0,
+        "share_of_run": 0.01234,
+        "work_ratio": 1.536e4,
+        "prefill": {"tokens": None, "mean_ns": 1.5e6, "grid_blocks": 123456.0},
+        "by_stage": {"norm": {"count": 12000, "time_ns": 15360000}},
+        "top": [None, 2.0e7],
+    }
+    out = html._kv(ev)
+    # THEN no Python None and no exponent notation reach the page
+    assert "None" not in out and not re.search(r"\de[+-]\d", out)
+    assert "15,360" in out and "1.2%" in out and "12,000" in out
+    # and real pages agree
+    for paths in ([H200_DENSE], SGLANG_PAIR):
+        if not all(Path(p).exists() for p in paths):
+            continue
+        analysis, summary = analysed(paths)
+        text = html.render_report(analysis, summary)
+        findings = text.split('id="findings"', 1)[1].split('id="unclassified"', 1)[0]
+        assert ">None<" not in findings and not re.search(r">[^<]*\de[+-]\d[^<]*<", findings)
+
+
+def test_timeline_legend_shows_every_stage_once_and_colours_differ() -> None:
+    analysis, summary = analysed([H200_DENSE])
+    fig = figures.timeline(analysis.kernels, summary["steps"])
+    shown = [t.name for t in fig.data if t.showlegend]
+    drawn = {t.name for t in fig.data}
+    # every stage drawn has exactly one legend entry, and the legend fits without scrolling
+    assert sorted(shown) == sorted(drawn)
+    assert fig.layout.height >= 80 + 22 * len(shown)
+    assert fig.layout.legend.orientation == "h" or fig.layout.legend.orientation is None
+    # every stage of the taxonomy gets its own colour, clearly apart from the others
+    stages, _ = figures._vocabulary()
+    rgb = {s: tuple(int(figures.color_of(s)[i : i + 2], 16) for i in (1, 3, 5)) for s in stages}
+    worst = min(
+        sum((x - y) ** 2 for x, y in zip(rgb[a], rgb[b], strict=True)) ** 0.5
+        for i, a in enumerate(stages)
+        for b in stages[i + 1 :]
+    )
+    assert worst >= 40, worst
+
+
+def test_roofline_axes_follow_the_points_that_matter() -> None:
+    # GIVEN the dense decode phase, whose latency-bound sampling kernels reach ~1e-6 TFLOP/s
+    analysis, summary = analysed([H200_DENSE])
+    fig = figures.roofline(summary, "decode")
+    pts = [y for t in fig.data if t.mode == "markers" for y in t.y]
+    assert min(pts) > 0
+    lo = fig.layout.yaxis.range[0]
+    # THEN the y axis does not reach down to them: it starts within a few decades of the
+    # memory- and compute-bound groups, and points below it are drawn at its floor
+    matters = [
+        g["achieved_tflops"]
+        for g in summary["groups"]
+        if g["phase"] == "decode" and g.get("achieved_tflops") and g.get("bound") in ("memory", "compute")
+    ]
+    assert lo >= __import__("math").log10(min(matters)) - 1.5
+    assert min(pts) >= 10**lo
 
 
 # --------------------------------------------------------------------------- in the browser
@@ -284,7 +411,7 @@ class Loaded:
 def _write(tmp_path: Path, name: str, paths: list[Path], gpu: str | None = None) -> Path:
     analysis, summary = analysed(paths, gpu)
     out = tmp_path / name
-    html.write_report(analysis, summary, out)
+    write_report(html.HtmlReporter(analysis.kernels), summary, out)
     return out
 
 
@@ -311,7 +438,8 @@ def test_compare_report_renders_in_chromium(browser: Any, tmp_path: Path) -> Non
     if len(paths) != 2:
         pytest.skip("public traces sglang-deepseek-llama8b-decode-mi300x-vs-b300 not available")
     out = tmp_path / "compare.html"
-    html.write_compare_report([analysed([p])[1] for p in paths], out)
+    summaries = [analysed([p])[1] for p in paths]
+    write_report(html.CompareHtmlReporter(summaries), compare_summaries(summaries), out)
     page = Loaded(browser, out)
     page.assert_clean_and_drawn("compare-mi300x-vs-b300.png")
     body = page.page.inner_text("body")

@@ -7,8 +7,9 @@ import pytest
 
 from analyzer.analyses import roofline
 from analyzer.knowledge import hardware
-from analyzer.pipeline import Options, analyze_paths
+from analyzer.pipeline import Options
 from tests.conftest import H200_DENSE, H200_TP2
+from tests.runs import analyze_paths
 
 
 def test_gemm_formulas() -> None:

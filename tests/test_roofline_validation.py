@@ -29,7 +29,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analyzer.pipeline import Analysis, analyze_paths
+from analyzer.pipeline import Analysis
+from tests.runs import analyze_paths
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "roofline-validation"
 CASES = ("hf-llama3-8b-l4", "reference-llama3-8b-l4")

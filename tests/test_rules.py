@@ -82,7 +82,8 @@ def test_taxonomy_matches_design():
     assert tx.stage_category["gemm"] == "dense_gemm"
     assert tx.stage_category["attention_reduce"] == "attention"
     assert tx.stage_category["elementwise"] == "other"
-    assert len(tx.stages) == 28
+    assert len(tx.stages) == 29  # + optimizer (issue 21: training traces)
+    assert tx.stage_category["optimizer"] == "other"
     assert tx.unclassified_stage == "other" and tx.unclassified_provider == "unknown"
     assert "unknown" in tx.providers and "runtime" in tx.providers
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.pipeline import analyze_paths
 from analyzer.results.summary import FORMAT_VERSION, build_summary
 from tests import rawtrace
 from tests.conftest import H200_DENSE, H200_TP2, shared
+from tests.runs import analyze_paths
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,8 @@ def test_rocm_sglang_pair_phases() -> None:
 
 def test_dropping_host_ops_after_the_roofline_changes_nothing(dense) -> None:
     """The CLI frees host ops once the roofline has used them: every number stays the same."""
-    from analyzer.pipeline import analyze_trace, load_inputs
+    from analyzer.pipeline import analyze_trace
+    from tests.runs import load_inputs
 
     kept, s_kept = dense
     a = analyze_trace(load_inputs([str(H200_DENSE)]), keep_host_ops=False)

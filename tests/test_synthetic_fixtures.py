@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import csv
 
-from analyzer.pipeline import analyze_paths
 from analyzer.readers import sniff
 from tests.conftest import FIXTURES
+from tests.runs import analyze_paths
 
 NSYS = FIXTURES / "synthetic" / "h200_cuda_gpu_trace.csv"
 V3 = FIXTURES / "synthetic" / "4242_kernel_trace.csv"

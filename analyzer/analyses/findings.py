@@ -1,6 +1,6 @@
 """Findings: checks over the analysed tables that turn numbers into advice, with evidence.
 
-Contract: each check is a pure function ``(frame, context, settings) -> list[finding]`` over the
+Contract: each check is a pure function ``(run frame, settings) -> list[finding]`` over the
 analysed kernels (pandas) and the steps table; thresholds come from ``rules/findings.toml``,
 overridable per run with ``--set <check>.<key>=<value>``. A finding is a dict with ``id``,
 ``check``, ``severity`` (info | warning | critical), ``phase``, ``title``, ``group_keys``,
@@ -11,77 +11,44 @@ are returned most severe first, then by the time they concern.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analyzer.analyses.phases import GEMMS
-from analyzer.errors import UsageError
-from analyzer.paths import RULES_DIR
+from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_STAGES, LABELLED_PHASES
 from analyzer.tables import intervals
+from analyzer.tables.frames import only_columns
 
-if TYPE_CHECKING:
-    from analyzer.pipeline import Analysis, Options
-
-FINDINGS_TOML = RULES_DIR / "findings.toml"
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-GEMM_STAGES = frozenset(GEMMS)
+# a phase whose kernels are replayed from CUDA/HIP graphs at least this much is "in graphs": advice
+# to capture graphs would contradict the evidence
+GRAPH_REPLAYED_SHARE = 0.9
 
 
 @dataclasses.dataclass
-class Context:
+class RunFrame:
+    """What every check reads: the analysed kernels as pandas, the steps, the run's kernel time."""
+
     df: pd.DataFrame
     steps: pd.DataFrame | None
     total_ns: int
 
     def only(self, *columns: str) -> pd.DataFrame:
         """The kernels frame narrowed to ``columns``: row selections then copy these alone."""
-        from analyzer.results.summary import only_columns
-
         return only_columns(self.df, *columns)
 
 
-def load_settings(
-    overrides: dict[str, str] | None = None, path: Path = FINDINGS_TOML
-) -> dict[str, dict[str, Any]]:
-    """Default thresholds with ``--set`` overrides applied (values parsed as the default's type)."""
-    with open(path, "rb") as f:
-        cfg = tomllib.load(f)
-    for key, raw in (overrides or {}).items():
-        check, _, name = key.partition(".")
-        if check not in cfg or not name or name not in cfg[check]:
-            known = ", ".join(f"{c}.{k}" for c in cfg for k in cfg[c] if k not in ("id",))
-            raise UsageError(f"--set {key}: unknown setting (known: {known})")
-        default = cfg[check][name]
-        try:
-            if isinstance(default, bool):
-                value: Any = raw.lower() in ("1", "true", "yes", "on")
-            elif isinstance(default, int | float):
-                value = type(default)(float(raw)) if isinstance(default, int) else float(raw)
-            elif isinstance(default, list):
-                value = [v.strip() for v in raw.split(",") if v.strip()]
-            else:
-                value = raw
-        except ValueError:
-            raise UsageError(f"--set {key}: {raw!r} is not a {type(default).__name__}") from None
-        cfg[check][name] = value
-    return cfg
+def find(
+    df: pd.DataFrame, steps: pd.DataFrame | None, settings: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Every finding of the run: ``df`` the analysed kernels (:func:`analyzer.tables.frames.to_frame`),
+    ``steps`` the steps table, ``settings`` the thresholds (``rules/findings.toml`` + ``--set``)."""
+    return check_all(RunFrame(df=df, steps=steps, total_ns=int(df["dur_ns"].sum())), settings)
 
 
-def run(analysis: Analysis, options: Options) -> None:
-    cfg = load_settings(options.settings)
-    from analyzer.results.summary import kernels_frame
-
-    df = kernels_frame(analysis)
-    ctx = Context(df=df, steps=analysis.steps, total_ns=int(df["dur_ns"].sum()))
-    analysis.findings = check_all(ctx, cfg)
-
-
-def check_all(ctx: Context, cfg: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def check_all(ctx: RunFrame, cfg: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name, fn in CHECKS.items():
         if name in cfg:
@@ -120,11 +87,11 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.2f} ms" if ns >= 1e5 else f"{ns / 1e3:.1f} us"
 
 
-def _phase_total(ctx: Context, phase: str) -> int:
+def _phase_total(ctx: RunFrame, phase: str) -> int:
     return int(ctx.df.loc[ctx.df["phase"] == phase, "dur_ns"].sum())
 
 
-def _tokens_per_step(ctx: Context, phase: str) -> float | None:
+def _tokens_per_step(ctx: RunFrame, phase: str) -> float | None:
     st = ctx.steps
     if st is None or len(st) == 0:
         return None
@@ -135,8 +102,17 @@ def _tokens_per_step(ctx: Context, phase: str) -> float | None:
 # --------------------------------------------------------------------------- F001
 
 
-def same_kernel_both_phases(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
-    """One kernel configuration (group_key + block size) serving both prefill and decode."""
+def same_kernel_both_phases(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """One kernel configuration (group_key + block size) serving both prefill and decode.
+
+    A kernel tuned for one phase wastes the other: prefill runs thousands of tokens per step, decode
+    one per sequence. The finding is a warning (critical above ``critical_share`` of the run) when
+    the kernel does at least ``stretch_ratio`` times the tokens or work per launch in prefill, and
+    ``info`` (benign: an lm_head over the last token, a sampler) below ``same_size_ratio``. The
+    advice follows the kernel's kind: per-phase tiles for GEMMs, decode kernels for attention,
+    fusion and graphs for the small norm / activation / RoPE / elementwise kernels. Groups below
+    ``min_share`` of the run and the ``exclude_stages`` / ``exclude_providers`` are skipped.
+    """
     df = ctx.df
     sub = df[
         df["phase"].isin(["prefill", "decode"])
@@ -171,6 +147,7 @@ def same_kernel_both_phases(ctx: Context, c: dict[str, Any]) -> list[dict[str, A
         dur_ratio = work_ratio
         ev["share_of_run"] = cost / ctx.total_ns if ctx.total_ns else 0.0
         stage = str(g["stage"].iloc[0])
+        ev["stage"] = stage
         name = str(g["norm_name"].iloc[0])
         if stretched:
             sev = "critical" if ev["share_of_run"] >= c["critical_share"] else "warning"
@@ -178,17 +155,40 @@ def same_kernel_both_phases(ctx: Context, c: dict[str, Any]) -> list[dict[str, A
             title = (
                 f"one {stage} configuration serves prefill and decode ({ratio} in prefill): {_short(name)}"
             )
-            sugg = (
-                "Tune prefill and decode separately: a large-tile/prefill-shaped configuration wastes "
-                "decode's skinny problem (and vice versa); pick per-phase kernels or tuned configs "
-                "(skinny tiles / split-K for decode GEMMs, paged/decode attention kernels for decode)."
-            )
+            sugg = _same_kernel_advice(stage, float(d["graph_launch"].mean()) if len(d) else 0.0)
         else:
             sev = "info"
             title = f"one {stage} configuration serves both phases on a similar problem size (benign): {_short(name)}"
             sugg = "No action: the kernel does the same work in both phases (e.g. last-token lm_head or sampling)."
         out.append(_finding(c, "same_kernel_both_phases", sev, "both", title, [gk], ev, sugg, cost))
     return out
+
+
+def _same_kernel_advice(stage: str, decode_graph_share: float) -> str:
+    """F001's advice for a kernel of ``stage``: tiling for GEMMs, decode kernels for attention,
+    launch cost and fusion for the small memory-bound kernels (they scale their grid by design)."""
+    if stage in ALL_GEMM_STAGES:
+        return (
+            "Tune prefill and decode separately: a large-tile/prefill-shaped GEMM configuration wastes "
+            "decode's skinny problem (and vice versa); pick per-phase tuned configs (skinny tiles / "
+            "split-K for decode GEMMs, large tiles for prefill)."
+        )
+    if stage in ATTENTION_STAGES:
+        return (
+            "Use a decode attention kernel in decode (paged / split-KV decode kernels read the KV "
+            "cache with enough parallelism for one query token per sequence) and a prefill "
+            "(flash / varlen) kernel in prefill."
+        )
+    graphs = (
+        "the launches are already graph-replayed, so fuse rather than re-capture"
+        if decode_graph_share >= GRAPH_REPLAYED_SHARE
+        else "capture decode in CUDA/HIP graphs to hide the launches"
+    )
+    return (
+        f"A {stage} kernel sizes its grid to the problem, so one kernel for both phases is normal; "
+        "in decode it handles a few tokens and its cost is launch latency, not tuning. Fuse it with "
+        f"its neighbours (add+RMSNorm+quant, RoPE+KV-store, act+mul) and {graphs}."
+    )
 
 
 def _work_ratio(p: dict[str, Any], d: dict[str, Any]) -> tuple[float | None, str]:
@@ -229,14 +229,18 @@ def _short(name: str, n: int = 90) -> str:
 # --------------------------------------------------------------------------- F002
 
 
-def large_tile_decode_gemm(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
+def large_tile_decode_gemm(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """A decode GEMM whose tile's skinny side (at least ``min_tile``) is more than ``tile_over_tokens``
+    times the decode step's tokens: most of each tile computes padding. Needs the tile decoded from
+    the kernel name and the steps' token counts; groups below ``min_share`` of decode are skipped.
+    """
     df = ctx.df
     tok = _tokens_per_step(ctx, "decode")
     if tok is None:
         return []
     dec = df[
         (df["phase"] == "decode")
-        & df["stage"].isin(GEMM_STAGES)
+        & df["stage"].isin(ALL_GEMM_STAGES)
         & df["tile_m"].notna()
         & df["tile_n"].notna()
     ]
@@ -279,7 +283,7 @@ def large_tile_decode_gemm(ctx: Context, c: dict[str, Any]) -> list[dict[str, An
 # --------------------------------------------------------------------------- F003 / F004
 
 
-def _below_roof(ctx: Context, c: dict[str, Any], phase: str, bound: str, check: str) -> list[dict[str, Any]]:
+def _below_roof(ctx: RunFrame, c: dict[str, Any], phase: str, bound: str, check: str) -> list[dict[str, Any]]:
     df = ctx.df
     if "pct_of_peak" not in df:
         return []
@@ -334,21 +338,31 @@ def _below_roof(ctx: Context, c: dict[str, Any], phase: str, bound: str, check: 
     return out
 
 
-def decode_below_memory_roof(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
+def decode_below_memory_roof(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """A memory-bound decode GEMM or attention kernel (one of ``stages``) reaching less than
+    ``max_pct`` of the HBM bandwidth roof (time-weighted). Needs FLOPs and bytes (shapes or
+    ``--model``); latency-bound and invalid kernels make no claim; groups below ``min_share`` of
+    decode are skipped."""
     return _below_roof(ctx, c, "decode", "memory", "decode_below_memory_roof")
 
 
-def prefill_below_compute_roof(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
+def prefill_below_compute_roof(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """A compute-bound prefill GEMM (one of ``stages``) reaching less than ``max_pct`` of the
+    compute roof of its dtype (time-weighted); groups below ``min_share`` of prefill are skipped."""
     return _below_roof(ctx, c, "prefill", "compute", "prefill_below_compute_roof")
 
 
 # --------------------------------------------------------------------------- F005
 
 
-def launch_overhead_chain(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
+def launch_overhead_chain(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """Many short (< ``max_kernel_ns``) small-stage kernels (``stages``: norm, RoPE, activation,
+    elementwise ...) per step, at least ``min_per_step`` of them taking ``min_share`` of the phase:
+    launch cost the GPU spends idle or underused. The advice asks for graphs only when the kernels
+    are not already replayed from CUDA/HIP graphs (``graph_replayed`` in the evidence)."""
     df = ctx.only("phase", "stage", "dur_ns", "step", "graph_launch", "group_key", "count")
     out = []
-    for phase in ("prefill", "decode", "mixed"):
+    for phase in LABELLED_PHASES:
         ph = df[df["phase"] == phase]
         total = int(ph["dur_ns"].sum())
         if not total:
@@ -370,10 +384,17 @@ def launch_overhead_chain(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any
                 for s, r in by_stage.head(6).iterrows()
             },
         }
-        sugg = (
-            "Fuse the small kernels (add+RMSNorm+quant, RoPE+KV-store, act+mul) and capture the step in a "
-            "CUDA/HIP graph; each launch costs microseconds that the GPU spends idle or underused."
-        )
+        if ev["graph_replayed"] >= GRAPH_REPLAYED_SHARE:
+            sugg = (
+                "Fuse the small kernels (add+RMSNorm+quant, RoPE+KV-store, act+mul): they are already "
+                "replayed from CUDA/HIP graphs, so what is left is each kernel's fixed cost and the "
+                "gaps between them, which only fewer kernels remove."
+            )
+        else:
+            sugg = (
+                "Fuse the small kernels (add+RMSNorm+quant, RoPE+KV-store, act+mul) and capture the step "
+                "in a CUDA/HIP graph; each launch costs microseconds that the GPU spends idle or underused."
+            )
         out.append(
             _finding(
                 c,
@@ -394,7 +415,11 @@ def launch_overhead_chain(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any
 # --------------------------------------------------------------------------- F006
 
 
-def decode_gpu_idle(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
+def decode_gpu_idle(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GPU idle for more than ``max_idle`` of the decode steps' wall time (step span minus busy
+    time, over all decode steps): the host does not keep the GPU fed. When the decode kernels are
+    already replayed from CUDA/HIP graphs (``graph_replayed`` in the evidence) the gap is between
+    replays, and the advice turns to the host work around them instead of asking for graphs."""
     st = ctx.steps
     if st is None or len(st) == 0:
         return []
@@ -410,7 +435,19 @@ def decode_gpu_idle(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
         "decode_steps": len(d),
         "step_p50_ns": int(d["dur_ns"].median()),
         "busy_p50_ns": int(d["busy_ns"].median()),
+        "graph_replayed": _graph_share(ctx, "decode"),
     }
+    if ev["graph_replayed"] >= GRAPH_REPLAYED_SHARE:
+        sugg = (
+            "Decode is already replayed from CUDA/HIP graphs, so the idle time lies between replays: "
+            "overlap scheduling and input preparation with the previous step (async scheduling), "
+            "remove host syncs (.item(), DtoH copies) and per-step Python work around the graph."
+        )
+    else:
+        sugg = (
+            "Fix the host path first: capture decode in CUDA/HIP graphs, overlap scheduling with "
+            "the previous step, remove host syncs (.item(), DtoH copies) from the step loop."
+        )
     return [
         _finding(
             c,
@@ -420,20 +457,29 @@ def decode_gpu_idle(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
             f"GPU idle {100 * idle:.0f}% of decode step time: the host cannot keep the GPU fed",
             [],
             ev,
-            "Fix the host path first: capture decode in CUDA/HIP graphs, overlap scheduling with "
-            "the previous step, remove host syncs (.item(), DtoH copies) from the step loop.",
+            sugg,
             span - busy,
         )
     ]
 
 
+def _graph_share(ctx: RunFrame, phase: str) -> float:
+    """The share of a phase's launches replayed from CUDA/HIP graphs (0 when none ran)."""
+    df = ctx.only("phase", "graph_launch", "count")
+    g = df.loc[df["phase"] == phase]
+    n = float(g["count"].sum())
+    return float((g["graph_launch"].astype(bool) * g["count"]).sum() / n) if n else 0.0
+
+
 # --------------------------------------------------------------------------- F007
 
 
-def moe_gate_sort_share(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
+def moe_gate_sort_share(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """MoE routing (the ``moe_gate_sort`` category: top-k, sort, accumulate) taking more than
+    ``max_share`` of a phase's kernel time: routing should be a few fused microsecond kernels."""
     df = ctx.only("phase", "category", "stage", "dur_ns", "group_key")
     out = []
-    for phase in ("prefill", "decode", "mixed"):
+    for phase in LABELLED_PHASES:
         ph = df[df["phase"] == phase]
         total = int(ph["dur_ns"].sum())
         gs = ph[ph["category"] == "moe_gate_sort"]
@@ -469,11 +515,13 @@ def moe_gate_sort_share(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]
 # --------------------------------------------------------------------------- F008
 
 
-def communication_not_overlapped(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
+def communication_not_overlapped(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """Collective kernels running with no compute beside them on their GPU for more than
+    ``min_share`` of the phase's busy time (exposed communication, per device)."""
     df = ctx.only("aggregate", "phase", "stage", "trace_id", "device", "start_ns", "dur_ns", "group_key")
     df = df[~df["aggregate"]] if df["aggregate"].any() else df
     out = []
-    for phase in ("prefill", "decode", "mixed"):
+    for phase in LABELLED_PHASES:
         ph = df[df["phase"] == phase]
         comm = ph[ph["stage"] == "communication"]
         if len(comm) == 0:
@@ -522,7 +570,9 @@ def communication_not_overlapped(ctx: Context, c: dict[str, Any]) -> list[dict[s
 # --------------------------------------------------------------------------- F009
 
 
-def unclassified_time(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
+def unclassified_time(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """More than ``max_share`` of the run's kernel time in kernels no rule recognises (stage
+    ``other``): every breakdown above undercounts them; the evidence names the largest."""
     df = ctx.df
     un = df[df["stage"] == "other"]
     share = un["dur_ns"].sum() / ctx.total_ns if ctx.total_ns else 0.0
@@ -551,7 +601,7 @@ def unclassified_time(ctx: Context, c: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-CHECKS: dict[str, Callable[[Context, dict[str, Any]], list[dict[str, Any]]]] = {
+CHECKS: dict[str, Callable[[RunFrame, Mapping[str, Any]], list[dict[str, Any]]]] = {
     "same_kernel_both_phases": same_kernel_both_phases,
     "large_tile_decode_gemm": large_tile_decode_gemm,
     "decode_below_memory_roof": decode_below_memory_roof,

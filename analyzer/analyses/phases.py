@@ -23,36 +23,21 @@ looks at any other annotation (in particular never at test labels).
 from __future__ import annotations
 
 import dataclasses
-import re
-import tomllib
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
+from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
 from analyzer.model import dict_isin, dict_strings, launch_calls, objects
 from analyzer.tables import intervals, lookup
 
-if TYPE_CHECKING:
-    from analyzer.pipeline import Analysis, Options
-
-from analyzer.paths import RULES_DIR  # noqa: E402
-
-PHASES = ("prefill", "decode", "mixed", "unknown")
-ATTENTION = ("flash_attention", "paged_attention", "mla_attention")
-GEMMS = (
-    "qkv_gemm",
-    "o_gemm",
-    "gate_up_gemm",
-    "down_gemm",
-    "lm_head_gemm",
-    "moe_gate_gemm",
-    "gemm",
-    "moe_expert_gemm",
-)
+# the GEMM and attention kernels: their run time says how much work a step did
+HEAVY_STAGES = ALL_GEMM_STAGES + ATTENTION_KERNEL_STAGES
 # how many times longer a step's typical heavy kernel must be than in the run's lightest steps
 PREFILL_WORK_RATIO = 3.0
 # an idle gap this many times the median inter-kernel gap (and >= 200 us) cuts a step when there
@@ -74,40 +59,64 @@ class StepAnnotation:
     trace_id: int
     rank: int
     capture: bool = False
+    prefill_tokens: int | None = None
+    decode_tokens: int | None = None
+    model: str = "target"
+    verify_k: int | None = None
 
 
 # --------------------------------------------------------------------------- annotation patterns
 
 
-@lru_cache(maxsize=1)
-def annotation_patterns() -> list[dict[str, Any]]:
-    with open(RULES_DIR / "annotations.toml", "rb") as f:
-        data = tomllib.load(f)
-    pats = []
-    for a in data["annotation"]:
-        pats.append({**a, "regex": re.compile(a["pattern"])})
-    return pats
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What one step annotation says: its engine, phase (None: graph capture) and token counts."""
+
+    engine: str
+    phase: str | None
+    tokens: int | None = None
+    prefill_tokens: int | None = None
+    decode_tokens: int | None = None
+    model: str = "target"
+    verify_k: int | None = None
 
 
-def parse_annotation(name: str) -> tuple[str, str | None, int | None] | None:
-    """(engine id, phase or None for capture, tokens) for a step annotation name, else None."""
-    for a in annotation_patterns():
+def parse_annotation(name: str, patterns: Sequence[Mapping[str, Any]]) -> StepInfo | None:
+    """What a step annotation name says, else None (no step annotation, or an outer bound).
+
+    ``patterns``: the annotation patterns of ``rules/annotations.toml``
+    (:func:`analyzer.knowledge.annotations.load_annotation_patterns`), first match wins. Optional
+    groups: ``tokens``, ``q`` x ``bs``, ``prefill_tokens`` / ``decode_tokens`` (the step's tokens of
+    each kind) and ``model`` (``draft`` for a speculative draft model's step)."""
+    for a in patterns:
         m = a["regex"].search(name)
         if not m:
             continue
         g = m.groupdict()
         kind = a["kind"]
         if kind == "capture":
-            return a["id"], None, None
+            return StepInfo(a["id"], None)
         if kind == "outer":
             return None
         phase = _phase_of(a, g)
         tokens = _int(g.get("tokens"))
-        if tokens is None and g.get("q") and g.get("bs"):
-            tokens = int(g["q"]) * int(g["bs"])
+        q = _int(g.get("q"))
+        if tokens is None and q is not None and g.get("bs"):
+            tokens = q * int(g["bs"])
         if tokens is None and phase == "decode":
             tokens = _int(g.get("bs"))  # one new token per sequence
-        return a["id"], phase, tokens
+        pre, dec = _int(g.get("prefill_tokens")), _int(g.get("decode_tokens"))
+        if pre is None and dec is None and tokens is not None:
+            if phase == "prefill":
+                pre, dec = tokens, 0
+            elif phase == "decode":
+                pre, dec = 0, tokens
+        if tokens is None and pre is not None and dec is not None:
+            tokens = pre + dec
+        model = (g.get("model") or "target").lower()
+        # a decode step that scores several tokens per sequence verifies a speculation
+        verify = q if phase == "decode" and model != "draft" and q is not None and q > 1 else None
+        return StepInfo(a["id"], phase, tokens, pre, dec, model, verify)
     return None
 
 
@@ -141,7 +150,9 @@ def _phase_of(a: dict[str, Any], g: dict[str, str | None]) -> str:
     return "unknown"
 
 
-def step_annotations(annotations: pa.Table) -> tuple[list[StepAnnotation], list[str]]:
+def step_annotations(
+    annotations: pa.Table, patterns: Sequence[Mapping[str, Any]]
+) -> tuple[list[StepAnnotation], list[str]]:
     """Parse every recognised step annotation; return them and the engine ids found."""
     out: list[StepAnnotation] = []
     engines: set[str] = set()
@@ -152,24 +163,27 @@ def step_annotations(annotations: pa.Table) -> tuple[list[StepAnnotation], list[
     cache: dict[str, Any] = {}
     for i, name in enumerate(names):
         if name not in cache:
-            cache[name] = parse_annotation(name)
+            cache[name] = parse_annotation(name, patterns)
         hit = cache[name]
         if hit is None:
             continue
-        eng, phase, tokens = hit
-        engines.add(eng)
+        engines.add(hit.engine)
         r = df.iloc[i]
         out.append(
             StepAnnotation(
                 int(r.start_ns),
                 int(r.end_ns),
                 str(r.side),
-                phase or "unknown",
-                tokens,
+                hit.phase or "unknown",
+                hit.tokens,
                 name,
                 int(r["trace_id"]),
                 int(r["rank"]),
-                capture=phase is None,
+                capture=hit.phase is None,
+                prefill_tokens=hit.prefill_tokens,
+                decode_tokens=hit.decode_tokens,
+                model=hit.model,
+                verify_k=hit.verify_k,
             )
         )
     return out, sorted(engines)
@@ -178,22 +192,30 @@ def step_annotations(annotations: pa.Table) -> tuple[list[StepAnnotation], list[
 # --------------------------------------------------------------------------- entry point
 
 
-def run(analysis: Analysis, options: Options) -> None:
-    label(analysis, options)
-    analysis.warnings.extend(coverage_warnings(analysis.kernels))
+@dataclasses.dataclass(frozen=True)
+class Labelled:
+    """What :func:`label_phases` gives."""
+
+    kernels: pa.Table  # with the phase, step and tokens columns
+    steps: pd.DataFrame  # one row per step (:data:`STEP_COLUMNS`)
+    annotations_found: list[str]  # ids of the engines whose step annotations were found
+    warnings: list[str]
 
 
-def label(analysis: Analysis, options: Options) -> None:
-    """Phase, step and tokens of every kernel, and the steps table: the per-trace part of :func:`run`
-    (each input's steps depend on that input alone, so inputs may be labelled apart and joined)."""
-    kernels = analysis.kernels
-    anns, engines = step_annotations(analysis.trace.annotations)
-    analysis.annotations_found = engines
-    phase, step, tokens, steps, warnings = split_phases(kernels, analysis.trace.host_ops, anns)
-    analysis.warnings.extend(warnings)
-    analysis.steps = steps
+def label_phases(
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    annotations: pa.Table,
+    patterns: Sequence[Mapping[str, Any]],
+    attention_ops: AttentionOps | None = None,
+) -> Labelled:
+    """Phase, step and tokens of every kernel, and the steps table. Each input's steps depend on
+    that input alone, so inputs may be labelled apart and joined. ``attention_ops``: the layouts of
+    ``rules/attention_ops.toml`` (loaded when not given)."""
+    anns, engines = step_annotations(annotations, patterns)
+    phase, step, tokens, steps, warnings = split_phases(kernels, host_ops, anns, attention_ops)
     for name, arr in (
-        ("phase", dict_strings(phase)),
+        ("phase", dict_strings(pa.array(phase, pa.string()))),
         ("step", pa.array(step, pa.int32())),
         ("tokens", pa.array(tokens, pa.int64())),
     ):
@@ -201,7 +223,7 @@ def label(analysis: Analysis, options: Options) -> None:
             kernels = kernels.set_column(kernels.schema.get_field_index(name), name, arr)
         else:
             kernels = kernels.append_column(name, arr)
-    analysis.kernels = kernels
+    return Labelled(kernels=kernels, steps=steps, annotations_found=engines, warnings=list(warnings))
 
 
 def coverage_warnings(kernels: pa.Table) -> list[str]:
@@ -233,19 +255,26 @@ STEP_COLUMNS = [
     "kernel_ns",
     "kernels",
     "tokens",
+    "prefill_tokens",
+    "decode_tokens",
+    "model",
+    "verify_k",
     "source",
 ]
 
 
 def split_phases(
-    kernels: pa.Table, host_ops: pa.Table, anns: list[StepAnnotation]
-) -> tuple[list[str], np.ndarray, list[int | None], pd.DataFrame, list[str]]:
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    anns: list[StepAnnotation],
+    attention_ops: AttentionOps | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.DataFrame, list[str]]:
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
     n = kernels.num_rows
-    phase = ["unknown"] * n
+    phase = np.full(n, "unknown", object)
     step = np.full(n, -1, np.int64)
-    tokens: list[int | None] = [None] * n
+    tokens = np.full(n, None, object)
     warnings: list[str] = []
     stage = objects(kernels["stage"])
     # plain numpy columns: per-step slicing by position must not go through pandas indexing
@@ -256,13 +285,16 @@ def split_phases(
         "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.int64),
         "agg": kernels["aggregate"].to_numpy(zero_copy_only=False),
         "stage": stage,
-        "is_attn": dict_isin(kernels["stage"], ATTENTION),
-        "is_heavy": dict_isin(kernels["stage"], GEMMS + ATTENTION),
+        "is_attn": dict_isin(kernels["stage"], ATTENTION_KERNEL_STAGES),
+        "is_heavy": dict_isin(kernels["stage"], HEAVY_STAGES),
         "fill": _is_fill(kernels),
         "corr": kernels["correlation"].to_numpy(zero_copy_only=False),
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
+        "name": _name_codes(kernels),
     }
-    launch_ts = _launch_times(kernels, host_ops)
+    launch_ts, launched = _launch_times(kernels, host_ops)
+    df["launch"], df["launched"] = launch_ts, launched
+    shapes = attention_shapes(host_ops, attention_ops if attention_ops is not None else load_attention_ops())
     step_rows: list[dict[str, Any]] = []
     timed = np.flatnonzero(~df["agg"])
     for tid in np.unique(df["trace_id"][timed]).tolist():
@@ -277,12 +309,20 @@ def split_phases(
                 "kernels inside them are capture, not execution"
             )
         if execs:
-            rows = _steps_from_annotations(idx, df, launch_ts, execs, step, phase, tokens, warnings, tid)
+            rows = _steps_from_annotations(
+                idx, df, launch_ts, launched, execs, step, phase, tokens, warnings, tid
+            )
         else:
-            rows = _steps_from_structure(idx, df, kernels, host_ops, step, phase, tokens, tid)
+            rows = _steps_from_structure(idx, df, kernels, shapes, step, phase, tokens, tid)
         step_rows.extend(rows)
     steps = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     return phase, step, tokens, steps, warnings
+
+
+def _name_codes(kernels: pa.Table) -> np.ndarray:
+    """One integer per distinct kernel name (-1: none), so steps compare their kernels by name."""
+    names = dict_strings(kernels["norm_name"] if "norm_name" in kernels.column_names else kernels["name"])
+    return names.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _is_fill(kernels: pa.Table) -> np.ndarray:
@@ -293,21 +333,23 @@ def _is_fill(kernels: pa.Table) -> np.ndarray:
     return pc.fill_null(fill, False).to_numpy(zero_copy_only=False) | dict_isin(kernels["kind"], ["memset"])
 
 
-def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
-    """Start of the runtime/driver call that launched each kernel (kernel start when unknown)."""
+def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Start of the runtime/driver call that launched each kernel (kernel start when unknown), and
+    whether that call was found."""
     start = kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     if host_ops.num_rows == 0:
-        return start.copy()
+        return start.copy(), np.zeros(len(start), bool)
     calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
     if calls.num_rows == 0:
-        return start.copy()
+        return start.copy(), np.zeros(len(start), bool)
     pos = lookup.index_in(  # the first call of each (trace, correlation)
         lookup.pair(kernels["trace_id"], kernels["correlation"]),
         lookup.pair(calls["trace_id"], calls["correlation"]),
     )
     call_start = pc.take(calls["start_ns"], pos)
     found = call_start.is_valid().to_numpy(zero_copy_only=False)
-    return np.where(found, call_start.fill_null(0).to_numpy(zero_copy_only=False), start).astype(np.int64)
+    ts = np.where(found, call_start.fill_null(0).to_numpy(zero_copy_only=False), start).astype(np.int64)
+    return ts, found
 
 
 # --------------------------------------------------------------------------- annotated steps
@@ -317,17 +359,22 @@ def _steps_from_annotations(
     idx: np.ndarray,
     df: pd.DataFrame,
     launch_ts: np.ndarray,
+    launched: np.ndarray,
     anns: list[StepAnnotation],
     step: np.ndarray,
-    phase: list[str],
-    tokens: list[int | None],
+    phase: np.ndarray,
+    tokens: np.ndarray,
     warnings: list[str],
     tid: int,
 ) -> list[dict[str, Any]]:
-    # prefer GPU-side ranges when the engine wrote both sides
+    # A step is the CPU range around the launch calls of its kernels. The profiler's GPU copy of a
+    # range covers only the kernels whose innermost range it is, so once ranges nest (an engine's
+    # step around its own module ranges) it misses most of the step: the GPU copies decide only
+    # where the launch calls are not known (most kernels without one: no runtime events kept).
     gpu = [a for a in anns if a.side == "gpu"]
-    on_gpu = bool(gpu)
-    use = merge_nested(sorted(gpu if on_gpu else anns, key=lambda a: a.start_ns))
+    cpu = [a for a in anns if a.side != "gpu"]
+    on_gpu = bool(gpu) and not (cpu and launched[idx].mean() >= 0.5)
+    use = merge_nested(sorted(gpu if on_gpu else cpu, key=lambda a: a.start_ns))
     for a, b in zip(use, use[1:], strict=False):
         if b.start_ns < a.end_ns:
             warnings.append(f"trace {tid}: overlapping step annotations {a.name!r} and {b.name!r}")
@@ -349,15 +396,13 @@ def _steps_from_annotations(
             warnings.append(f"trace {tid}: step annotation {a.name!r} holds no kernel")
             continue
         step[members] = s
-        for m in members.tolist():
-            phase[m] = a.phase
-            tokens[m] = a.tokens
+        phase[members] = a.phase
+        tokens[members] = a.tokens
         ks, ke = k_start[members], k_start[members] + k_dur[members]
         lo_t = min(int(ks.min()), a.start_ns) if on_gpu else int(ks.min())
         hi_t = max(int(ke.max()), a.end_ns) if on_gpu else int(ke.max())
-        rows.append(
-            _step_row(tid, df, members, s, a.phase, lo_t, hi_t, a.tokens, "annotation:" + a.name[:60])
-        )
+        label = StepLabel(a.phase, a.tokens, a.prefill_tokens, a.decode_tokens, a.model, a.verify_k)
+        rows.append(_step_row(tid, df, members, s, label, lo_t, hi_t, "annotation:" + a.name[:60]))
     return rows
 
 
@@ -381,6 +426,10 @@ def merge_nested(anns: list[StepAnnotation]) -> list[StepAnnotation]:
                     end_ns=max(a.end_ns, b.end_ns),
                     phase=phase,
                     tokens=b.tokens if b.tokens is not None else a.tokens,
+                    prefill_tokens=b.prefill_tokens if b.prefill_tokens is not None else a.prefill_tokens,
+                    decode_tokens=b.decode_tokens if b.decode_tokens is not None else a.decode_tokens,
+                    model=b.model if b.model != "target" else a.model,
+                    verify_k=b.verify_k if b.verify_k is not None else a.verify_k,
                     name=b.name if len(b.name) <= len(a.name) else a.name,
                 )
                 continue
@@ -388,15 +437,26 @@ def merge_nested(anns: list[StepAnnotation]) -> list[StepAnnotation]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class StepLabel:
+    """What a step row says besides its timing: phase, token counts, model, verify width."""
+
+    phase: str
+    tokens: int | None = None
+    prefill_tokens: int | None = None
+    decode_tokens: int | None = None
+    model: str = "target"
+    verify_k: int | None = None
+
+
 def _step_row(
     tid: int,
-    df: pd.DataFrame,
+    df: Any,
     members: np.ndarray,
     s: int,
-    ph: str,
+    label: StepLabel,
     lo: int,
     hi: int,
-    tok: int | None,
     source: str,
 ) -> dict[str, Any]:
     st = df["start"][members]
@@ -405,13 +465,17 @@ def _step_row(
         "trace_id": int(tid),
         "rank": int(df["rank"][members[0]]),
         "step": int(s),
-        "phase": ph,
+        "phase": label.phase,
         "start_ns": int(lo),
         "dur_ns": int(hi - lo),
         "busy_ns": intervals.busy_ns(st, en),
         "kernel_ns": int(df["dur"][members].sum()),
         "kernels": len(members),
-        "tokens": tok,
+        "tokens": label.tokens,
+        "prefill_tokens": label.prefill_tokens,
+        "decode_tokens": label.decode_tokens,
+        "model": label.model,
+        "verify_k": label.verify_k,
         "source": source,
     }
 
@@ -426,7 +490,7 @@ def forward_starts(stages: np.ndarray) -> np.ndarray:
         # consecutive embedding kernels (e.g. a gather + a scale) start one forward
         keep = np.concatenate([[True], np.diff(emb) > 1])
         return emb[keep]
-    attn = np.isin(stages, ATTENTION)
+    attn = np.isin(stages, ATTENTION_KERNEL_STAGES)
     if not attn.any():
         return np.empty(0, np.int64)
     # a forward starts after an lm_head GEMM (or at the first kernel)
@@ -434,7 +498,7 @@ def forward_starts(stages: np.ndarray) -> np.ndarray:
     starts = [0]
     for p in lm.tolist():
         nxt = p + 1
-        while nxt < len(stages) and stages[nxt] not in ("norm", "qkv_gemm") + ATTENTION:
+        while nxt < len(stages) and stages[nxt] not in ("norm", "qkv_gemm") + ATTENTION_KERNEL_STAGES:
             nxt += 1
         if nxt < len(stages):
             starts.append(nxt)
@@ -443,12 +507,12 @@ def forward_starts(stages: np.ndarray) -> np.ndarray:
 
 def _steps_from_structure(
     idx: np.ndarray,
-    df: pd.DataFrame,
+    df: Any,
     kernels: pa.Table,
-    host_ops: pa.Table,
+    shapes: dict[int, dict[str, np.ndarray]],
     step: np.ndarray,
-    phase: list[str],
-    tokens: list[int | None],
+    phase: np.ndarray,
+    tokens: np.ndarray,
     tid: int,
 ) -> list[dict[str, Any]]:
     stages = df["stage"][idx]
@@ -464,10 +528,10 @@ def _steps_from_structure(
     if len(starts) == 0:
         starts = _gap_starts(k_st, k_du)
         source = "gaps"
-    elif starts[0] > 0 and np.isin(stages[: starts[0]], GEMMS + ATTENTION).any():
+    elif starts[0] > 0 and np.isin(stages[: starts[0]], HEAVY_STAGES).any():
         # a forward before the first recognised one (its embedding ran elsewhere, e.g. on the
         # host): the prefix is a step of its own rather than time outside every step
-        first_heavy = int(np.flatnonzero(np.isin(stages[: starts[0]], GEMMS + ATTENTION))[0])
+        first_heavy = int(np.flatnonzero(np.isin(stages[: starts[0]], HEAVY_STAGES))[0])
         lead = first_heavy
         while lead > 0 and stages[lead - 1] not in ("memset", "memcpy"):
             lead -= 1
@@ -476,34 +540,78 @@ def _steps_from_structure(
     segments = [idx[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     if not segments:
         return []
-    q_lens = _query_lengths(kernels, host_ops)
-    labels, toks = [], []
-    for seg in segments:
-        lab, tok = _label_from_shapes(seg, df, q_lens)
-        labels.append(lab)
-        toks.append(tok)
-    if any(lab is None for lab in labels):
-        sig = _label_from_signature(segments, df)
-        labels = [lab if lab is not None else sig[i] for i, lab in enumerate(labels)]
-    # graph-replayed decode steps record no shapes: with static batching each sequence of the
-    # prefill batch adds one token per decode step
-    batch = _prefill_batch(segments, df, q_lens)
-    if batch:
-        toks = [t if t is not None or lab != "decode" else batch for t, lab in zip(toks, labels, strict=True)]
+    labels = label_steps(segments, df, shapes.get(int(tid)))
     rows = []
     k_start = df["start"]
     for s, seg in enumerate(segments):
         step[seg] = s
-        for m in seg.tolist():
-            phase[m] = labels[s]
-            tokens[m] = toks[s]
+        phase[seg] = labels[s].phase
+        tokens[seg] = labels[s].tokens
         lo = int(k_start[seg[0]])
         if s + 1 < len(segments):
             hi = int(k_start[segments[s + 1][0]])
         else:
             hi = int((k_start[seg] + df["dur"][seg]).max())
-        rows.append(_step_row(tid, df, seg, s, labels[s], lo, hi, toks[s], source))
+        rows.append(_step_row(tid, df, seg, s, labels[s], lo, hi, source))
     return rows
+
+
+def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarray] | None) -> list[StepLabel]:
+    """The label of each unannotated step: from its attention ops' shapes where recorded
+    (:func:`phase_from_shape`), else from the kernels' signature (:func:`_label_from_signature`);
+    the model (``draft`` where a second, smaller model's steps interleave with the target's, told by
+    the attention ops' count and head size) and the verify width of multi-token decode steps."""
+    hits = [_step_shapes(seg, df, shapes) for seg in segments]
+    phases: list[str | None] = [None if h is None else phase_from_shape(*h[:3]) for h in hits]
+    if any(p is None for p in phases):
+        sig = _label_from_signature(segments, df)
+        phases = [p if p is not None else sig[i] for i, p in enumerate(phases)]
+    models = _models(hits, phases)
+    # graph-replayed decode steps record no shapes: with static batching each sequence of the
+    # prefill batch adds one token per decode step
+    batches = {h[0] for h, p in zip(hits, phases, strict=True) if h is not None and p == "prefill"}
+    batch = batches.pop() if len(batches) == 1 else None
+    out = []
+    for h, ph, model in zip(hits, phases, models, strict=True):
+        tok = verify = None
+        if h is not None:
+            b, q = h[0], h[1]
+            tok = q * (b if b > 0 else 1)
+            if ph == "decode" and q > 1 and model == "target":
+                verify = q
+        elif ph == "decode" and batch:
+            tok = batch
+        pre = dec = None
+        if tok is not None:
+            pre, dec = (tok, 0) if ph == "prefill" else (0, tok) if ph == "decode" else (None, None)
+        out.append(StepLabel(str(ph), tok, pre, dec, model, verify))
+    return out
+
+
+# a decode step scores this many query tokens per sequence at most (one, or a speculation's
+# candidates being verified); a longer continuation of a cached sequence is a prefill chunk
+MAX_VERIFY_TOKENS = 16
+
+
+def phase_from_shape(batch: int, q: int, kv: int) -> str:
+    """Phase of a step from its attention op's query length ``q`` and key length ``kv`` (-1: unknown):
+    one query token per sequence is decode; a few tokens appended to a longer cached context are
+    a speculation being verified (decode); a query as long as its keys, or a long chunk, is prefill."""
+    if q == 1:
+        return "decode"
+    if 0 < q < kv and q <= MAX_VERIFY_TOKENS:
+        return "decode"
+    return "prefill"
+
+
+def _models(hits: list[tuple[int, int, int, tuple[int, int]] | None], phases: list[str | None]) -> list[str]:
+    """``target`` or ``draft`` per step. Speculative decoding runs two models whose decode steps
+    interleave: their attention ops differ in count (layers) and head size; the larger is the target."""
+    keys = {h[3] for h, p in zip(hits, phases, strict=True) if h is not None and p == "decode"}
+    if len(keys) < 2:
+        return ["target"] * len(hits)
+    target = max(keys)
+    return ["draft" if h is not None and h[3] in keys and h[3] != target else "target" for h in hits]
 
 
 MAX_STAGING_FILLS = 4
@@ -540,87 +648,134 @@ def _gap_starts(start: np.ndarray, dur: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], cuts]).astype(np.int64)
 
 
-_ATTN_OPS = (
-    "aten::_scaled_dot_product_cudnn_attention",
-    "aten::_scaled_dot_product_flash_attention",
-    "aten::_scaled_dot_product_efficient_attention",
-    "aten::_flash_attention_forward",
-    "aten::_efficient_attention_forward",
-    "aten::scaled_dot_product_attention",
-    "aten::_cudnn_attention_forward",
-)
+def attention_shapes(host_ops: pa.Table, table: AttentionOps) -> dict[int, dict[str, np.ndarray]]:
+    """Per trace, the attention host ops of ``table`` with recorded input shapes, in start order:
+    ``start``, ``ext`` (external id, -1: none), ``batch`` (-1: packed), ``q`` (query length),
+    ``kv`` (key length, -1: unknown), ``layout`` (the layout's id) and ``head`` (head size, -1: unknown).
 
-
-def _query_lengths(kernels: pa.Table, host_ops: pa.Table) -> dict[tuple[int, int], tuple[int, int]]:
-    """(trace_id, external id) of attention ops -> (batch, query length) from their input shapes."""
-    if host_ops.num_rows == 0:
+    Each op is read by its own layout (``rules/attention_ops.toml``): the backends put the query
+    length in different dimensions."""
+    if host_ops.num_rows == 0 or "input_dims" not in host_ops.column_names:
         return {}
-    attn = pa.array(dict_isin(host_ops["name"], _ATTN_OPS))
-    sel = host_ops.select(["trace_id", "external_id", "input_dims"])
-    sel = sel.filter(pc.and_(attn, pc.is_valid(sel["input_dims"])))
-    out: dict[tuple[int, int], tuple[int, int]] = {}
-    for t, e, d in zip(
+    names = dict_strings(host_ops["name"])
+    layouts = [table.layout(n) for n in names.dictionary.to_pylist()]
+    known = np.asarray([lay is not None for lay in layouts] + [False], bool)
+    codes = names.indices.fill_null(len(layouts)).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(known[codes])
+    if len(rows) == 0:
+        return {}
+    sel = host_ops.take(pa.array(rows)).select(["trace_id", "external_id", "start_ns", "input_dims"])
+    cols: dict[int, list[tuple[int, int, int, int, int, tuple[str, int]]]] = {}
+    # one Python step per attention op (a few per layer and step), never per kernel
+    for t, e, st, dims, c in zip(
         sel["trace_id"].to_pylist(),
         sel["external_id"].to_pylist(),
+        sel["start_ns"].to_pylist(),
         sel["input_dims"].to_pylist(),
+        codes[rows].tolist(),
         strict=True,
     ):
-        if e is None or not d or len(d[0]) != 4:
+        lay = layouts[c]
+        if lay is None or not dims or len(dims) <= lay.query or st is None:
             continue
-        b, _, q, _ = d[0]
-        out[(t, e)] = (b, q)
+        qd = dims[lay.query]
+        if qd is None or len(qd) != lay.rank:
+            continue
+        b = int(qd[lay.batch_dim]) if lay.batch_dim is not None else -1
+        kv = -1
+        if lay.key is not None and lay.kv_dim is not None and len(dims) > lay.key:
+            kd = dims[lay.key]
+            if kd is not None and len(kd) > lay.kv_dim:
+                kv = int(kd[lay.kv_dim])
+        head = int(qd[lay.head_dim]) if lay.head_dim is not None else -1
+        cols.setdefault(int(t), []).append(
+            (int(st), -1 if e is None else int(e), b, int(qd[lay.q_dim]), kv, (lay.id, head))
+        )
+    out = {}
+    for t, recs in cols.items():
+        recs.sort(key=lambda r: r[0])
+        out[t] = {
+            "start": np.asarray([r[0] for r in recs], np.int64),
+            "ext": np.asarray([r[1] for r in recs], np.int64),
+            "batch": np.asarray([r[2] for r in recs], np.int64),
+            "q": np.asarray([r[3] for r in recs], np.int64),
+            "kv": np.asarray([r[4] for r in recs], np.int64),
+            "layout": np.asarray([r[5][0] for r in recs], object),
+            "head": np.asarray([r[5][1] for r in recs], np.int64),
+        }
     return out
 
 
-def _attention_hits(
-    seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """(batch, query length) of the attention ops behind the attention kernels of one step."""
-    if not q_lens:
-        return []
-    att = seg[df["is_attn"][seg]]
-    out = []
-    for t, e in zip(df["trace_id"][att].tolist(), df["ext"][att].tolist(), strict=True):
-        if e is None or e != e:  # NaN: no host op
-            continue
-        hit = q_lens.get((int(t), int(e)))
-        if hit:
-            out.append(hit)
-    return out
+def _step_shapes(
+    seg: np.ndarray, df: Any, shapes: dict[str, np.ndarray] | None
+) -> tuple[int, int, int, tuple[int, int]] | None:
+    """(batch, query length, key length, model key) of one step's first attention op, else None.
+
+    The ops are the step's by host time (their start within the launch calls of the step's
+    kernels), so ops that launch no kernel themselves (the SDPA front end above its backend, the
+    math backend above its matmuls) count too; without launch calls, by the attention kernels'
+    launching op. The model key is the number of attention ops of that layout and their head size."""
+    if not shapes:
+        return None
+    if df["launched"][seg].any():
+        launch = df["launch"][seg][df["launched"][seg]]
+        lo = np.searchsorted(shapes["start"], int(launch.min()), side="left")
+        hi = np.searchsorted(shapes["start"], int(launch.max()), side="right")
+        pos = np.arange(lo, hi)
+    else:
+        att = seg[df["is_attn"][seg]]
+        ext = df["ext"][att]
+        ext = ext[ext == ext].astype(np.int64) if len(ext) else np.empty(0, np.int64)  # NaN: no host op
+        pos = np.flatnonzero(np.isin(shapes["ext"], ext) & (shapes["ext"] >= 0))
+    if len(pos) == 0:
+        return None
+    first = int(pos[0])
+    same = int((shapes["layout"][pos] == shapes["layout"][first]).sum())
+    key = (same, int(shapes["head"][first]))
+    return int(shapes["batch"][first]), int(shapes["q"][first]), int(shapes["kv"][first]), key
 
 
-def _prefill_batch(
-    segments: list[np.ndarray], df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
-) -> int | None:
-    """Batch size of the run's prefill (attention op shapes), when all shape-labelled steps agree."""
-    batches = {b for seg in segments for b, q in _attention_hits(seg, df, q_lens)[:1] if q > 1}
-    return batches.pop() if len(batches) == 1 else None
-
-
-def _label_from_shapes(
-    seg: np.ndarray, df: Any, q_lens: dict[tuple[int, int], tuple[int, int]]
-) -> tuple[str | None, int | None]:
-    hits = _attention_hits(seg, df, q_lens)
-    if not hits:
-        return None, None
-    b, q = hits[0]
-    return ("decode" if q == 1 else "prefill"), int(b * q)
-
-
-def _label_from_signature(segments: list[np.ndarray], df: pd.DataFrame) -> list[str]:
-    """Prefill steps do the same kernels' work over many tokens: their heavy kernels run longer."""
+def _label_from_signature(segments: list[np.ndarray], df: Any) -> list[str]:
+    """Prefill steps do the same kernels' work over many tokens: their heavy kernels run longer, or
+    (small models, where the time hardly grows with the tokens) run under other names: GEMM tiles
+    and attention kernels picked for many query rows, which the run's repeated decode steps never
+    use. A single step is one forward over its whole input: prefill."""
+    if len(segments) == 1:
+        return ["prefill"]
     work = []
     for seg in segments:
         dur = df["dur"][seg]
         heavy = dur[df["is_heavy"][seg]]
         work.append(float(np.median(heavy)) if len(heavy) else float(np.median(dur)))
     w = np.asarray(work)
-    if len(w) == 1:
-        return ["unknown"]
     base = float(np.percentile(w, 25))
-    out = []
-    for x in w:
-        out.append("prefill" if base > 0 and x > PREFILL_WORK_RATIO * base else "decode")
-    if all(lab == "prefill" for lab in out):
-        return ["unknown"] * len(out)
-    return out
+    prefill = (w > PREFILL_WORK_RATIO * base) if base > 0 else np.zeros(len(w), bool)
+    if "name" in df:
+        prefill |= (_novel_share(segments, df) > NOVEL_SHARE) & (w >= base)
+    if prefill.all():
+        return ["unknown"] * len(w)
+    return ["prefill" if p else "decode" for p in prefill]
+
+
+# a step whose heavy kernel time is largely (a quarter and more) under names that most steps never
+# run did other work (decode steps of the zoo and the H200 traces stay below 0.15)
+NOVEL_SHARE = 0.25
+
+
+def _novel_share(segments: list[np.ndarray], df: Any) -> np.ndarray:
+    """Per step, the share of its heavy kernel time under names that at most half the steps run."""
+    seg_of = np.concatenate([np.full(len(s), i) for i, s in enumerate(segments)])
+    rows = np.concatenate(segments)
+    heavy = df["is_heavy"][rows]
+    seg_of, rows = seg_of[heavy], rows[heavy]
+    if len(rows) == 0:
+        return np.zeros(len(segments))
+    code = df["name"][rows]
+    pairs = np.unique(np.stack([seg_of, code]), axis=1)
+    names, steps_with = np.unique(pairs[1], return_counts=True)
+    common = names[steps_with >= len(segments) / 2]
+    novel = ~np.isin(code, common)
+    dur = df["dur"][rows].astype(float)
+    tot = np.bincount(seg_of, dur, len(segments))
+    nov = np.bincount(seg_of, dur * novel, len(segments))
+    return np.divide(nov, tot, out=np.zeros(len(segments)), where=tot > 0)

@@ -8,9 +8,13 @@ Contract (pure over the analysed tables, the GPU spec and an optional model arch
   (``flops_source = shapes``): GEMMs (mm, addmm, bmm, linear, matmul, scaled/grouped mm), SDPA and
   flash attention, and memory-bound ops (norm pieces, RoPE, activation, KV-cache writes, embedding,
   sampling, copies) as compulsory bytes (inputs read once, output written once). The numbers of an
-  op go to its longest kernel; its helper kernels (split-K reduce, sort passes) keep null numbers.
-  Without shapes, GEMM roles and attention get numbers from the model architecture (``--model``)
-  and the step's token count (``flops_source = model``). Otherwise null (``none``).
+  op go to its longest kernel; its helper kernels are not new work and keep null numbers, except a
+  split-K reduce, which reads the fp32 partials and writes C (never the GEMM's A and B).
+  Without shapes, GEMM roles and MoE experts get numbers from the model architecture (``--model``)
+  and the step's token count (``flops_source = model``): one role of one layer in one step is one
+  piece of work, its split-K reduce kernels get the reduce's numbers and its other kernels share
+  the rest by time; MoE weights count the experts touched (top-k x tokens, at most all) in the
+  format the kernel names or the model ships. Otherwise null (``none``).
 * **Rates**: achieved TFLOP/s = flops / dur, TB/s = bytes / dur, intensity = flops / bytes,
   ``pct_of_peak`` = achieved FLOP/s over the roof at that intensity (min(peak, intensity x BW)), or
   achieved TB/s over peak BW when there are no FLOPs. ``bound``: ``compute`` / ``memory`` by the
@@ -21,9 +25,11 @@ Contract (pure over the analysed tables, the GPU spec and an optional model arch
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import orjson
@@ -33,9 +39,7 @@ import pyarrow.compute as pc
 
 from analyzer.knowledge import architectures, hardware
 from analyzer.model import DICT_STRING, dict_isin, dict_strings, objects
-
-if TYPE_CHECKING:
-    from analyzer.pipeline import Analysis, Options
+from analyzer.tables import launches
 
 COLUMNS = {
     "flops": pa.float64(),
@@ -124,34 +128,52 @@ NO_OUTPUT_SIZE_OPS = {
 }
 # gathers that read only the selected rows of their table: bytes = selected rows read + written
 GATHER_OPS = {"aten::index_select", "aten::embedding"}
+# split-K reduce kernels (cuBLASLt splitKreduce_kernel, CK/hipBLASLt split-K reduce passes): they read
+# the fp32 partial sums of the GEMM and write C, not the GEMM's A and B
+SPLITK_REDUCE = re.compile(r"split_?k_?reduce|reduce_?split_?k", re.IGNORECASE)
+PARTIAL_BYTES = 4.0  # split-K partial sums are fp32
+MIN_SPLIT = 2  # a reduce kernel reads at least two partials: the compulsory minimum when the split is unknown
+# bytes per weight of quantized formats: 4-bit values plus one 8-bit scale per block (MX: 32, NV: 16)
+_QUANT_WEIGHT_BYTES = {"mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "fp8": 1.0}
+_QUANT_IN_NAME = re.compile(r"mxfp4|nvfp4", re.IGNORECASE)
+
+
+def base_op(name: str) -> str:
+    """An ATen op without its private spelling: ``aten::_index_put_impl_`` -> ``aten::index_put_``."""
+    if not name.startswith("aten::_"):
+        return name
+    base = "aten::" + name[len("aten::") :].lstrip("_")
+    return base.replace("_impl_", "_").removesuffix("_impl")
 
 
 # --------------------------------------------------------------------------- entry point
 
 
-def run(analysis: Analysis, options: Options) -> None:
-    measure(analysis, options)
-    analysis.warnings.extend(rate_warnings(analysis))
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What :func:`measure` gives: the kernels with the roofline columns, and the run's GPU."""
+
+    kernels: pa.Table
+    gpu: dict[str, Any]
 
 
-def measure(analysis: Analysis, options: Options) -> None:
-    """Work, rates and bound of every kernel: the per-trace part of :func:`run`. Inputs measured
-    apart agree with the joined run when they resolve to the same GPU and world size."""
-    spec, reason = resolve_gpu(analysis, options.gpu)
-    analysis.gpu = gpu_summary(spec, reason)
-    model = None
-    if options.model:
-        model = architectures.load_model(options.model)
-        analysis.model = model
-    flops, nbytes, source, dtype = kernel_work(
-        analysis.kernels,
-        analysis.trace.host_ops,
-        model,
-        world_size=world_size(analysis.trace.inputs),
-    )
-    cols = rates(analysis.kernels["dur_ns"].to_numpy(zero_copy_only=False), flops, nbytes, dtype, spec)
+def measure(
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    inputs: Sequence[Any],
+    gpu: tuple[hardware.GpuSpec, str] | None = None,
+    model: architectures.ModelArch | None = None,
+    gpu_table: Mapping[str, hardware.GpuSpec] | None = None,
+) -> Measured:
+    """Work, rates and bound of every kernel. ``gpu`` is the ``--gpu`` override and how it was
+    named (None: detected from the first input, among ``gpu_table``, rules/hardware.toml's entries);
+    ``model`` the ``--model`` architecture. Inputs measured apart agree with the
+    joined run when they resolve to the same GPU and world size."""
+    spec, reason = resolve_gpu(inputs, gpu, gpu_table)
+    flops, nbytes, source, dtype = kernel_work(kernels, host_ops, model, world_size=world_size(inputs))
+    cols = rates(kernels["dur_ns"].to_numpy(zero_copy_only=False), flops, nbytes, dtype, spec)
     cols["flops_source"] = source
-    k = analysis.kernels
+    k = kernels
     for name, typ in COLUMNS.items():
         arr = dict_strings(cols[name]) if typ == DICT_STRING else pa.array(cols[name], typ, from_pandas=True)
         k = (
@@ -159,7 +181,7 @@ def measure(analysis: Analysis, options: Options) -> None:
             if name in k.column_names
             else k.append_column(name, arr)
         )
-    analysis.kernels = k
+    return Measured(kernels=k, gpu=gpu_summary(spec, reason))
 
 
 def world_size(inputs: Sequence[Any]) -> int:
@@ -167,17 +189,17 @@ def world_size(inputs: Sequence[Any]) -> int:
     return max(m.world_size for m in inputs)
 
 
-def rate_warnings(analysis: Analysis) -> list[str]:
+def rate_warnings(kernels: pa.Table, gpu: dict[str, Any] | None) -> list[str]:
     """An unknown GPU, and kernels measured faster than the GPU's peaks, over the whole run."""
-    gpu = analysis.gpu or {}
+    gpu = gpu or {}
     if gpu.get("name") is None:
         return [
             f"GPU not known to rules/hardware.toml ({gpu.get('reason')}): times only, no bounds (use --gpu NAME)"
         ]
-    invalid = dict_isin(analysis.kernels["bound"], ["invalid"])
+    invalid = dict_isin(kernels["bound"], ["invalid"])
     if not invalid.any():
         return []
-    names = pd.Series(objects(analysis.kernels["norm_name"]))[invalid].value_counts()
+    names = pd.Series(objects(kernels["norm_name"]))[invalid].value_counts()
     top = "; ".join(f"{n[:60]} (x{c})" for n, c in names.head(3).items())
     return [
         f"{int(invalid.sum())} kernels exceed a peak of {gpu['name']} "
@@ -185,22 +207,27 @@ def rate_warnings(analysis: Analysis) -> list[str]:
     ]
 
 
-def resolve_gpu(analysis: Analysis, override: str | None) -> tuple[hardware.GpuSpec | None, str]:
-    if override:
-        return gpu_override(override), f"--gpu {override}"
-    m = analysis.trace.inputs[0]
-    return hardware.detect_gpu(m.gpu_name, m.arch, m.sm_count, m.total_memory)
-
-
-def gpu_override(name: str) -> hardware.GpuSpec:
-    """The GPU named by ``--gpu``; UsageError when rules/hardware.toml does not know it."""
-    spec = hardware.find_gpu(name)
-    if spec is None:
-        from analyzer.errors import UsageError
-
-        known = ", ".join(sorted(hardware.load_hardware()))
-        raise UsageError(f"--gpu {name!r} is not in rules/hardware.toml (known: {known})")
-    return spec
+def resolve_gpu(
+    inputs: Sequence[Any],
+    override: tuple[hardware.GpuSpec, str] | None = None,
+    table: Mapping[str, hardware.GpuSpec] | None = None,
+) -> tuple[hardware.GpuSpec | None, str]:
+    """The GPU of the run and how it was found: the override, or detected from the first input."""
+    if override is not None:
+        spec, named = override
+        return spec, f"--gpu {named}"
+    m = inputs[0]
+    spec, reason = hardware.detect_gpu(m.gpu_name, m.arch, m.sm_count, m.total_memory, table)
+    if spec is None and not m.gpu_name:
+        # say what the trace lacked rather than quoting an empty name
+        missing = [w for w, v in (("name", m.gpu_name), ("arch", m.arch), ("SM count", m.sm_count)) if not v]
+        had = [f"{w} {v}" for w, v in (("arch", m.arch), ("SM/CU count", m.sm_count)) if v]
+        reason = (
+            f"no GPU {', '.join(missing[:-1])} or {missing[-1]} in the trace"
+            if len(missing) > 1
+            else "no GPU name in the trace"
+        ) + (f" ({', '.join(had)}: too little to match)" if had else "")
+    return spec, reason
 
 
 def gpu_summary(spec: hardware.GpuSpec | None, reason: str) -> dict[str, Any]:
@@ -262,7 +289,7 @@ def op_work(
         flops = 2.0 * bq * hq * sq * sk * (d + dv) * causal
         nbytes = b * (bq * hq * sq * d + 2 * bq * hk * sk * d + bq * hq * sq * dv)
         return flops, nbytes, dtype
-    if name in NO_OUTPUT_SIZE_OPS or not name.startswith("aten::"):
+    if name in NO_OUTPUT_SIZE_OPS or base_op(name) in NO_OUTPUT_SIZE_OPS or not name.startswith("aten::"):
         # the output size is not in the inputs' shapes; custom ops (aiter::, sgl_kernel::, vllm::)
         # often pass whole buffers (a KV-cache pool) of which the kernel touches a slice
         return None
@@ -328,9 +355,7 @@ def kernel_work(
         }
     )
     # 1. shapes: the numbers of each launching op go to its longest kernel
-    from analyzer.analyses.classify import launching_op_rows
-
-    found = launching_op_rows(kernels, host_ops)
+    found = launches.launching_op_rows(kernels, host_ops)
     if found is not None:
         ops, pos = found
         p = pc.fill_null(pos, -1).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -399,10 +424,84 @@ def kernel_work(
                 if w is not None:
                     flops[i], nbytes[i], dtype[i] = w
                     source[i] = "shapes"
-    # 2. model architecture for the rest
+        covered = _helpers_of_measured_ops(kernels, host_ops, ops, p, lead, flops, nbytes, source, dtype)
+    else:
+        covered = np.zeros(n, bool)
+    # 2. model architecture for the rest (an op's helper kernels are not new work)
     if model is not None:
-        _model_work(kernels, model, world_size, flops, nbytes, source)
+        _model_work(kernels, model, world_size, flops, nbytes, source, skip=covered)
     return flops, nbytes, source, dtype
+
+
+def splitk_reduce_mask(kernels: pa.Table) -> np.ndarray:
+    """The split-K reduce kernels (matched once per unique name)."""
+    col = kernels["norm_name"].combine_chunks()
+    if not isinstance(col, pa.DictionaryArray):
+        col = col.dictionary_encode()
+    hit = np.array([bool(SPLITK_REDUCE.search(str(v))) for v in col.dictionary.to_pylist()], bool)
+    if not hit.any():
+        return np.zeros(len(col), bool)
+    idx = pc.fill_null(col.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.where(idx >= 0, hit[np.maximum(idx, 0)], False)
+
+
+def reduce_work(mn: float, split: float, out_bytes: float) -> tuple[float, float]:
+    """(flops, bytes) of a split-K reduce of an M x N output: ``split`` fp32 partials read, C written.
+    Its additions are part of the GEMM's 2·M·N·K already: no FLOPs of its own (a pure memory pass)."""
+    return 0.0, float(split * mn * PARTIAL_BYTES + mn * out_bytes)
+
+
+def _split_of(kernels: pa.Table, rows: np.ndarray) -> np.ndarray:
+    """The decoded split-K factor of ``rows`` (NaN where unknown)."""
+    if "split_k" not in kernels.column_names or not len(rows):
+        return np.full(len(rows), np.nan)
+    sk = kernels["split_k"].take(pa.array(rows)).to_numpy(zero_copy_only=False)
+    return np.asarray(sk, np.float64)
+
+
+def _split(values: np.ndarray) -> float:
+    """The largest decoded split-K factor among ``values``; :data:`MIN_SPLIT` when none is known."""
+    ok = values[~np.isnan(values) & (values >= MIN_SPLIT)]
+    return float(ok.max()) if len(ok) else float(MIN_SPLIT)
+
+
+def _helpers_of_measured_ops(
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    ops: pa.Table,
+    p: np.ndarray,
+    lead: np.ndarray,
+    flops: np.ndarray,
+    nbytes: np.ndarray,
+    source: list[str],
+    dtype: list[str],
+) -> np.ndarray:
+    """The kernels whose launching op was measured from its shapes (its work is already counted on
+    the op's longest kernel). A split-K reduce among them gets the reduce's own numbers: the op's
+    M x N partials read ``split`` times and C written once."""
+    measured = np.zeros(ops.num_rows, bool)
+    done = np.array([source[i] == "shapes" for i in lead.tolist()], bool)
+    measured[p[lead[done]]] = True
+    covered = (p >= 0) & measured[np.maximum(p, 0)]
+    covered[lead[done]] = False
+    red = np.flatnonzero(covered & splitk_reduce_mask(kernels) & np.isnan(nbytes))
+    if len(red):
+        lead_of = np.full(ops.num_rows, -1, np.int64)
+        lead_of[p[lead]] = lead
+        partner = lead_of[p[red]]
+        split = np.fmax(_split_of(kernels, red), _split_of(kernels, partner))
+        at = ops["row"].take(pa.array(p[red]))
+        names = host_ops["name"].take(at).to_pylist()
+        dims = host_ops["input_dims"].take(at).to_pylist()
+        for i, nm, d, sp, j in zip(red.tolist(), names, dims, split.tolist(), partner.tolist(), strict=True):
+            g = _gemm(str(nm), [x for x in (d or []) if x]) if nm in GEMM_OPS else None
+            if g is None:
+                continue
+            batch, m, _, nn = g
+            out_bytes = 4.0 if j >= 0 and dtype[j] == "fp32" else 2.0  # C in the GEMM's dtype
+            flops[i], nbytes[i] = reduce_work(batch * m * nn, _split(np.array([sp])), out_bytes)
+            dtype[i], source[i] = "fp32", "shapes"
+    return covered
 
 
 def _model_work(
@@ -412,31 +511,93 @@ def _model_work(
     flops: np.ndarray,
     nbytes: np.ndarray,
     source: list[str],
+    skip: np.ndarray | None = None,
 ) -> None:
+    """Numbers of the GEMM roles and the MoE experts from the architecture and the step's tokens.
+
+    One role of one layer in one step is one piece of work (a role instance: trace, rank, step,
+    layer, stage). Its split-K reduce kernels get the reduce's numbers (partials read, C written);
+    the other kernels of the instance (a GEMM and its helpers, or the gate_up and down passes of
+    the experts) share the instance's work in proportion to their time. A kernel outside any
+    detected layer is its own instance."""
     if "tokens" not in kernels.column_names:
         return
-    stage = kernels["stage"].to_pylist()
-    tokens = kernels["tokens"].to_pylist()
+    n = kernels.num_rows
+    stage = np.asarray(kernels["stage"].to_pylist(), dtype=object)
+    tokens = np.asarray(kernels["tokens"].to_numpy(zero_copy_only=False), np.float64)
+    todo = np.array([src == "none" for src in source], bool) & ~np.isnan(tokens)
+    if skip is not None and len(skip):
+        todo &= ~skip
     shapes = model.gemm_shapes()
-    wb = 2.0
-    for i, s in enumerate(stage):
-        if source[i] != "none" or tokens[i] is None:
-            continue
-        t = float(tokens[i])
-        if s in shapes and s != "gemm":
-            k_in, n_out = shapes[s]
-            w = k_in * n_out / tp  # each rank holds 1/tp of the weights
-            flops[i] = 2.0 * t * w
-            nbytes[i] = wb * (w + t * (k_in + n_out / tp))
-            source[i] = "model"
-        elif s == "moe_expert_gemm" and model.is_moe:
+    roles = [r for r in shapes if r != "gemm"]
+    moe = "moe_expert_gemm" if model.is_moe else None
+    todo &= np.isin(stage, [*roles, *([moe] if moe else [])])
+    if not todo.any():
+        return
+    rows = np.flatnonzero(todo)
+    dur = kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.float64)
+    reduce = splitk_reduce_mask(kernels)
+    names = kernels["norm_name"].to_pylist() if model.quant_method or moe else None
+
+    def col(name: str, fill: int) -> np.ndarray:
+        if name not in kernels.column_names:
+            return np.full(n, fill, np.int64)
+        return pc.fill_null(kernels[name], fill).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    layer, step = col("layer", -1), col("step", -1)
+    trace, rank = col("trace_id", 0), col("rank", 0)
+    frame = pd.DataFrame(
+        {"t": trace[rows], "r": rank[rows], "s": step[rows], "l": layer[rows], "st": stage[rows], "row": rows}
+    )
+    own = (frame["l"] < 0) | (frame["s"] < 0)
+    frame.loc[own, "l"] = -1 - frame.loc[own, "row"]  # a kernel outside layers: its own instance
+    for _, g in frame.groupby(["t", "r", "s", "l", "st"], sort=False):
+        members = g["row"].to_numpy()
+        s = str(g["st"].iloc[0])
+        t = float(tokens[members[0]])
+        red = members[reduce[members]]
+        main = members[~reduce[members]]
+        split = _split(_split_of(kernels, members))
+        if s == moe:
             e_in, e_out = model.hidden_size, model.expert_intermediate_size
             routed = t * model.num_experts_per_tok
-            active = min(model.num_experts, routed)
-            w = 3 * e_in * e_out  # gate, up, down of each active expert
-            flops[i] = 2.0 * routed * w
-            nbytes[i] = wb * (active * w + routed * (e_in + e_out) * 2)
+            touched = min(model.num_experts, routed)  # experts touched: top-k x tokens, at most all
+            w = 3 * e_in * e_out  # gate, up, down of each touched expert
+            wb = _weight_bytes(model, s, [names[i] for i in main] if names else [])
+            f_all = 2.0 * routed * w
+            b_all = wb * touched * w + 2.0 * routed * (e_in + e_out) * 2
+            out_n = e_in
+        else:
+            k_in, n_out = shapes[s]
+            w = k_in * n_out / tp  # each rank holds 1/tp of the weights
+            wb = _weight_bytes(model, s, [names[i] for i in main] if names else [])
+            out_n = n_out / tp
+            f_all = 2.0 * t * w
+            # A and the weights read; C written, or the fp32 partials when a reduce kernel follows
+            c_bytes = split * t * out_n * PARTIAL_BYTES if len(red) else 2.0 * t * out_n
+            b_all = wb * w + 2.0 * t * k_in + c_bytes
+        for i in red:
+            flops[i], nbytes[i] = reduce_work(t * out_n, split, 2.0)
             source[i] = "model"
+        if len(main):
+            share = dur[main] / dur[main].sum() if dur[main].sum() > 0 else np.full(len(main), 1 / len(main))
+            flops[main] = f_all * share
+            nbytes[main] = b_all * share
+            for i in main:
+                source[i] = "model"
+
+
+def _weight_bytes(model: architectures.ModelArch, stage: str, names: list[str]) -> float:
+    """Bytes per weight: a 4-bit format named by the kernel (``..._bf16xbf16xmxfp4_...``), else the
+    model's quantization (gpt-oss quantizes only its experts), else 2 (bf16)."""
+    for nm in names:
+        m = _QUANT_IN_NAME.search(nm or "")
+        if m:
+            return _QUANT_WEIGHT_BYTES[m.group(0).lower()]
+    q = (model.quant_method or "").lower()
+    if q == "mxfp4" and stage != "moe_expert_gemm":
+        return 2.0
+    return _QUANT_WEIGHT_BYTES.get(q, 2.0)
 
 
 # --------------------------------------------------------------------------- rates and bounds

@@ -9,14 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
-from analyzer.runtime import memory
+import click
 
-memory.configure(sys.argv[1:])  # before pyarrow loads: see analyzer/memory.py
-
-import click  # noqa: E402
-
-from analyzer import __version__  # noqa: E402
-from analyzer.errors import AnalyzerError  # noqa: E402
+from analyzer.errors import AnalyzerError
+from analyzer.runtime import background, memory
+from analyzer.version import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,7 +28,7 @@ def _register() -> None:
     cli.add_command(analyze.analyze)
     cli.add_command(export.export)
     cli.add_command(rules_cmd.rules)
-    for optional in ("report_cmd", "gate_cmd", "baseline_cmd", "capture_cmd"):
+    for optional in ("report_cmd", "gate_cmd", "baseline_cmd", "capture_cmd", "check_cmd"):
         try:
             mod = __import__(f"analyzer.cli.{optional}", fromlist=["command"])
         except ModuleNotFoundError as e:
@@ -44,10 +41,27 @@ def _register() -> None:
 _register()
 
 
+PROG_NAMES = ("llm-kernel-map", "lkm")
+
+
+def completion_var(prog: str) -> str:
+    """The variable click's shell completion reads, e.g. ``_LKM_COMPLETE=bash_source lkm``."""
+    return f"_{prog.replace('-', '_').upper()}_COMPLETE"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; return the exit code instead of raising."""
+    """Run the CLI; return the exit code instead of raising.
+
+    The memory settings are applied first: mimalloc reads them when pyarrow loads it, which no
+    module imported so far has done (a test checks it)."""
+    memory.configure(sys.argv[1:] if argv is None else argv)
+    prog = "llm-kernel-map"
+    invoked = os.path.basename(sys.argv[0]) if argv is None else prog
+    if invoked in PROG_NAMES and os.environ.get(completion_var(invoked)):
+        # shell completion (click's own mechanism): the script is generated for the name typed
+        cli.main(args=argv, prog_name=invoked, complete_var=completion_var(invoked))
     try:
-        rv = cli.main(args=argv, prog_name="llm-kernel-map", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name=prog, standalone_mode=False)
     except AnalyzerError as e:
         click.echo(f"error: {e}", err=True)
         return e.exit_code
@@ -75,13 +89,10 @@ def entry() -> None:
 
 def leave(code: int) -> None:
     """Exit with ``code`` once the output is flushed and the exit handlers ran, skipping the
-    interpreter's teardown: it frees the analysis's millions of objects one by one (0.25-0.4 s
-    after a 250 MB trace), where the operating system takes the whole process back at once."""
+    interpreter's teardown: it frees the analysis's millions of objects one by one (docs/performance.md), where the operating system takes the whole process back at once."""
     import atexit
 
-    from analyzer.runtime import background
-
-    background.wait()  # nothing is left running (analyze_run joins its threads already)
+    background.wait()  # nothing is left running (runtime.driver.analyze joins its threads already)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -8,7 +8,9 @@ from typing import Any
 import click
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
-from analyzer.cli.output import write_json
+from analyzer.output import write_json, write_report
+from analyzer.report.text import CompareTextReporter, TextReporter
+from analyzer.results.compare import compare_summaries
 
 
 @click.command()
@@ -17,7 +19,13 @@ from analyzer.cli.output import write_json
     "--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary (DESIGN §6) here."
 )
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the HTML report here.")
-@click.option("--top", default=10, show_default=True, help="Kernel groups listed in the text summary.")
+@click.option(
+    "--top",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Kernel groups listed in the text summary (at least 1).",
+)
 @click.option("--compare", is_flag=True, help="Analyse each input on its own and set them side by side.")
 def analyze(
     traces: tuple[str, ...],
@@ -35,32 +43,29 @@ def analyze(
     A directory means every trace inside it. Prints inputs, GPU, wall and busy time, phases, time by
     stage and provider, top kernels, unclassified kernels and findings.
     """
-    from analyzer.report import text
-    from analyzer.results.summary import build_summary
+    from analyzer.results.summary import build_summary  # pyarrow: loads after memory.configure
 
     options = make_options(rules, gpu, model, settings)
     if compare:
-        from analyzer.results.compare import compare_summaries
-
         summaries = [build_summary(run_analysis((t,), options)) for t in traces]
         result: dict[str, Any] = compare_summaries(summaries)
-        text.render_compare(result, sys.stdout)
+        CompareTextReporter().render(result, sys.stdout)
         if json_path:
             write_json(result, json_path)
         if html_path:
-            from analyzer.report import html
+            from analyzer.report.html import CompareHtmlReporter  # plotly
 
-            html.write_compare_report(summaries, html_path)
+            write_report(CompareHtmlReporter(summaries), result, html_path)
         return 0
     analysis = run_analysis(traces, options)
     summary = build_summary(analysis)
-    text.render(summary, sys.stdout, top=top)
+    TextReporter(top=top).render(summary, sys.stdout)
     if json_path:
         write_json(summary, json_path)
         click.echo(f"wrote {json_path}", err=True)
     if html_path:
-        from analyzer.report import html
+        from analyzer.report.html import HtmlReporter  # plotly
 
-        html.write_report(analysis, summary, html_path)
+        write_report(HtmlReporter(analysis.kernels), summary, html_path)
         click.echo(f"wrote {html_path}", err=True)
     return 0

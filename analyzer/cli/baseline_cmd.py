@@ -5,15 +5,13 @@ from __future__ import annotations
 import sys
 
 import click
-import orjson
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
-from analyzer.cli.output import output_file
+from analyzer.output import write_report
+from analyzer.report.json_report import JsonReporter
 
-
-def dumps(obj: object) -> bytes:
-    """A baseline as stable, diffable JSON (sorted by construction, two-space indent)."""
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+# a baseline as stable, diffable JSON (sorted by construction, two-space indent, string keys only)
+BASELINE_JSON = JsonReporter(non_str_keys=False)
 
 
 @click.command("baseline")
@@ -48,17 +46,15 @@ def command(
     the inputs' sha256, the rules' sha256 and what must match for a comparison (GPU, layers seen,
     GEMM roles, ranks, tokens and batch per step). Commit it next to the fixture trace.
     """
-    from analyzer.results.baseline import build_baseline
+    from analyzer.results.baseline import build_baseline  # pyarrow: loads after memory.configure
 
     analysis = run_analysis(traces, make_options(rules, gpu, model, settings))
     obj = build_baseline(analysis, top_share=top_share)
-    data = dumps(obj)
     if output == "-":
-        sys.stdout.buffer.write(data)
+        BASELINE_JSON.render(obj, sys.stdout.buffer)
         sys.stdout.flush()
     else:
-        with output_file(output, "wb") as f:
-            f.write(data)
+        write_report(BASELINE_JSON, obj, output)
     parts = [f"{p} {e['steps']} step{'s' if e['steps'] != 1 else ''}" for p, e in obj["phases"].items()]
     n_stages, n_groups = len(obj["stages"]), len(obj["groups"])
     click.echo(

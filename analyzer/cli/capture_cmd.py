@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -58,6 +60,27 @@ from analyzer.errors import UsageError
     "--json", "json_path", type=click.Path(dir_okay=False), help="With --analyze: write the summary here."
 )
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the HTML report here.")
+@click.option(
+    "--mode",
+    type=click.Choice(["generate", "continuous-batching", "static-cache", "forward"]),
+    help="Run HF transformers' own serving path instead of the step loop (docs/capture.md).",
+)
+@click.option("--truth", is_flag=True, help="Also write lkm::truth region ranges (docs/accuracy.md).")
+@click.option(
+    "--attn", metavar="IMPL", help="Attention implementation: eager, sdpa, flex_attention, paged|sdpa ..."
+)
+@click.option(
+    "--sdpa-backend",
+    type=click.Choice(["flash", "efficient", "cudnn", "math"]),
+    help="Force one SDPA backend.",
+)
+@click.option(
+    "--experts", metavar="IMPL", help="MoE experts implementation: eager, batched_mm, grouped_mm ..."
+)
+@click.option("--sampling", is_flag=True, help="Sample (temperature, top-k, top-p) instead of greedy.")
+@click.option("--assistant", metavar="CONFIG", help="Draft model's config.json: assisted generation.")
+@click.option("--requests", default=4, show_default=True, help="Continuous batching: requests.")
+@click.option("--no-shapes", is_flag=True, help="Record no host-op input shapes.")
 def command(
     model_spec: str,
     output: str,
@@ -73,6 +96,15 @@ def command(
     do_analyze: bool,
     json_path: str | None,
     report_path: str | None,
+    mode: str | None = None,
+    truth: bool = False,
+    attn: str | None = None,
+    sdpa_backend: str | None = None,
+    experts: str | None = None,
+    sampling: bool = False,
+    assistant: str | None = None,
+    requests: int = 4,
+    no_shapes: bool = False,
 ) -> int:
     """Profile one greedy generate of a model with random weights (nothing is downloaded).
 
@@ -90,11 +122,31 @@ def command(
 
     from analyzer.capture.model import build_model
     from analyzer.capture.profile import capture_generate
-    from analyzer.cli.output import write_json
+    from analyzer.output import write_json
 
     if not output.endswith((".json", ".json.gz")):
         raise UsageError(f"-o {output}: the trace name must end in .json or .json.gz")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    hf_path = bool(mode or truth or attn or sdpa_backend or experts or sampling or assistant or no_shapes)
+    if hf_path:
+        meta = _capture_hf(
+            model_spec, output, layers=layers, batch=batch, prompt=prompt, new_tokens=new_tokens,
+            device=device, dtype=dtype, seed=seed, mode=mode or "generate", truth=truth, attn=attn or "sdpa",
+            sdpa_backend=sdpa_backend, experts=experts, sampling=sampling, assistant=assistant,
+            requests=requests, shapes=not no_shapes,
+        )  # fmt: skip
+        click.echo(
+            f"captured {output} ({Path(output).stat().st_size / 1e6:.1f} MB): {meta['model_type']} x{meta['layers']} "
+            f"layers ({meta['attn']}, {dtype}, {device}, {meta['mode']}), {len(meta['steps'])} steps"
+            f"{', truth ranges' if truth else ''}",
+            err=True,
+        )
+        if meta_path:
+            Path(meta_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(meta_path).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        if do_analyze or json_path or report_path:
+            _analyze(output, model_spec, json_path, report_path, print_text=do_analyze)
+        return 0
     t0 = time.perf_counter()
     lm = build_model(model_spec, layers=layers, device=device, dtype=dtype, backend=backend, seed=seed)
     meta = capture_generate(lm, output, batch=batch, prompt=prompt, new_tokens=new_tokens, seed=seed)
@@ -113,15 +165,64 @@ def command(
     return 0
 
 
+def _config_of(spec: str, layers: int | None) -> dict[str, Any]:
+    """A config.json (or its folder) as a dict, or a built-in name's HF keys."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--model {spec}: not a readable config.json ({e})") from None
+        for nested in ("text_config", "language_config", "llm_config"):
+            if "hidden_size" not in config and isinstance(config.get(nested), dict):
+                config = dict(config[nested])
+    else:
+        from analyzer.capture.model import resolve_model
+
+        ms = resolve_model(spec)
+        if ms.config is None:
+            raise UsageError(f"--model {spec}: no HF config for this built-in; pass a config.json")
+        config = {"model_type": ms.arch.model_type, **ms.config}
+    if layers is not None:
+        if layers < 1:
+            raise UsageError(f"--layers must be at least 1, got {layers}")
+        config["num_hidden_layers"] = min(layers, int(config.get("num_hidden_layers", layers)))
+    return config
+
+
+def _capture_hf(
+    spec: str, output: str, *, layers: int | None, assistant: str | None, **kw: Any
+) -> dict[str, Any]:
+    from analyzer.capture import hf
+
+    if not hf_available():
+        raise UsageError("--mode/--truth/--attn ... need transformers: pip install transformers")
+    config = _config_of(spec, layers)
+    draft = _config_of(assistant, None) if assistant else None
+    try:
+        return hf.capture(hf.CaptureSpec(config=config, output=output, assistant=draft, **kw))
+    except hf.CaptureError as e:
+        raise UsageError(str(e)) from None
+
+
+def hf_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
+
+
 def _analyze(
     trace: str, model_spec: str, json_path: str | None, report_path: str | None, print_text: bool
 ) -> None:
-    from analyzer.cli.output import write_json
-    from analyzer.pipeline import Options, analyze_paths
+    from analyzer.options import Options
+    from analyzer.output import write_json, write_report
     from analyzer.report import text
     from analyzer.results.summary import build_summary
+    from analyzer.runtime.driver import RunPolicy, analyze
 
-    analysis = analyze_paths([trace], Options(model=model_spec))
+    analysis = analyze([trace], Options(model=model_spec), RunPolicy(keep_host_ops=True))
     summary = build_summary(analysis)
     if print_text:
         text.render(summary, sys.stdout)
@@ -135,5 +236,5 @@ def _analyze(
             if e.name != "analyzer.report.html":
                 raise
             raise UsageError("--report: this install has no HTML reporter (analyzer.report.html)") from None
-        html.write_report(analysis, summary, report_path)
+        write_report(html.HtmlReporter(analysis.kernels), summary, report_path)
         click.echo(f"wrote {report_path}", err=True)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from analyzer.errors import UsageError
-from analyzer.pipeline import Analysis, Options, analyze_run
+from analyzer.options import Options
+
+if TYPE_CHECKING:
+    from analyzer.pipeline import Analysis
 
 
 def shared_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -19,7 +22,8 @@ def shared_options(f: Callable[..., Any]) -> Callable[..., Any]:
         "settings",
         multiple=True,
         metavar="KEY=VALUE",
-        help="Finding threshold override, e.g. --set same_kernel.min_share=0.01.",
+        help="Finding threshold override CHECK.KEY=VALUE, e.g. --set decode_gpu_idle.max_idle=0.3 "
+        "(each finding's keys: `llm-kernel-map rules explain F006`).",
     )(f)
     f = click.option(
         "--model",
@@ -145,10 +149,7 @@ def _byte_progress() -> Callable[[int, int], None] | None:
 
 def run_analysis(traces: tuple[str, ...], options: Options) -> Analysis:
     """Load and analyse the inputs as one run, showing progress on a terminal."""
-    return analyze_run(
-        list(traces),
-        options,
-        progress=_progress_printer(),
-        byte_progress=_byte_progress(),
-        **scale_settings(),
-    )
+    from analyzer.runtime.driver import RunPolicy, analyze  # pyarrow loads here, after memory.configure
+
+    policy = RunPolicy(progress=_progress_printer(), byte_progress=_byte_progress(), **scale_settings())
+    return analyze(list(traces), options, policy)

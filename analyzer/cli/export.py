@@ -1,23 +1,17 @@
-"""``export``: write the analysed kernels table (DESIGN §2 columns) as CSV or Parquet."""
+"""``export``: write the analysed kernels table (DESIGN §2 columns) as CSV or Parquet, or the whole
+run as a classified trace for Perfetto UI / chrome://tracing (docs/report.md)."""
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import click
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
-from analyzer.cli.output import output_file
 from analyzer.errors import UsageError
-
-
-def plain_columns(table: pa.Table) -> pa.Table:
-    """Dictionary columns decoded to plain strings (CSV has no dictionaries)."""
-    cols = []
-    for c in table.columns:
-        cols.append(c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c)
-    return pa.Table.from_arrays(cols, names=table.column_names)
+from analyzer.output import write_report
+from analyzer.report import TABLES
 
 
 @click.command()
@@ -27,7 +21,13 @@ def plain_columns(table: pa.Table) -> pa.Table:
     "--output",
     required=True,
     type=click.Path(dir_okay=False),
-    help="kernels.csv or kernels.parquet (format from the extension).",
+    help="kernels.csv, kernels.parquet or trace.perfetto.json (format from the extension).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(list(TABLES.names)),
+    help="Output format instead of the one the extension names.",
 )
 def export(
     traces: tuple[str, ...],
@@ -36,17 +36,37 @@ def export(
     model: str | None,
     settings: tuple[str, ...],
     output: str,
+    fmt: str | None,
 ) -> int:
-    """Write the kernels table of TRACE... with every analysis column (stage, phase, roofline ...)."""
-    if not output.endswith((".csv", ".parquet")):
-        raise UsageError(f"{output}: the output must end in .csv or .parquet")
+    """Write the kernels table of TRACE... with every analysis column (stage, phase, roofline ...),
+    or with -o NAME.perfetto.json (or --format perfetto) the run as one trace for Perfetto UI: every
+    GPU activity with its stage, category, provider, phase, step, layer and rule id in args, plus
+    step and layer tracks. Kineto inputs keep their own events byte for byte."""
+    if fmt is not None:
+        spec = TABLES.get(fmt)
+    else:
+        found = TABLES.for_path(output)
+        if found is None or not output.endswith(found.extensions):  # the extension in lower case, as always
+            raise UsageError(
+                f"{output}: the output must end in {' or '.join(TABLES.extensions)} (or give --format)"
+            )
+        spec = found
     analysis = run_analysis(traces, make_options(rules, gpu, model, settings))
     table = analysis.kernels
-    if output.endswith(".csv"):
-        with output_file(output, "wb") as f:
-            pacsv.write_csv(plain_columns(table), f)
-    else:
-        with output_file(output, "wb") as f:
-            pq.write_table(table, f)
-    click.echo(f"wrote {table.num_rows:,} rows to {output}", err=True)
+    if spec.name != "perfetto":
+        write_report(spec.create(), table, output)
+        click.echo(f"wrote {table.num_rows:,} rows to {output}", err=True)
+        return 0
+    from analyzer.readers import kineto_raw
+    from analyzer.report.perfetto import ExportInput, PerfettoExport
+
+    with contextlib.ExitStack() as stack:
+        inputs = []
+        for meta in analysis.trace.inputs:
+            events: Any = None
+            if meta.format == "kineto":  # the input's own events, streamed while the file is written
+                events = stack.enter_context(kineto_raw.open_events(meta.path))
+            inputs.append(ExportInput(meta.trace_id, meta.rank, meta.format, meta.path, events))
+        write_report(spec.create(), PerfettoExport(table, analysis.steps, inputs), output)
+    click.echo(f"wrote {table.num_rows:,} GPU activities of {len(inputs)} input(s) to {output}", err=True)
     return 0

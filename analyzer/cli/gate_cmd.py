@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import sys
 import tomllib
 from pathlib import Path
@@ -12,9 +11,10 @@ import click
 import orjson
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
-from analyzer.cli.output import output_file
 from analyzer.errors import InputError, UsageError
-from analyzer.pipeline import Options
+from analyzer.options import Options
+from analyzer.output import write_report
+from analyzer.report import GATE
 
 CONFIG_TABLE = ("tool", "llm-kernel-map", "gate")
 _BASELINE_MARK = b'"llm-kernel-map/baseline"'
@@ -59,7 +59,7 @@ def _is_saved_json(path: Path) -> bool:
 
 def load_side(paths: tuple[str, ...], options: Options, top_share: float, label: str) -> dict[str, Any]:
     """A baseline object from a saved baseline JSON, or from analysing trace files."""
-    from analyzer.results.baseline import build_baseline, check_baseline
+    from analyzer.results.baseline import build_baseline, check_baseline  # pyarrow
 
     saved = [p for p in paths if _is_saved_json(Path(p))]
     if saved:
@@ -89,6 +89,14 @@ def load_side(paths: tuple[str, ...], options: Options, top_share: float, label:
     default=None,
     metavar="REL",
     help="Relative slow-down that fails, e.g. 0.10 or 10%  [default: 0.10]",
+)
+@click.option(
+    "--step-threshold",
+    type=str,
+    default=None,
+    metavar="REL",
+    help="Relative slow-down of a phase's step time (p50 or p90 of step durations) that fails  "
+    "[default: 0.20]",
 )
 @click.option(
     "--min-delta-us",
@@ -121,7 +129,7 @@ def load_side(paths: tuple[str, ...], options: Options, top_share: float, label:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["text", "markdown", "junit", "json"]),
+    type=click.Choice(list(GATE.names)),
     default="text",
     show_default=True,
     help="Report format on stdout (and for -o files whose extension names none).",
@@ -132,7 +140,8 @@ def load_side(paths: tuple[str, ...], options: Options, top_share: float, label:
     "outputs",
     multiple=True,
     type=click.Path(dir_okay=False),
-    help="Also write the report here; format from the extension (.md, .xml, .json, .txt). Repeatable.",
+    help="Also write the report here; format from the extension (.md, .xml, .json, .txt; "
+    "none: --format's; another one is an error). Repeatable.",
 )
 @click.option(
     "--config",
@@ -148,6 +157,7 @@ def command(
     settings: tuple[str, ...],
     baseline_paths: tuple[str, ...],
     threshold: str | None,
+    step_threshold: str | None,
     min_delta_us: float | None,
     stage_thresholds: tuple[str, ...],
     min_steps: int | None,
@@ -158,25 +168,31 @@ def command(
 ) -> int:
     """Compare CANDIDATE trace(s) with --baseline; exit 1 when a phase, stage or kernel got slower.
 
-    Per phase with enough steps in both runs, the per-step median kernel time of the phase, of each
-    stage and of each top kernel group is compared: a regression is a candidate time above
+    Per phase with enough steps in both runs, the step time (p50 and p90 of the steps' wall
+    durations, against --step-threshold) and the per-step median kernel time of the phase, of each
+    stage and of each top kernel group are compared: a regression is a candidate time above
     baseline x (1 + threshold) that is also more than --min-delta-us higher. New stages above the
     floor fail too; new and vanished kernel groups are listed. Runs on another GPU, with another
     model shape (layers seen, GEMM roles), other tokens or batch per step (more than 10% apart) or
     too few steps are not comparable: exit 2 with the reason.
 
     Thresholds come from the command line, else from [tool.llm-kernel-map.gate] in the nearest
-    pyproject.toml (threshold, min_delta_us, min_steps, allow_few_steps, stage_thresholds = {...}),
+    pyproject.toml (threshold, step_threshold, min_delta_us, min_steps, allow_few_steps,
+    stage_thresholds = {...}),
     else the defaults. --rules/--gpu/--model/--set apply to every trace analysed here.
     """
-    from analyzer import gate
-    from analyzer.report import gate_report
+    from analyzer import regressions as gate  # pyarrow: loads after memory.configure
+    from analyzer.report.gate_report import format_for_path
 
+    formats = {path: format_for_path(path, default=fmt) for path in outputs}  # before any analysis
     cfg_file = Path(config_path) if config_path else find_config(Path.cwd())
     config = read_config(cfg_file) if cfg_file else {}
     thresholds = gate.make_thresholds(
         config,
         threshold=gate.parse_fraction(threshold, "--threshold") if threshold is not None else None,
+        step_threshold=gate.parse_fraction(step_threshold, "--step-threshold")
+        if step_threshold is not None
+        else None,
         min_delta_us=min_delta_us,
         min_steps=min_steps,
         allow_few_steps=allow_few_steps,
@@ -188,12 +204,9 @@ def command(
     candidate = load_side(traces, options, 1.0, "CANDIDATE")
     result = gate.compare(reference, candidate, thresholds)
     for path in outputs:
-        buf = io.StringIO()
-        gate_report.render(result, buf, gate_report.format_for_path(path, fmt))
-        with output_file(path) as f:
-            f.write(buf.getvalue())
+        write_report(GATE.create(formats[path]), result, path)
         click.echo(f"wrote {path}", err=True)
-    gate_report.render(result, sys.stdout, "text" if outputs else fmt)
+    GATE.create("text" if outputs else fmt).render(result, sys.stdout)
     return 1 if result["status"] == "fail" else 0
 
 

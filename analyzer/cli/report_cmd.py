@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import click
 
 from analyzer.cli.common import make_options, run_analysis, shared_options
+from analyzer.output import write_report
+from analyzer.results.compare import compare_summaries
+
+STEMS_IN_NAME = 3
 
 
-def default_output(traces: tuple[str, ...]) -> str:
-    """reports/<first input's name without its trace extensions>.html"""
-    name = Path(traces[0].rstrip("/")).name or "report"
-    for ext in (".gz", ".json", ".csv", ".db", ".sqlite", ".trace"):
+def _stem(trace: str) -> str:
+    name = Path(trace.rstrip("/")).name or "report"
+    for ext in (".gz", ".json", ".csv", ".db", ".sqlite", ".sqlite3", ".nsys-rep", ".trace"):
         name = name.removesuffix(ext)
-    return str(Path("reports") / f"{name or 'report'}.html")
+    return name or "report"
+
+
+def default_output(traces: tuple[str, ...], compare: bool = False) -> str:
+    """reports/<inputs' names joined by +>[-compare]-<8 hex>.html: the hash covers every input's
+    absolute path (in order) and --compare, so no two sets of inputs share a default report."""
+    stems = [_stem(t) for t in traces]
+    shown = "+".join(stems[:STEMS_IN_NAME]) + (
+        f"+{len(stems) - STEMS_IN_NAME}more" if len(stems) > STEMS_IN_NAME else ""
+    )
+    key = "\n".join(os.path.abspath(t.rstrip("/") or t) for t in traces) + ("\ncompare" if compare else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return str(Path("reports") / f"{shown[:60]}{'-compare' if compare else ''}-{digest}.html")
 
 
 @click.command("report")
@@ -23,7 +40,7 @@ def default_output(traces: tuple[str, ...]) -> str:
     "-o",
     "--output",
     type=click.Path(dir_okay=False),
-    help="The HTML file to write [default: reports/<first input>.html].",
+    help="The HTML file to write [default: reports/<inputs' names>-<hash of their paths>.html].",
 )
 @click.option(
     "--cdn",
@@ -48,16 +65,16 @@ def command(
     top kernels, findings with evidence, unclassified kernels and warnings. plotly.js is embedded,
     so the page works offline (use --cdn for a small page that loads it from the network).
     """
-    from analyzer.report import html
-    from analyzer.results.summary import build_summary
+    from analyzer.report.html import CompareHtmlReporter, HtmlReporter  # plotly, pyarrow
+    from analyzer.results.summary import build_summary  # pyarrow: loads after memory.configure
 
     options = make_options(rules, gpu, model, settings)
-    path = output or default_output(traces)
+    path = output or default_output(traces, compare)
     if compare:
         summaries = [build_summary(run_analysis((t,), options)) for t in traces]
-        html.write_compare_report(summaries, path, cdn=cdn)
+        write_report(CompareHtmlReporter(summaries, cdn=cdn), compare_summaries(summaries), path)
     else:
         analysis = run_analysis(traces, options)
-        html.write_report(analysis, build_summary(analysis), path, cdn=cdn)
+        write_report(HtmlReporter(analysis.kernels, cdn=cdn), build_summary(analysis), path)
     click.echo(f"wrote {path} ({Path(path).stat().st_size / 1e6:.1f} MB)", err=True)
     return 0

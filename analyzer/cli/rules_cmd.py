@@ -1,8 +1,12 @@
-"""``rules``: list, explain, check and try the kernel rule table (rules/kernels.toml)."""
+"""``rules``: list, explain, check and try the kernel rule table (rules/kernels.toml); explain findings."""
 
 from __future__ import annotations
 
+import inspect
+import re
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -50,7 +54,12 @@ def list_rules(extra: tuple[str, ...]) -> int:
     help="Extra rule file first.",
 )
 def explain(rule_id: str, extra: tuple[str, ...]) -> int:
-    """Everything about one rule: pattern, stage, provider, note, examples."""
+    """Everything about one rule (pattern, stage, provider, note, examples), or about one finding
+    (F001 ... or its check name: what it looks for, its severity and its --set thresholds)."""
+    finding = _finding_check(rule_id)
+    if finding is not None:
+        _explain_finding(*finding)
+        return 0
     rs = _ruleset(extra)
     r = rs.rule(rule_id.upper())
     if r is None:
@@ -66,6 +75,48 @@ def explain(rule_id: str, extra: tuple[str, ...]) -> int:
     for e in r.not_examples:
         click.echo(f"  not: {e}")
     return 0
+
+
+def _finding_check(ident: str) -> tuple[str, dict[str, Any]] | None:
+    """(check name, settings) of a finding named by id (``F006``) or check name, else None."""
+    from analyzer.knowledge.finding_settings import load_finding_settings
+
+    settings = load_finding_settings()
+    for check, cfg in settings.items():
+        if ident.lower() == check or ident.upper() == str(cfg.get("id", "")).upper():
+            return check, cfg
+    if re.fullmatch(r"[Ff]\d{3}", ident):
+        ids = ", ".join(str(c.get("id")) for c in settings.values())
+        raise UsageError(f"no finding {ident!r} (findings: {ids}; rules/findings.toml)")
+    return None
+
+
+def _explain_finding(check: str, cfg: dict[str, Any]) -> None:
+    from analyzer.analyses.findings import CHECKS  # pandas
+
+    click.echo(f"{cfg['id']}: finding {check} (severity {cfg.get('severity', '?')})")
+    fn = CHECKS.get(check)
+    doc = inspect.cleandoc(fn.__doc__ or "") if fn is not None else ""
+    for para in doc.split("\n\n") if doc else ["(no description)"]:
+        click.echo(
+            textwrap.fill(
+                " ".join(para.split()).replace("``", ""),
+                width=100,
+                initial_indent="  ",
+                subsequent_indent="  ",
+            )
+        )
+    keys = [k for k in cfg if k not in ("id", "severity")]
+    click.echo(f"  thresholds (rules/findings.toml; change with --set {check}.KEY=VALUE):")
+    for k in keys:
+        v = cfg[k]
+        shown = ", ".join(map(str, v)) if isinstance(v, list) else v
+        click.echo(f"    {check}.{k} = {shown}")
+    if keys:
+        k = keys[0]
+        v = cfg[k]
+        example = ",".join(map(str, v)) if isinstance(v, list) else v
+        click.echo(f"  e.g. --set {check}.{k}={example}")
 
 
 @rules.command("check")

@@ -13,11 +13,11 @@ import dataclasses
 import functools
 import json
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from analyzer.errors import InputError
+from analyzer.knowledge import loader
 from analyzer.paths import RULES_DIR
 
 MODELS_TOML = RULES_DIR / "models.toml"
@@ -277,18 +277,21 @@ def _name_key(text: str) -> str:
 
 def load_builtin_models(path: str | Path | None = None) -> dict[str, ModelArch]:
     """All [model.<key>] tables of rules/models.toml (or ``path``), keyed by table key."""
-    path = Path(path) if path is not None else MODELS_TOML
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(f"cannot read model table {path}: {exc}") from None
+    return dict(loader.load(path if path is not None else MODELS_TOML, _parse_models))
+
+
+def _parse_models(data: dict[str, Any], path: Path) -> dict[str, ModelArch]:
     models = data.get("model") or {}
+    if not isinstance(models, dict):
+        raise loader.fail(path, "model", "must be [model.<key>] tables")
     out = {}
     for key, entry in models.items():
+        if not isinstance(entry, dict):
+            raise loader.fail(path, f"model.{key}", "must be a table")
         try:
             out[key] = from_hf_config(entry, name=entry.get("name") or key)
         except InputError as exc:
-            raise InputError(f"{path}: model.{key}: {exc}") from None
+            raise loader.fail(path, f"model.{key}", str(exc)) from None
     return out
 
 

@@ -1,6 +1,7 @@
 """GPU peaks from rules/hardware.toml, and detection of the GPU a trace ran on (DESIGN §5).
 
-Contract: :func:`load_hardware` is the only function that reads a file; everything else is a pure
+Contract: :func:`load_hardware` is the only function that reads a file (through
+:mod:`analyzer.knowledge.loader`); everything else is a pure
 function of its arguments. Detection uses the device name, arch, SM/CU count and total memory
 together, because names alone can be empty ("" on some ROCm builds) or generic
 ("AMD Radeon Graphics"), and arch + SM count alone cannot tell an H100 SXM from an H200 (both
@@ -13,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from analyzer.errors import InputError
+from analyzer.knowledge import loader
 from analyzer.paths import RULES_DIR
 
 HARDWARE_TOML = RULES_DIR / "hardware.toml"
@@ -73,19 +74,19 @@ class GpuSpec:
 
 def load_hardware(path: str | Path | None = None) -> dict[str, GpuSpec]:
     """Read and check the hardware table (default: rules/hardware.toml), keyed by entry key."""
-    path = Path(path) if path is not None else HARDWARE_TOML
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(f"cannot read hardware table {path}: {exc}") from None
+    return dict(loader.load(path if path is not None else HARDWARE_TOML, _parse_hardware))
+
+
+def _parse_hardware(data: dict[str, Any], path: Path) -> dict[str, GpuSpec]:
     gpus = data.get("gpu")
     if not isinstance(gpus, dict) or not gpus:
-        raise InputError(f"{path}: no [gpu.<key>] tables")
+        raise loader.fail(path, "gpu", "no [gpu.<key>] tables")
     return {key: _spec_from_toml(key, entry, path) for key, entry in gpus.items()}
 
 
 @functools.cache
-def _default_table() -> dict[str, GpuSpec]:
+def default_table() -> dict[str, GpuSpec]:
+    """rules/hardware.toml, read once per process (:func:`load_hardware` of the built-in file)."""
     return load_hardware()
 
 
@@ -93,28 +94,32 @@ def _spec_from_toml(key: str, e: dict[str, Any], path: Path) -> GpuSpec:
     def need(field: str, kind: Any) -> Any:
         value = e.get(field)
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise InputError(f"{path}: gpu.{key}.{field} missing or not {_kind_name(kind)}")
+            raise InputError(f"{loader.display(path)}: gpu.{key}.{field} missing or not {_kind_name(kind)}")
         return value
 
     vendor = need("vendor", str)
     if vendor not in VENDORS:
-        raise InputError(f"{path}: gpu.{key}.vendor {vendor!r} not in {VENDORS}")
+        raise InputError(f"{loader.display(path)}: gpu.{key}.vendor {vendor!r} not in {VENDORS}")
     arch = need("arch", str)
     if arch_key(arch) is None:
-        raise InputError(f"{path}: gpu.{key}.arch {arch!r} is not sm_XY or gfxXYZ")
+        raise InputError(f"{loader.display(path)}: gpu.{key}.arch {arch!r} is not sm_XY or gfxXYZ")
     peaks_raw = need("peaks", dict)
     peaks: dict[str, float] = {}
     for dtype, value in peaks_raw.items():
         if dtype not in DTYPES or not isinstance(value, int | float) or value <= 0:
-            raise InputError(f"{path}: gpu.{key}.peaks.{dtype} must be a positive number, dtype in {DTYPES}")
+            raise InputError(
+                f"{loader.display(path)}: gpu.{key}.peaks.{dtype} must be a positive number, dtype in {DTYPES}"
+            )
         peaks[dtype] = float(value)
     measured_raw = dict(e.get("measured") or {})
     measured_source = str(measured_raw.pop("source", ""))
     if measured_raw and not measured_source:
-        raise InputError(f"{path}: gpu.{key}.measured needs a source")
+        raise InputError(f"{loader.display(path)}: gpu.{key}.measured needs a source")
     for k, v in measured_raw.items():
         if k not in (*DTYPES, "hbm_tbps") or not isinstance(v, int | float) or v <= 0:
-            raise InputError(f"{path}: gpu.{key}.measured.{k} must be a dtype or hbm_tbps, > 0")
+            raise InputError(
+                f"{loader.display(path)}: gpu.{key}.measured.{k} must be a dtype or hbm_tbps, > 0"
+            )
     measured = {k: float(v) for k, v in measured_raw.items()}
     l2_mb, mall_mb = e.get("l2_mb"), e.get("mall_mb")
     return GpuSpec(
@@ -226,7 +231,7 @@ def _compact(text: str) -> str:
 
 def find_gpu(name: str, table: dict[str, GpuSpec] | None = None) -> GpuSpec | None:
     """The entry for ``--gpu NAME``: a key, alias or display name, ignoring case and punctuation."""
-    table = table if table is not None else _default_table()
+    table = table if table is not None else default_table()
     wanted = _compact(name)
     if not wanted:
         return None
@@ -291,7 +296,7 @@ def detect_gpu(
     together identify the device. Among equal candidates the longest name match, then the first
     entry of the table, wins.
     """
-    table = table if table is not None else _default_table()
+    table = table if table is not None else default_table()
     seen = _describe(name, arch, sm_count, total_memory)
     scored = [(s, _name_score(name or "", s)) for s in table.values()]
     named = [(s, score) for s, score in scored if score]

@@ -1,4 +1,4 @@
-"""Load and validate the kernel rule table (rules/kernels.toml) and the closed vocabularies (rules/taxonomy.toml).
+"""Load and validate the kernel rule table (rules/kernels.toml) against the closed vocabularies, and classify names.
 
 Contract (spec: rules/README.md):
 
@@ -8,6 +8,8 @@ Contract (spec: rules/README.md):
   normalized name or in the raw name wins. No rule matching is an explicit result, not an error: stage
   ``other``, provider ``unknown``, rule_id ``UNCLASSIFIED``.
 * User rule files (``--rules extra.toml``) are loaded in the order given and go before the built-in table.
+* The taxonomy (:mod:`analyzer.knowledge.taxonomy`) is re-exported here (``Taxonomy``, ``load_taxonomy``);
+  files are read and memoised by their bytes in :mod:`analyzer.knowledge.loader`.
 * Loading validates everything and raises :class:`analyzer.errors.InputError` with one line naming the file
   and the rule id: unknown keys, bad ids, duplicate ids, unknown stage/provider, patterns that do not
   compile, are too long or may backtrack catastrophically (nested quantifiers, ambiguous alternation under
@@ -23,13 +25,14 @@ import dataclasses
 import functools
 import hashlib
 import re
-import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from analyzer.errors import InputError
+from analyzer.knowledge import loader
 from analyzer.knowledge.names import decode_name, group_key, normalize_name
+from analyzer.knowledge.taxonomy import TAXONOMY, TAXONOMY_TOML, Taxonomy, load_taxonomy, parse_taxonomy
 
 try:  # Python >= 3.11 moved the regex parser to re._parser
     import re._constants as _sre_c
@@ -55,7 +58,6 @@ __all__ = [
 from analyzer.paths import RULES_DIR  # noqa: E402
 
 KERNELS_TOML = RULES_DIR / "kernels.toml"
-TAXONOMY_TOML = RULES_DIR / "taxonomy.toml"
 
 MAX_PATTERN_LENGTH = 600
 _ID_RE = re.compile(r"^[A-Z]{3}\d{3}$")
@@ -65,26 +67,6 @@ _FLAG_LETTERS = {"i": re.IGNORECASE}
 
 
 # --- data types -----------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Taxonomy:
-    """The closed vocabularies: stage -> category, category -> label, providers, the unclassified result."""
-
-    stage_category: dict[str, str]
-    category_labels: dict[str, str]
-    providers: tuple[str, ...]
-    unclassified_stage: str
-    unclassified_provider: str
-    unclassified_rule_id: str
-
-    @property
-    def stages(self) -> tuple[str, ...]:
-        return tuple(self.stage_category)
-
-    @property
-    def categories(self) -> tuple[str, ...]:
-        return tuple(self.category_labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,60 +369,6 @@ def required_literals(pattern: str, flags: int = 0) -> tuple[str, ...] | None:
 # --- loading --------------------------------------------------------------------------------------------
 
 
-def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: invalid TOML: {' '.join(str(e).split())}") from None
-
-
-def _parse_taxonomy(doc: dict[str, Any], path: Path) -> Taxonomy:
-    def fail(msg: str) -> InputError:
-        return InputError(f"{path}: taxonomy: {msg}")
-
-    cats = doc.get("category")
-    if not isinstance(cats, list) or not cats:
-        raise fail("needs a non-empty [[category]] list")
-    stage_category: dict[str, str] = {}
-    labels: dict[str, str] = {}
-    for c in cats:
-        if not isinstance(c, dict) or not {"id", "label", "stages"} <= c.keys():
-            raise fail("every [[category]] needs id, label and stages")
-        cid, label, stages = c["id"], c["label"], c["stages"]
-        if (
-            not isinstance(cid, str)
-            or not isinstance(label, str)
-            or not isinstance(stages, list)
-            or not stages
-        ):
-            raise fail(f"category {cid!r}: id and label must be strings, stages a non-empty list")
-        if cid in labels:
-            raise fail(f"category {cid!r} defined twice")
-        labels[cid] = label
-        for s in stages:
-            if not isinstance(s, str) or s in stage_category:
-                raise fail(f"stage {s!r} is not a string or belongs to two categories")
-            stage_category[s] = cid
-    providers = doc.get("providers")
-    if not isinstance(providers, list) or not all(isinstance(p, str) for p in providers) or not providers:
-        raise fail("providers must be a non-empty list of strings")
-    if len(set(providers)) != len(providers):
-        raise fail("providers lists a name twice")
-    unc = doc.get("unclassified")
-    if not isinstance(unc, dict) or not {"stage", "provider", "rule_id"} <= unc.keys():
-        raise fail("needs [unclassified] with stage, provider and rule_id")
-    if unc["stage"] not in stage_category or unc["provider"] not in providers:
-        raise fail("[unclassified] stage / provider must be in the vocabularies")
-    return Taxonomy(
-        stage_category=stage_category,
-        category_labels=labels,
-        providers=tuple(providers),
-        unclassified_stage=unc["stage"],
-        unclassified_provider=unc["provider"],
-        unclassified_rule_id=str(unc["rule_id"]),
-    )
-
-
 def _str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
@@ -450,7 +378,7 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> Rule:
     label = f"rule {rid}" if isinstance(rid, str) else f"rule #{index + 1}"
 
     def fail(msg: str) -> InputError:
-        return InputError(f"{path}: {label}: {msg}")
+        return loader.fail(path, label, msg)
 
     if not isinstance(entry, dict):
         raise fail("must be a table")
@@ -515,30 +443,23 @@ def _parse_rule_file(
     allowed = {"format_version", "rule", "aliases"}
     unknown = sorted(set(doc) - allowed)
     if unknown:
-        raise InputError(f"{path}: unknown top-level key(s) {', '.join(unknown)}")
+        raise loader.fail(path, "", f"unknown top-level key(s) {', '.join(unknown)}")
     version = doc.get("format_version", 1)
     if version != 1:
-        raise InputError(f"{path}: unsupported format_version {version!r} (this analyzer reads 1)")
+        raise loader.fail(
+            path, "format_version", f"unsupported format_version {version!r} (this analyzer reads 1)"
+        )
     entries = doc.get("rule", [])
     if not isinstance(entries, list):
-        raise InputError(f"{path}: rules must be an array of tables ([[rule]])")
+        raise loader.fail(path, "rule", "rules must be an array of tables ([[rule]])")
     rules = [_parse_rule(e, i, path, taxonomy) for i, e in enumerate(entries)]
     aliases = doc.get("aliases", {})
     if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
-        raise InputError(f"{path}: [aliases] maps retired ids to current ids (strings)")
+        raise loader.fail(path, "aliases", "[aliases] maps retired ids to current ids (strings)")
     for old in aliases:
         if not _ID_RE.match(old):
-            raise InputError(f"{path}: alias {old}: retired id must look like ATT001")
+            raise loader.fail(path, f"aliases.{old}", "retired id must look like ATT001")
     return rules, dict(aliases)
-
-
-def load_taxonomy(path: str | Path = TAXONOMY_TOML) -> Taxonomy:
-    """Read and validate rules/taxonomy.toml."""
-    p = Path(path)
-    doc = _parse_toml(p, _read_bytes(p))
-    if doc.get("format_version", 1) != 1:
-        raise InputError(f"{p}: unsupported format_version {doc.get('format_version')!r}")
-    return _parse_taxonomy(doc, p)
 
 
 def load_rules(
@@ -550,26 +471,10 @@ def load_rules(
     """Load the built-in rule table, with ``extra_files`` (user rules) first, in the order given.
 
     Files already loaded with the same bytes give the same RuleSet without parsing again (checking
-    every pattern costs ~0.2 s; a run loads the rules once here and once per worker process)."""
+    every pattern is the slow part; a run loads the rules once here and once per worker process):
+    :func:`analyzer.knowledge.loader.load_files` keys the memo by every file's bytes."""
     files = [Path(taxonomy_file), *(Path(p) for p in extra_files), Path(kernels_file)]
-    contents = [(p, _read_bytes(p)) for p in files]
-    key = tuple((str(p), raw) for p, raw in contents)
-    hit = _LOADED.get(key)
-    if hit is None:
-        hit = _LOADED[key] = _load_rules(contents)
-        while len(_LOADED) > 8:
-            del _LOADED[next(iter(_LOADED))]
-    return hit
-
-
-_LOADED: dict[tuple[tuple[str, bytes], ...], RuleSet] = {}
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read rule file: {e.strerror or e}") from None
+    return loader.load_files(files, _load_rules)
 
 
 def _load_rules(contents: list[tuple[Path, bytes]]) -> RuleSet:
@@ -577,30 +482,27 @@ def _load_rules(contents: list[tuple[Path, bytes]]) -> RuleSet:
     memo is keyed by, so a file changed since cannot slip in under the old key."""
     (tax_path, tax_bytes), *rule_files = contents
     paths = [p for p, _ in rule_files]
-    tax_doc = _parse_toml(tax_path, tax_bytes)
-    if tax_doc.get("format_version", 1) != 1:
-        raise InputError(f"{tax_path}: unsupported format_version {tax_doc.get('format_version')!r}")
-    taxonomy = _parse_taxonomy(tax_doc, tax_path)
+    taxonomy = parse_taxonomy(loader.parse_toml(tax_path, tax_bytes), tax_path)
     digest = hashlib.sha256()
     digest.update(tax_bytes)
     rules: list[Rule] = []
     aliases: dict[str, str] = {}
     seen: dict[str, str] = {}
     for path, raw in rule_files:
-        doc = _parse_toml(path, raw)
+        doc = loader.parse_toml(path, raw)
         digest.update(b"\0" + raw)
         file_rules, file_aliases = _parse_rule_file(path, doc, taxonomy)
         for r in file_rules:
             if r.id in seen:
-                raise InputError(f"{path}: rule {r.id}: id already used in {seen[r.id]}")
+                raise loader.fail(path, f"rule {r.id}", f"id already used in {seen[r.id]}")
             seen[r.id] = str(path)
         rules.extend(file_rules)
         aliases.update(file_aliases)
     for old, new in aliases.items():
         if old in seen:
-            raise InputError(f"{seen[old]}: rule {old}: id is retired (listed in [aliases]); use a new id")
+            raise loader.fail(seen[old], f"rule {old}", "id is retired (listed in [aliases]); use a new id")
         if new not in seen and new not in aliases:
-            raise InputError(f"{paths[-1]}: alias {old}: points to unknown rule {new}")
+            raise loader.fail(paths[-1], f"aliases.{old}", f"points to unknown rule {new}")
     return RuleSet(
         rules=tuple(rules),
         taxonomy=taxonomy,
@@ -616,14 +518,9 @@ def default_rules() -> RuleSet:
     return load_rules()
 
 
-@functools.lru_cache(maxsize=1)
-def _default_taxonomy() -> Taxonomy:
-    return load_taxonomy()
-
-
 def category_labels() -> dict[str, str]:
     """Category id -> display label, in display order."""
-    return dict(_default_taxonomy().category_labels)
+    return dict(TAXONOMY.category_labels)
 
 
 # --- classification -------------------------------------------------------------------------------------

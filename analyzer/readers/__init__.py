@@ -5,7 +5,12 @@ Every reader module exposes the same tiny protocol:
 * ``FORMAT``: the format's name (``kineto``, ``rocprof``, ``rocpd``, ``nsys``, ...);
 * ``READER_VERSION``: bumped whenever the reader's output changes (cache keys use it);
 * ``sniff(path, head) -> bool``: ``head`` is the first bytes of the file, gzip already undone;
-* ``read(path) -> Trace``: the canonical tables (DESIGN §2), already validated.
+* ``read(path) -> Trace``: the canonical tables (DESIGN §2), already validated. A reader with
+  ``STREAMS = True`` also takes ``progress``; one with ``TAKES_POLICY = True`` takes the runtime's
+  ``policy`` (:class:`analyzer.readers.policy.ReadPolicy`), and without it reads plainly.
+
+Readers import nothing of :mod:`analyzer.runtime` (or the analyses, the knowledge, the reports, the
+CLI): how fast or where a file is parsed reaches them as that policy.
 
 Readers raise :class:`analyzer.errors.InputError` with one clear sentence for bad input.
 """
@@ -19,10 +24,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from analyzer.errors import InputError
 from analyzer.model import Trace
 from analyzer.readers import gz
+from analyzer.readers.policy import ReadPolicy
 
 # Order matters only when two readers would accept the same bytes; the most specific goes first.
 _READER_MODULES = (
@@ -82,18 +89,26 @@ def sniff(path: str | os.PathLike[str]) -> ModuleType:
     raise InputError(f"{p}: not a recognised trace format (supported: {', '.join(supported_formats())})")
 
 
-def read_trace(path: str | os.PathLike[str], progress: Callable[[int, int], None] | None = None) -> Trace:
+def read_trace(
+    path: str | os.PathLike[str],
+    progress: Callable[[int, int], None] | None = None,
+    policy: ReadPolicy | None = None,
+) -> Trace:
     """Read one trace file of any supported format into a validated :class:`Trace`.
 
     ``progress(done_bytes, total_bytes)`` is called while large files are read (readers that
-    stream; others call it never).
+    stream; others call it never). ``policy`` is the runtime's (:class:`ReadPolicy`): without it
+    every reader takes its plain sequential path.
     """
     mod = sniff(path)
+    kwargs: dict[str, Any] = (
+        {"policy": policy} if policy is not None and getattr(mod, "TAKES_POLICY", False) else {}
+    )
     if progress is not None and getattr(mod, "STREAMS", False):
         size = Path(path).stat().st_size
-        trace: Trace = mod.read(Path(path), progress=lambda done: progress(done, size))
+        trace: Trace = mod.read(Path(path), progress=lambda done: progress(done, size), **kwargs)
     else:
-        trace = mod.read(Path(path))
+        trace = mod.read(Path(path), **kwargs)
     trace.validate()
     return trace
 

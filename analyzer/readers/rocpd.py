@@ -29,7 +29,7 @@ from typing import Any
 
 from analyzer.errors import InputError
 from analyzer.model import Trace
-from analyzer.readers.rocprof import (
+from analyzer.readers.common import (
     SQLITE_MAGIC,
     KernelRows,
     blocks,

@@ -20,17 +20,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from plotly.subplots import make_subplots
 
-from analyzer.report.text import fmt_ns, fmt_pct
+from analyzer.knowledge.kernel_rules import load_taxonomy
+from analyzer.report.formatting import fmt_ns, fmt_pct, shorten
 
 TIMELINE_MAX_BARS = 5000
 TIMELINE_FALLBACK_KERNELS = 2000
 NAME_WIDTH = 110
+# one colour per taxonomy stage, each clearly apart from every other (greedy max-min RGB distance
+# over plotly's qualitative palettes, too-light colours left out: they vanish on white)
 PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf", "#393b79", "#e7969c", "#637939", "#8c6d31", "#843c39", "#7b4173",
-    "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363", "#9ecae1", "#fdae6b", "#a1d99b",
-    "#bcbddc", "#c49c94", "#f7b6d2", "#dbdb8d",
+    "#bcbd22", "#17becf", "#fe00fa", "#222a2a", "#511cfb", "#990099", "#00fe35", "#ff0092",
+    "#1616a7", "#aa0dfe", "#e48f72", "#620042", "#3283fe", "#72b7b2", "#dd4477", "#eea6fb",
+    "#66aa00", "#bab0ac", "#b68100", "#862a16", "#b3de69", "#22ffa7", "#9eb9f3",
 )  # fmt: skip
+LEGEND_ROW_PX = 22  # a vertical legend entry: figures grow so that none scrolls out of view
 TIMELINE_COLUMNS = ["trace_id", "rank", "device", "stream", "step", "start_ns", "dur_ns", "stage", "provider",
                     "norm_name"]  # fmt: skip
 
@@ -42,14 +46,11 @@ def ftext(value: Any) -> str:
 
 def short(name: Any, width: int = NAME_WIDTH) -> str:
     """One-line name cut to ``width`` characters (cut before escaping, so no entity is split)."""
-    s = " ".join(str(name).split())
-    return s if len(s) <= width else s[: width - 3] + "..."
+    return shorten(name, width)
 
 
 @functools.lru_cache(maxsize=1)
 def _vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    from analyzer.knowledge.kernel_rules import load_taxonomy
-
     t = load_taxonomy()
     return t.stages, t.providers
 
@@ -269,7 +270,9 @@ def timeline(
     fig.update_layout(
         base_layout(
             ftext("timeline: a few steps per stream, coloured by stage"),
-            height=min(1600, 160 + 90 * len(frames) + 26 * sum(heights)),
+            height=max(
+                min(1600, 160 + 90 * len(frames) + 26 * sum(heights)), 120 + LEGEND_ROW_PX * len(seen)
+            ),
             barmode="overlay",
             bargap=0.25,
             margin={"l": 150, "r": 20, "t": 70, "b": 45},
@@ -316,7 +319,10 @@ def roofline(summary: dict[str, Any], phase: str) -> go.Figure | None:
             )
         )
     xs = [g["flops"] / g["bytes"] for g in pts]
-    ys = [g["achieved_tflops"] for g in pts]
+    # the y range follows the memory- and compute-bound groups: latency-bound ones (launch overhead,
+    # ~1e-6 TFLOP/s) would squash them into the top of the plot; those below are drawn at the floor
+    matters = [g for g in pts if g.get("bound") in ("memory", "compute")] or pts
+    ys = [g["achieved_tflops"] for g in matters]
     hbm, bf16, fp8 = peaks.get("hbm_tbps"), peaks.get("bf16_tflops"), peaks.get("fp8_tflops")
     lo, hi = min(xs) / 3, max(xs) * 3
     note = ""
@@ -338,8 +344,16 @@ def roofline(summary: dict[str, Any], phase: str) -> go.Figure | None:
             )
     else:
         note = " (unknown GPU: no roof)"
-    ymin = min(min(ys), hbm * lo if hbm else min(ys)) / 2
+    ymin = min(min(ys), hbm * min(xs) if hbm else min(ys)) / 3
     ymax = max(max(ys), bf16 or 0, fp8 or 0) * 2
+    below = 0
+    for trace in fig.data:
+        if trace.mode == "markers" and any(y < ymin for y in trace.y):
+            below += sum(y < ymin for y in trace.y)
+            trace.y = [max(y, ymin * 1.15) for y in trace.y]
+            trace.marker.symbol = ["triangle-down" if y <= ymin * 1.15 else "circle" for y in trace.y]
+    if below:
+        note += f" ({below} latency-bound groups below the axis drawn at its floor)"
     fig.update_layout(
         base_layout(ftext(f"{phase}: roofline of kernel groups{note}"), height=460),
         xaxis={"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}, "gridcolor": "#e5e5e5",

@@ -1,4 +1,4 @@
-"""Renderers of a gate result (:func:`analyzer.gate.compare`): text, Markdown, JUnit XML and JSON.
+"""Renderers of a gate result (:func:`analyzer.regressions.compare`): text, Markdown, JUnit XML and JSON.
 
 Each renderer takes the result dict and a text stream and writes one document; none reads a trace
 or opens a file. Text is the CI log, Markdown the job summary / PR comment (a table of what got
@@ -10,97 +10,125 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
-from typing import Any, TextIO
+from pathlib import PurePath
+from typing import Any, ClassVar, TextIO
 
 import orjson
 
-FORMATS = ("text", "markdown", "junit", "json")
-_EXTENSIONS = {".md": "markdown", ".markdown": "markdown", ".xml": "junit", ".json": "json", ".txt": "text"}
-NAME_WIDTH = 90
+from analyzer.errors import UsageError
+from analyzer.report import GATE
+from analyzer.report.formatting import fmt_signed_ns, shorten_middle
+
+FORMATS = GATE.names  # ("text", "markdown", "junit", "json")
 _SHOWN = ("regression", "new", "improvement", "vanished")
 _TITLES = {"regression": "Slower", "new": "New", "improvement": "Faster", "vanished": "Vanished"}
 
 
 def format_for_path(path: str, default: str = "text") -> str:
-    """The renderer an output file's extension asks for (``default`` when it names none)."""
-    for ext, fmt in _EXTENSIONS.items():
-        if path.lower().endswith(ext):
-            return fmt
+    """The renderer an output file's extension asks for: ``default`` when the name has no
+    extension, a :class:`UsageError` when its extension names no gate report format."""
+    spec = GATE.for_path(path)
+    if spec is not None:
+        return spec.name
+    suffix = PurePath(str(path)).suffix
+    if suffix:
+        raise UsageError(
+            f"-o {path}: {suffix} names no gate report format "
+            f"(one of {', '.join(GATE.extensions)}; a name without extension gets --format)"
+        )
     return default
 
 
 def render(result: dict[str, Any], out: TextIO, fmt: str = "text") -> None:
     """Write ``result`` to ``out`` in ``fmt`` (one of :data:`FORMATS`)."""
-    renderers: dict[str, Callable[[dict[str, Any], TextIO], None]] = {
-        "text": render_text,
-        "markdown": render_markdown,
-        "junit": render_junit,
-        "json": render_json,
-    }
-    renderers[fmt](result, out)
+    GATE.create(fmt).render(result, out)
+
+
+# ------------------------------------------------------------------------------------ reporters
+
+
+class GateTextReporter:
+    """The CI log."""
+
+    name: ClassVar[str] = "text"
+    extensions: ClassVar[tuple[str, ...]] = (".txt",)
+    binary: ClassVar[bool] = False
+
+    def render(self, data: dict[str, Any], stream: TextIO) -> None:
+        render_text(data, stream)
+
+
+class GateMarkdownReporter:
+    """The job summary / PR comment."""
+
+    name: ClassVar[str] = "markdown"
+    extensions: ClassVar[tuple[str, ...]] = (".md", ".markdown")
+    binary: ClassVar[bool] = False
+
+    def render(self, data: dict[str, Any], stream: TextIO) -> None:
+        render_markdown(data, stream)
+
+
+class GateJunitReporter:
+    """JUnit XML: one test case per gated phase and stage, plus failing kernel groups."""
+
+    name: ClassVar[str] = "junit"
+    extensions: ClassVar[tuple[str, ...]] = (".xml",)
+    binary: ClassVar[bool] = False
+
+    def render(self, data: dict[str, Any], stream: TextIO) -> None:
+        render_junit(data, stream)
+
+
+class GateJsonReporter:
+    """The gate result itself, as indented JSON."""
+
+    name: ClassVar[str] = "json"
+    extensions: ClassVar[tuple[str, ...]] = (".json",)
+    binary: ClassVar[bool] = False
+
+    def render(self, data: dict[str, Any], stream: TextIO) -> None:
+        render_json(data, stream)
 
 
 # ------------------------------------------------------------------------------------- helpers
 
 
-def fmt_ns(ns: float | int | None) -> str:
-    """Human duration: 812 ns, 12.3 us, 4.56 ms, 1.23 s."""
-    if ns is None:
-        return "-"
-    ns = float(ns)
-    sign = "-" if ns < 0 else ""
-    ns = abs(ns)
-    if ns < 1e3:
-        return f"{sign}{ns:.0f} ns"
-    if ns < 1e6:
-        return f"{sign}{ns / 1e3:.1f} us"
-    if ns < 1e9:
-        return f"{sign}{ns / 1e6:.2f} ms"
-    return f"{sign}{ns / 1e9:.2f} s"
-
-
 def fmt_change(row: dict[str, Any]) -> str:
     d = row["delta_ns"]
     if row["status"] in ("new", "vanished") or row.get("change") is None:
-        return ("+" if (d or 0) >= 0 else "") + fmt_ns(d)
-    return f"{'+' if d >= 0 else ''}{fmt_ns(d)} ({row['change']:+.1%})"
-
-
-def short(name: str | None, width: int = NAME_WIDTH) -> str:
-    """One line, at most ``width`` characters; the middle goes (tile and split-K sit at the end)."""
-    name = " ".join(str(name or "").split())
-    if len(name) <= width:
-        return name
-    tail = min(30, width // 3)
-    return name[: width - tail - 3] + "..." + name[-tail:]
+        return ("+" if (d or 0) >= 0 else "") + fmt_signed_ns(d)
+    return f"{'+' if d >= 0 else ''}{fmt_signed_ns(d)} ({row['change']:+.1%})"
 
 
 def _subject(row: dict[str, Any], width: int = 70) -> str:
     if row["level"] == "phase":
         return f"{row['phase']} (all kernels)"
+    if row["level"] == "step":
+        return f"{row['phase']} step time {row['statistic']}"
     if row["level"] == "stage":
         return f"{row['phase']}.{row['stage']}"
-    return f"{row['phase']}.{row['stage']}: {short(row['group_key'], width)}"
+    return f"{row['phase']}.{row['stage']}: {shorten_middle(row['group_key'], width)}"
 
 
 def headline(result: dict[str, Any]) -> str:
     t = result["thresholds"]
     c = result["counts"]
-    rule = f"threshold {t['threshold']:.0%}, floor {fmt_ns(t['min_delta_ns'])}/step"
+    step = f", step time {t['step_threshold']:.0%}" if t.get("step_threshold") is not None else ""
+    rule = f"threshold {t['threshold']:.0%}{step}, floor {fmt_signed_ns(t['min_delta_ns'])}/step"
     if result["status"] == "pass":
         extra = f"; {c['improvement']} faster" if c["improvement"] else ""
         return f"PASS: nothing slower ({rule}{extra})"
     failed = result["failed"]
     named = [f for f in failed if f["level"] != "kernel"] or failed
-    parts = [f"{short(f['id'], 60)} {_change_of(f)}" for f in named[:3]]
+    parts = [f"{shorten_middle(f['id'], 60)} {_change_of(f)}" for f in named[:3]]
     more = f" and {len(named) - 3} more" if len(named) > 3 else ""
     return f"FAIL: slower: {', '.join(parts)}{more} ({rule})"
 
 
 def _change_of(f: dict[str, Any]) -> str:
     if f.get("change") is None:
-        return f"({f['status']}, +{fmt_ns(f['delta_ns'])})"
+        return f"({f['status']}, +{fmt_signed_ns(f['delta_ns'])})"
     return f"({f['change']:+.1%})"
 
 
@@ -116,6 +144,11 @@ def _shown(result: dict[str, Any], status: str) -> list[dict[str, Any]]:
         rows = [r for r in rows if abs(r["delta_ns"] or 0) > floor]
     stages = {(r["phase"], r["stage"]) for r in rows if r["level"] == "stage"}
     return [r for r in rows if r["level"] != "kernel" or (r["phase"], r["stage"]) not in stages]
+
+
+def _pair_text(pair: dict[str, Any] | None) -> str:
+    pair = pair or {}
+    return f"{fmt_signed_ns(pair.get('baseline'))} -> {fmt_signed_ns(pair.get('candidate'))}"
 
 
 def _inputs(side: dict[str, Any]) -> str:
@@ -135,8 +168,9 @@ def render_text(result: dict[str, Any], out: TextIO) -> None:
         state = "gated" if p["gated"] else "not gated"
         out.write(
             f"  {p['phase']}: {s['baseline']} vs {s['candidate']} steps ({state}); kernel time/step "
-            f"{fmt_ns(k['baseline'])} -> {fmt_ns(k['candidate'])}; step time p50 "
-            f"{fmt_ns(p['step_ns_p50']['baseline'])} -> {fmt_ns(p['step_ns_p50']['candidate'])}\n"
+            f"{fmt_signed_ns(k['baseline'])} -> {fmt_signed_ns(k['candidate'])}; step time p50 "
+            f"{fmt_signed_ns(p['step_ns_p50']['baseline'])} -> {fmt_signed_ns(p['step_ns_p50']['candidate'])}"
+            f", p90 {_pair_text(p.get('step_ns_p90'))}\n"
         )
     for status in _SHOWN:
         rows = _shown(result, status)
@@ -146,12 +180,12 @@ def render_text(result: dict[str, Any], out: TextIO) -> None:
         for r in rows:
             mark = "FAIL " if r["fails"] else "     "
             out.write(
-                f"  {mark}{_subject(r)}: {fmt_ns(r['baseline_ns'])} -> {fmt_ns(r['candidate_ns'])}  "
+                f"  {mark}{_subject(r)}: {fmt_signed_ns(r['baseline_ns'])} -> {fmt_signed_ns(r['candidate_ns'])}  "
                 f"{fmt_change(r)}  [threshold {r['threshold']:.0%}"
                 f"{' from ' + r['threshold_from'] if r['threshold_from'] else ''}]\n"
             )
             for k in r.get("kernels") or []:
-                out.write(f"         {fmt_change(k):>22}  {short(k['group_key'], 110)}\n")
+                out.write(f"         {fmt_change(k):>22}  {shorten_middle(k['group_key'], 110)}\n")
     if result["notes"]:
         out.write("\nNotes\n")
         for n in result["notes"]:
@@ -187,8 +221,8 @@ def render_markdown(result: dict[str, Any], out: TextIO) -> None:
     for p in result["phases"]:
         s, k, w = p["steps"], p["kernel_ns_p50"], p["step_ns_p50"]
         out.write(
-            f"| {p['phase']} | {s['baseline']} / {s['candidate']} | {fmt_ns(k['baseline'])} → "
-            f"{fmt_ns(k['candidate'])} | {fmt_ns(w['baseline'])} → {fmt_ns(w['candidate'])} | "
+            f"| {p['phase']} | {s['baseline']} / {s['candidate']} | {fmt_signed_ns(k['baseline'])} → "
+            f"{fmt_signed_ns(k['candidate'])} | {fmt_signed_ns(w['baseline'])} → {fmt_signed_ns(w['candidate'])} | "
             f"{'yes' if p['gated'] else 'no'} |\n"
         )
     for status in _SHOWN:
@@ -202,14 +236,15 @@ def render_markdown(result: dict[str, Any], out: TextIO) -> None:
         out.write("|---|---|---:|---:|---:|---:|---|\n")
         for r in rows:
             mark = "❌" if r["fails"] else ""
-            what = _md_code(f"{r['phase']}.{r['stage']}") if r["stage"] else f"{r['phase']} (all kernels)"
+            what = _md_code(f"{r['phase']}.{r['stage']}") if r["stage"] else _md(_subject(r))
             if r["level"] == "kernel":
-                what = f"{what} kernel {_md_code(short(r['group_key'], 110))}"
+                what = f"{what} kernel {_md_code(shorten_middle(r['group_key'], 110))}"
             kernels = "<br>".join(
-                f"{_md_code(short(k['group_key'], 110))} {_md(fmt_change(k))}" for k in r.get("kernels") or []
+                f"{_md_code(shorten_middle(k['group_key'], 110))} {_md(fmt_change(k))}"
+                for k in r.get("kernels") or []
             )
             out.write(
-                f"| {mark} | {what} | {fmt_ns(r['baseline_ns'])} | {fmt_ns(r['candidate_ns'])} | "
+                f"| {mark} | {what} | {fmt_signed_ns(r['baseline_ns'])} | {fmt_signed_ns(r['candidate_ns'])} | "
                 f"{_md(fmt_change(r))} | {r['threshold']:.0%} | {kernels} |\n"
             )
     if result["notes"]:
@@ -229,7 +264,7 @@ def _x(text: Any) -> str:
 
 def _detail(r: dict[str, Any]) -> str:
     lines = [
-        f"{_subject(r)}: {fmt_ns(r['baseline_ns'])} -> {fmt_ns(r['candidate_ns'])} per step ({r['statistic']}), "
+        f"{_subject(r)}: {fmt_signed_ns(r['baseline_ns'])} -> {fmt_signed_ns(r['candidate_ns'])} per step ({r['statistic']}), "
         f"{fmt_change(r)}; threshold {r['threshold']:.0%}"
     ]
     lines += [f"  {fmt_change(k)}  {k['group_key']}" for k in r.get("kernels") or []]

@@ -1,5 +1,6 @@
-"""HTML report: one self-contained page per analysis (or per ``--compare``), assembled from the
-summary's tables and the figures of :mod:`analyzer.report.figures`.
+"""HTML reporters: one self-contained page per analysis (:class:`HtmlReporter`) or per ``--compare``
+(:class:`CompareHtmlReporter`), assembled from the summary's tables and the figures of
+:mod:`analyzer.report.figures` and written to the text stream the caller opened.
 
 Contract: the page works offline (plotly.js embedded once unless ``cdn``), needs no eval, and treats
 every trace-derived string as untrusted: table cells go through ``html.escape``, figure text through
@@ -10,19 +11,20 @@ every trace-derived string as untrusted: table cells go through ``html.escape``,
 from __future__ import annotations
 
 import html
+import math
 import os
 import string
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol, TextIO
 
+import numpy as np
 import plotly.graph_objects as go
+import pyarrow as pa
 
-from analyzer import __version__
 from analyzer.report import figures
-from analyzer.report.text import PHASE_ORDER, fmt_ns, fmt_pct
-
-if TYPE_CHECKING:
-    from analyzer.pipeline import Analysis
+from analyzer.report.formatting import PHASE_ORDER, fmt_ns, fmt_pct, fmt_ratio, one_line
+from analyzer.results.compare import compare_summaries
+from analyzer.version import __version__
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
 NAME_CELL = 140
@@ -110,7 +112,7 @@ def table(
 
 def name_cell(name: Any, width: int = NAME_CELL) -> Markup:
     """A long kernel name: the first ``width`` characters, the whole name folded out below."""
-    s = " ".join(str(name).split())
+    s = one_line(name)
     if len(s) <= width:
         return Markup(esc(s))
     return Markup(f"<details><summary>{esc(s[: width - 3])}...</summary>{esc(s)}</details>")
@@ -169,20 +171,65 @@ def _ordered(phases: dict[str, Any]) -> list[str]:
     return [p for p in PHASE_ORDER if p in phases] + sorted(p for p in phases if p not in PHASE_ORDER)
 
 
+# --------------------------------------------------------------------------- reporters
+
+
+class HtmlReporter:
+    """The report page of one run: ``render(summary, stream)``; ``kernels`` (the analysed kernels
+    table) feeds only the timeline; ``cdn`` links plotly.js instead of embedding it."""
+
+    name: ClassVar[str] = "html"
+    extensions: ClassVar[tuple[str, ...]] = (".html", ".htm")
+    binary: ClassVar[bool] = False
+
+    def __init__(self, kernels: pa.Table, cdn: bool = False) -> None:
+        self.kernels = kernels
+        self.cdn = cdn
+
+    def render(self, data: dict[str, Any], stream: TextIO) -> None:
+        stream.write(report_page(data, self.kernels, self.cdn))
+
+
+class CompareHtmlReporter:
+    """The side-by-side page of ``--compare``: ``render(compare_result, stream)``; ``summaries`` (the
+    compared inputs' summaries, in order) supply the warnings."""
+
+    name: ClassVar[str] = "html"
+    extensions: ClassVar[tuple[str, ...]] = (".html", ".htm")
+    binary: ClassVar[bool] = False
+
+    def __init__(self, summaries: Sequence[dict[str, Any]], cdn: bool = False) -> None:
+        self.summaries = list(summaries)
+        self.cdn = cdn
+
+    def render(self, data: dict[str, Any], stream: TextIO) -> None:
+        stream.write(compare_page(data, self.summaries, self.cdn))
+
+
 # --------------------------------------------------------------------------- analysis page
 
 
-def render_report(analysis: Analysis, summary: dict[str, Any], cdn: bool = False) -> str:
+class _HasKernels(Protocol):
+    kernels: pa.Table
+
+
+def render_report(analysis: _HasKernels, summary: dict[str, Any], cdn: bool = False) -> str:
     """The whole page for one analysis, as text. ``analysis.kernels`` feeds only the timeline."""
+    return report_page(summary, analysis.kernels, cdn)
+
+
+def report_page(summary: dict[str, Any], kernels: pa.Table, cdn: bool = False) -> str:
+    """The whole page for one run's ``summary``, as text; ``kernels`` feeds only the timeline."""
     page = Page("llm-kernel-map report")
     _header(page, summary)
     _phases(page, summary)
     _stages(page, summary)
+    _ranks(page, summary)
     page.section("timeline", "Timeline")
     page.add('<p class="note">The first prefill step and the first two decode steps, one row per GPU stream; '
              "consecutive kernels of one stage are merged into one bar when a step has too many to draw "
              f"(at most {figures.TIMELINE_MAX_BARS:,} bars).</p>")  # fmt: skip
-    page.figure(figures.timeline(analysis.kernels, summary.get("steps") or []), "No timed kernels to draw.")
+    page.figure(figures.timeline(kernels, summary.get("steps") or []), "No timed kernels to draw.")
     _roofline(page, summary)
     _top(page, summary)
     _findings(page, summary)
@@ -194,17 +241,6 @@ def render_report(analysis: Analysis, summary: dict[str, Any], cdn: bool = False
         subtitle=f"{names} | llm-kernel-map {__version__}, summary format "
         f"{summary.get('format_version')}, rules {str(summary.get('rules_sha256') or '')[:12]}",
     )
-
-
-def write_report(
-    analysis: Analysis, summary: dict[str, Any], path: str | os.PathLike[str], cdn: bool = False
-) -> None:
-    """Write the report page to ``path`` (a half-written file is removed on error)."""
-    from analyzer.cli.output import output_file
-
-    text = render_report(analysis, summary, cdn)
-    with output_file(path, "w") as f:
-        f.write(text)
 
 
 def _gpu_html(gpu: dict[str, Any]) -> str:
@@ -242,8 +278,10 @@ def _header(page: Page, s: dict[str, Any]) -> None:
     if s.get("model"):
         page.add(f"<p><b>Model:</b> {esc(s['model'])}</p>")
     t = s.get("totals") or {}
+    timed = bool(t.get("wall_ns")) or not t.get("aggregate_rows")  # totals-only inputs have no timeline
     page.add(table(["wall", "GPU busy", "GPU idle", "kernel time", "GPU activities"],
-                   [[fmt_ns(t.get("wall_ns")), fmt_ns(t.get("busy_ns")), fmt_pct(t.get("idle_fraction")),
+                   [[*((fmt_ns(t.get("wall_ns")), fmt_ns(t.get("busy_ns")), fmt_pct(t.get("idle_fraction")))
+                       if timed else ("—",) * 3),
                      fmt_ns(t.get("kernel_ns")), f"{t.get('kernels', 0):,}"]], num=range(5)))  # fmt: skip
     if t.get("aggregate_rows"):
         page.add(f'<p class="note">{t["aggregate_rows"]:,} rows are totals only (no timeline): phases, steps and '
@@ -291,6 +329,59 @@ def _stages(page: Page, s: dict[str, Any]) -> None:
     )
 
 
+def _ranks(page: Page, s: dict[str, Any]) -> None:
+    """The text summary's Ranks section: per rank, communication split into transfer and waiting
+    for a slower rank; the longest waits; the slowest rank per step. Nothing for one rank."""
+    r = s.get("ranks")
+    if not r:
+        return
+    per = r.get("per_rank") or []
+    page.section("ranks", f"Ranks ({len(r.get('ranks') or per)})")
+    page.add('<p class="note">Communication = transfer + waiting for a slower rank to arrive at the '
+             "collective.</p>")  # fmt: skip
+    rows = [[p["rank"], fmt_ns(p["kernel_ns"]), fmt_ns(p["comm_ns"]), fmt_ns(p["comm_transfer_ns"]),
+             fmt_ns(p["comm_wait_ns"]), fmt_pct(p["comm_wait_ns"] / p["comm_ns"] if p["comm_ns"] else None),
+             f"{p.get('last_arrivals', 0):,}"] for p in per]  # fmt: skip
+    page.add(table(["rank", "kernel time", "communication", "transfer", "waiting", "wait%", "arrived last"],
+                   rows, num=range(7)))  # fmt: skip
+    method = {"order": "same sequence on every rank: n-th with n-th",
+              "name": "by name and order: the sequences differ",
+              "none": "none could be matched"}.get(str(r.get("matching")), str(r.get("matching")))  # fmt: skip
+    page.add(f"<p>{r.get('matched_collectives', 0):,} collectives matched across ranks ({esc(method)}).</p>")
+    events = r.get("skew_events") or []
+    if events:
+        rows = []
+        for e in events[:10]:
+            waits = ", ".join(
+                f"r{x['rank']} {fmt_ns(x['wait_ns'])}/{fmt_ns(x['dur_ns'])}" for x in e["ranks"]
+            )
+            rows.append([f"#{e['index']}", e["phase"], e["step"], f"rank {e['last_rank']}", fmt_ns(e["skew_ns"]),
+                         waits, name_cell(str(e["name"]).split("(")[0])])  # fmt: skip
+        page.add("<h3>The longest waits for a slower rank (per collective)</h3>",
+                 table(["collective", "phase", "step", "last in", "skew", "waiting/duration per rank", "kernel"],
+                       rows, num=[2, 4], name=[6]))  # fmt: skip
+    steps = r.get("steps") or []
+    if steps:
+        by_phase: dict[str, list[dict[str, Any]]] = {}
+        for st in steps:
+            by_phase.setdefault(st["phase"], []).append(st)
+        rows = []
+        for phase, ss in by_phase.items():
+            counts: dict[Any, int] = {}
+            for st in ss:
+                counts[st["slowest_rank"]] = counts.get(st["slowest_rank"], 0) + 1
+            who = ", ".join(
+                f"rank {k} in {v}/{len(ss)}"
+                for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+            )
+            rows.append([phase, len(ss), who, fmt_ns(sum(st["others_wait_ns"] for st in ss))])  # fmt: skip
+        page.add("<h3>Slowest rank per step (the one the others waited for)</h3>",
+                 table(["phase", "steps", "slowest", "others waited"], rows, num=[1, 3]))  # fmt: skip
+    notes = r.get("notes") or []
+    if notes:
+        page.add('<ul class="warn">' + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
+
+
 def _roofline(page: Page, s: dict[str, Any]) -> None:
     page.section("roofline", "Roofline")
     drawn = 0
@@ -318,19 +409,69 @@ def _roofline(page: Page, s: dict[str, Any]) -> None:
                  "nothing to place on a roofline.</p>")  # fmt: skip
 
 
+def _shares_text(parts: list[dict[str, Any]] | None, key: str, fallback: str) -> str:
+    """``moe_sort`` or ``decode 97.0%, prefill 3.0%``: every value of a kernel with its time share."""
+    if not parts:
+        return fallback
+    if len(parts) == 1:
+        return str(parts[0][key])
+    return ", ".join(f"{p[key]} {fmt_pct(p['share'])}" for p in parts)
+
+
+def _achieved(r: dict[str, Any]) -> Any:
+    """The achieved rate of a top-kernel row; a dash (reason on hover) when it exceeds a peak."""
+    if r.get("bound") == "invalid" and r.get("achieved_tbps") is None and r.get("achieved_tflops") is None:
+        return Markup(f'<span title="{esc(r.get("invalid_reason") or "exceeds a peak")}">—</span>')
+    pct = r.get("pct_of_peak")
+    if r.get("bound") == "compute" and r.get("achieved_tflops") is not None:
+        val = f"{r['achieved_tflops']:.1f} TFLOP/s"
+    elif r.get("achieved_tbps") is not None:
+        val = f"{r['achieved_tbps']:.2f} TB/s"
+    else:
+        return "-"
+    return val + (f" ({fmt_pct(pct)})" if pct is not None else "")
+
+
 def _top(page: Page, s: dict[str, Any]) -> None:
     page.section("top", "Top kernels")
     rows = []
+    notes = []
     for n, r in enumerate(s.get("top_kernels", []), start=1):
         rows.append([n, fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", fmt_ns(r.get("mean_ns")),
-                     r["stage"], r["provider"], "/".join(r.get("phases") or []), r.get("rule_id"), r.get("tile"),
+                     _shares_text(r.get("stages"), "stage", r["stage"]), r["provider"],
+                     _shares_text(r.get("phase_shares"), "phase", "/".join(r.get("phases") or [])),
+                     _achieved(r), r.get("bound") or "-", r.get("rule_id"), r.get("tile"),
                      r.get("split_k"), name_cell(r["norm_name"])])  # fmt: skip
-    page.add(table(["#", "share", "time", "count", "mean", "stage", "provider", "phases", "rule", "tile", "split_k",
-                    "kernel"], rows, num=[0, 1, 2, 3, 4, 10], name=[11]))  # fmt: skip
+        if r.get("invalid_reason"):
+            notes.append(f"<li>#{n}: {esc(r['invalid_reason'])}</li>")
+    page.add(table(["#", "share", "time", "count", "mean", "stage", "provider", "phases", "achieved (of roof)",
+                    "bound", "rule", "tile", "split_k", "kernel"], rows, num=[0, 1, 2, 3, 4, 8, 12],
+                   name=[13]))  # fmt: skip
+    if notes:
+        page.add('<p class="note">— / invalid: the numbers exceed a peak of the GPU, so no rate is shown.</p>',
+                 '<ul class="warn">' + "".join(notes) + "</ul>")  # fmt: skip
+
+
+_SHARE_WORDS = ("share", "fraction", "replayed", "pct")
+
+
+def _number(key: str, v: float) -> str:
+    """A number for a reader: shares as percentages, thousands separated, 4 significant digits,
+    never exponent notation."""
+    if any(w in key for w in _SHARE_WORDS) and -1 <= v <= 1:
+        return fmt_pct(v)
+    if not math.isfinite(v):
+        return str(v)
+    if float(v).is_integer() or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 1:
+        return f"{v:.4g}"
+    return np.format_float_positional(v, precision=4, unique=False, fractional=False, trim="-")
 
 
 def _value(key: str, v: Any) -> Any:
-    """One evidence value for display: durations also in human units, floats to 4 digits."""
+    """One evidence value for display: durations also in human units, numbers without exponents,
+    shares as percentages, a dash for a missing value."""
     if isinstance(v, dict):
         if v and all(isinstance(x, dict) for x in v.values()):
             cols = list(dict.fromkeys(k for x in v.values() for k in x))
@@ -340,12 +481,14 @@ def _value(key: str, v: Any) -> Any:
         return "; ".join(f"{k}: {_value(str(k), x)}" for k, x in v.items())
     if isinstance(v, list | tuple):
         return ", ".join(str(_value(key, x)) for x in v)
-    if isinstance(v, bool) or v is None:
-        return v
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, int | float) and key.endswith("_ns"):
         return f"{fmt_ns(v)} ({v:,.0f} ns)"
-    if isinstance(v, float):
-        return f"{v:.4g}"
+    if isinstance(v, int | float):
+        return _number(key, float(v))
     return v
 
 
@@ -401,11 +544,38 @@ def _warnings(page: Page, warnings: list[str]) -> None:
 # --------------------------------------------------------------------------- compare page
 
 
-def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) -> str:
-    """The side-by-side page of ``--compare`` (ratios over the first input, A)."""
-    from analyzer.results.compare import compare_summaries
+class _InputPage:
+    """A view of a :class:`Page` for one compared input: its sections' anchors and titles carry the
+    input's key, so the single-run sections can be reused on the compare page."""
 
-    r = compare_summaries(summaries)
+    def __init__(self, page: Page, key: str, label: str) -> None:
+        self.page, self.key, self.label = page, key, label
+
+    def add(self, *parts: str) -> None:
+        self.page.add(*parts)
+
+    def figure(self, fig: go.Figure | None, missing: str = "") -> None:
+        self.page.figure(fig, missing)
+
+    def section(self, anchor: str, title: str) -> None:
+        self.page.section(f"{anchor}-{self.key}", f"{self.key}: {title}")
+
+
+def _input_details(page: Page, key: str, label: str, s: dict[str, Any]) -> None:
+    """One compared input's top kernels, rooflines and findings, as its own page shows them."""
+    view: Any = _InputPage(page, key, label)
+    _top(view, s)
+    _roofline(view, s)
+    _findings(view, s)
+
+
+def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) -> str:
+    """The side-by-side page of ``--compare`` of ``summaries`` (ratios over the first input, A)."""
+    return compare_page(compare_summaries(summaries), summaries, cdn)
+
+
+def compare_page(r: dict[str, Any], summaries: Sequence[dict[str, Any]], cdn: bool = False) -> str:
+    """The side-by-side page of the ``compare_summaries`` result ``r`` of ``summaries``."""
     ins = r["inputs"]
     keys = [i["key"] for i in ins]
     page = Page("llm-kernel-map comparison")
@@ -424,7 +594,7 @@ def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) ->
     ratio_heads = [f"{k}/{keys[0]}" for k in keys[1:]]
 
     def ratios(values: list[float | None]) -> list[str]:
-        return ["-" if v is None else f"{v:.2f}x" for v in values[1:]]
+        return [fmt_ratio(v) for v in values[1:]]
 
     page.section("phases", "Phases")
     rows = []
@@ -450,20 +620,11 @@ def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) ->
                        [[c["stage"], *map(fmt_ns, c["time_ns"]), *["+".join(pr) or "-" for pr in c["providers"]],
                          *ratios(c["ratio"])] for c in stages],
                        num=[*range(1, 1 + len(keys)), *range(1 + 2 * len(keys), 1 + 3 * len(keys))]))  # fmt: skip
+    for i, s in zip(ins, summaries, strict=True):
+        _input_details(page, i["key"], i["label"], s)
     warnings = [
         f"{i['key']}: {w}" for i, s in zip(ins, summaries, strict=True) for w in s.get("warnings") or []
     ]
     _warnings(page, warnings)
     return page.html(cdn, subtitle=f"{len(ins)} inputs analysed separately; ratios over input {keys[0]} | "
                               f"llm-kernel-map {__version__}")  # fmt: skip
-
-
-def write_compare_report(
-    summaries: list[dict[str, Any]], path: str | os.PathLike[str], cdn: bool = False
-) -> None:
-    """Write the side-by-side page of ``summaries`` to ``path``."""
-    from analyzer.cli.output import output_file
-
-    text = render_compare_report(summaries, cdn)
-    with output_file(path, "w") as f:
-        f.write(text)

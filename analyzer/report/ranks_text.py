@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, TextIO
 
-from analyzer.report.text import _short, _table, fmt_ns, fmt_pct
+from analyzer.report.formatting import fmt_ns, fmt_pct, shorten, write_table
 
 TOP_STAGES = 8
 TOP_EVENTS = 5
@@ -33,7 +33,7 @@ def render_ranks(summary: dict[str, Any], out: TextIO, top: int = TOP_EVENTS) ->
                 f"{p['last_arrivals']:,}",
             ]
         )
-    _table(out, ["rank", "kernel time", "comm", "transfer", "waiting", "wait%", "arrived last"], rows)
+    write_table(out, ["rank", "kernel time", "comm", "transfer", "waiting", "wait%", "arrived last"], rows)
     out.write(f"  {r['matched_collectives']:,} collectives matched across ranks ({_method(r['matching'])})\n")
     _stage_table(per, out)
     _events(r, out, top)
@@ -61,7 +61,7 @@ def _stage_table(per: list[dict[str, Any]], out: TextIO) -> None:
     out.write("\n  time by stage per rank\n")
     by_rank = [{s["stage"]: s["time_ns"] for s in p["stages"]} for p in per]
     rows = [[s, *[fmt_ns(b.get(s, 0)) for b in by_rank]] for s in stages]
-    _table(out, ["stage", *[f"rank {p['rank']}" for p in per]], rows, indent="    ")
+    write_table(out, ["stage", *[f"rank {p['rank']}" for p in per]], rows, indent="    ")
 
 
 def _events(r: dict[str, Any], out: TextIO, top: int) -> None:
@@ -80,10 +80,10 @@ def _events(r: dict[str, Any], out: TextIO, top: int) -> None:
                 f"rank {e['last_rank']}",
                 fmt_ns(e["skew_ns"]),
                 waits,
-                _short(e["name"].split("(")[0], 50),
+                shorten(e["name"].split("(")[0], 50),
             ]
         )
-    _table(
+    write_table(
         out, ["coll", "phase", "step", "last in", "skew", "wait/dur per rank", "kernel"], rows, indent="    "
     )
 
@@ -104,4 +104,4 @@ def _slowest(r: dict[str, Any], out: TextIO) -> None:
         )
         waited = sum(s["others_wait_ns"] for s in ss)
         rows.append([phase, str(len(ss)), who, fmt_ns(waited)])
-    _table(out, ["phase", "steps", "slowest", "others waited"], rows, indent="    ")
+    write_table(out, ["phase", "steps", "slowest", "others waited"], rows, indent="    ")

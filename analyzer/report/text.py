@@ -1,49 +1,60 @@
-"""Plain-text report: a one-screen summary of a summary dict, written to a stream."""
+"""Plain-text reporters: the one-screen summary of a summary dict, and the side-by-side text of a
+comparison, written to a text stream."""
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
-PHASE_ORDER = ("prefill", "decode", "mixed", "unknown")
+from analyzer.report.formatting import (
+    PHASE_ORDER,
+    fmt_ns,
+    fmt_pct,
+    fmt_ratio,
+    shorten,
+    write_table,
+)
+from analyzer.report.ranks_text import render_ranks
 
-
-def fmt_ns(ns: float | int | None) -> str:
-    """Human duration: 812 ns, 12.3 us, 4.56 ms, 1.23 s."""
-    if ns is None:
-        return "-"
-    ns = float(ns)
-    if ns < 1e3:
-        return f"{ns:.0f} ns"
-    if ns < 1e6:
-        return f"{ns / 1e3:.1f} us"
-    if ns < 1e9:
-        return f"{ns / 1e6:.2f} ms"
-    return f"{ns / 1e9:.2f} s"
+NONE = "—"  # nothing to say: no timeline, a stage an input never ran, a rate that exceeds a peak
 
 
-def fmt_pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+class TextReporter:
+    """The one-screen summary of a summary dict (``top``: kernel groups listed)."""
+
+    name: ClassVar[str] = "text"
+    extensions: ClassVar[tuple[str, ...]] = (".txt",)
+    binary: ClassVar[bool] = False
+
+    def __init__(self, top: int = 10) -> None:
+        self.top = top
+
+    def render(self, data: dict[str, Any], stream: TextIO) -> None:
+        render(data, stream, top=self.top)
 
 
-def _short(name: str, width: int = 80) -> str:
-    name = " ".join(str(name).split())
-    return name if len(name) <= width else name[: width - 3] + "..."
+class CompareTextReporter:
+    """The side-by-side text of a ``compare_summaries`` result."""
+
+    name: ClassVar[str] = "text"
+    extensions: ClassVar[tuple[str, ...]] = (".txt",)
+    binary: ClassVar[bool] = False
+
+    def render(self, data: dict[str, Any], stream: TextIO) -> None:
+        render_compare(data, stream)
 
 
-def _table(out: TextIO, headers: list[str], rows: list[list[str]], indent: str = "  ") -> None:
-    widths = [len(h) for h in headers]
-    for r in rows:
-        for i, c in enumerate(r):
-            widths[i] = max(widths[i], len(c))
-    line = indent + "  ".join(h.ljust(widths[i]) for i, h in enumerate(headers))
-    out.write(line.rstrip() + "\n")
-    for r in rows:
-        cells = [c.rjust(widths[i]) if i and _numeric(c) else c.ljust(widths[i]) for i, c in enumerate(r)]
-        out.write((indent + "  ".join(cells)).rstrip() + "\n")
-
-
-def _numeric(c: str) -> bool:
-    return bool(c) and (c[0].isdigit() or c[0] == "-" and len(c) > 1)
+def _classification(summary: dict[str, Any], out: TextIO) -> None:
+    c = summary.get("classification")
+    if not c:
+        return
+    why = next((w for w in summary.get("warnings", []) if w.startswith("layer structure not found")), None)
+    reason = why.split(" (", 1)[1].split("):", 1)[0] if why else "no rule, host op or position names a role"
+    out.write(
+        f"  stages decided by name rules {fmt_pct(c['by_name_rule'])}, by shapes {fmt_pct(c['by_shapes'])}, "
+        f"by layer structure {fmt_pct(c['by_structure'])}, role-free {fmt_pct(c['role_free'])}"
+        + (f" ({reason})" if c["role_free"] else "")
+        + "\n"
+    )
 
 
 def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
@@ -74,22 +85,25 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
     t = summary["totals"]
     ndev = t.get("devices", 1)
     across = f" (sum over {ndev} GPUs)" if ndev > 1 else ""
+    timed = bool(t.get("wall_ns")) or not t.get("aggregate_rows")  # totals-only inputs have no timeline
+    wall, busy, idle = (
+        (fmt_ns(t["wall_ns"]), fmt_ns(t["busy_ns"]), fmt_pct(t["idle_fraction"])) if timed else (NONE,) * 3
+    )
     out.write(
-        f"  wall {fmt_ns(t['wall_ns'])}, GPU busy {fmt_ns(t['busy_ns'])}{across}, idle {fmt_pct(t['idle_fraction'])}, "
+        f"  wall {wall}, GPU busy {busy}{across if timed else ''}, idle {idle}, "
         f"kernel time {fmt_ns(t['kernel_ns'])} in {t['kernels']:,} GPU activities\n"
     )
     if t.get("aggregate_rows"):
         out.write(
             f"  note: {t['aggregate_rows']} rows are totals only (no timeline): phases and steps skip them\n"
         )
+    _classification(summary, out)
     _phases(summary, out)
     _stages(summary, out)
     _providers(summary, out)
     _top(summary, out, top)
     _unclassified(summary, out)
     if summary.get("ranks"):
-        from analyzer.report.ranks_text import render_ranks
-
         render_ranks(summary, out)
     _findings(summary, out)
     for w in summary.get("warnings", []):
@@ -107,19 +121,18 @@ def _phases(summary: dict[str, Any], out: TextIO) -> None:
         if not ph:
             continue
         s = ph["step_ns"]
+        pct = [fmt_ns(s[q]) if ph["steps"] else NONE for q in ("p50", "p90", "p99")]
         rows.append(
             [
                 p,
                 str(ph["steps"]),
                 fmt_ns(ph["kernel_ns"]),
-                fmt_ns(s["p50"]),
-                fmt_ns(s["p90"]),
-                fmt_ns(s["p99"]),
+                *pct,
                 "-" if ph["tokens"] is None else f"{ph['tokens']:,}",
                 fmt_pct(ph["idle_fraction"]),
             ]
         )
-    _table(out, ["phase", "steps", "kernel time", "step p50", "p90", "p99", "tokens", "GPU idle"], rows)
+    write_table(out, ["phase", "steps", "kernel time", "step p50", "p90", "p99", "tokens", "GPU idle"], rows)
     for p in PHASE_ORDER:
         ph = phases.get(p)
         if not ph or not ph["profile"]:
@@ -129,7 +142,7 @@ def _phases(summary: dict[str, Any], out: TextIO) -> None:
             [r["label"], fmt_pct(r["share"]), fmt_ns(r["time_ns"]), r.get("bound") or "-"]
             for r in ph["profile"]
         ]
-        _table(out, ["Category", "Time%", "time", "Bound-by"], rows, indent="    ")
+        write_table(out, ["Category", "Time%", "time", "Bound-by"], rows, indent="    ")
 
 
 def _stages(summary: dict[str, Any], out: TextIO) -> None:
@@ -138,7 +151,7 @@ def _stages(summary: dict[str, Any], out: TextIO) -> None:
         [r["phase"], r["stage"], r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"]
         for r in summary["stages"][:25]
     ]
-    _table(out, ["phase", "stage", "provider", "time", "share", "count"], rows)
+    write_table(out, ["phase", "stage", "provider", "time", "share", "count"], rows)
     if len(summary["stages"]) > 25:
         out.write(f"  ... {len(summary['stages']) - 25} more (see --json)\n")
 
@@ -149,12 +162,15 @@ def _providers(summary: dict[str, Any], out: TextIO) -> None:
         [r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"]
         for r in summary["providers"]
     ]
-    _table(out, ["provider", "time", "share", "count"], rows)
+    write_table(out, ["provider", "time", "share", "count"], rows)
 
 
 def _rate(r: dict[str, Any]) -> str:
-    """Achieved rate against the roof, as the kernel's bound says: TFLOP/s or TB/s and % of roof."""
+    """Achieved rate against the roof, as the kernel's bound says: TFLOP/s or TB/s and % of roof;
+    a dash for kernels whose numbers exceed a peak (the reason is printed under the table)."""
     pct = r.get("pct_of_peak")
+    if r.get("bound") == "invalid" and r.get("achieved_tbps") is None and r.get("achieved_tflops") is None:
+        return NONE
     if r.get("bound") == "compute" and r.get("achieved_tflops") is not None:
         val = f"{r['achieved_tflops']:.1f} TFLOP/s"
     elif r.get("achieved_tbps") is not None:
@@ -164,28 +180,58 @@ def _rate(r: dict[str, Any]) -> str:
     return val + (f" ({100 * pct:.0f}%)" if pct is not None else "")
 
 
+def _shared(parts: list[dict[str, Any]] | None, key: str, fallback: str, names: bool = True) -> str:
+    """The value holding most of a kernel's time, with its share when others hold some too:
+    ``moe_sort``, ``moe_sort 99.1% (+2)`` or ``decode 97.0% (+prefill)`` (every share is in --json)."""
+    if not parts:
+        return fallback
+    head = parts[0]
+    if len(parts) == 1:
+        return str(head[key])
+    rest = "+".join(str(p[key]) for p in parts[1:]) if names else str(len(parts) - 1)
+    return f"{head[key]} {fmt_pct(head['share'])} (+{rest})"
+
+
 def _top(summary: dict[str, Any], out: TextIO, top: int) -> None:
     out.write("\nTop kernels\n")
     rows = []
-    for r in summary["top_kernels"][:top]:
+    notes = []
+    for n, r in enumerate(summary["top_kernels"][:top], start=1):
         rows.append(
             [
+                str(n),
                 fmt_pct(r["share"]),
                 fmt_ns(r["time_ns"]),
                 f"{r['count']:,}",
-                r["stage"],
+                _shared(r.get("stages"), "stage", r["stage"], names=False),
                 r["provider"],
-                "/".join(r["phases"]),
+                _shared(r.get("phase_shares"), "phase", "/".join(r.get("phases") or [])),
                 _rate(r),
                 r.get("bound") or "-",
-                _short(r["norm_name"], 60),
+                shorten(r["norm_name"], 60),
             ]
         )
-    _table(
+        if r.get("invalid_reason"):
+            notes.append(f"  #{n}: {r['invalid_reason']}\n")
+    write_table(
         out,
-        ["share", "time", "count", "stage", "provider", "phase", "achieved (of roof)", "bound", "kernel"],
+        [
+            "#",
+            "share",
+            "time",
+            "count",
+            "stage",
+            "provider",
+            "phase",
+            "achieved (of roof)",
+            "bound",
+            "kernel",
+        ],
         rows,
     )
+    if notes:
+        out.write(f"  {NONE} / invalid: the numbers exceed a peak of the GPU, so no rate is shown\n")
+        out.writelines(notes)
 
 
 def _unclassified(summary: dict[str, Any], out: TextIO) -> None:
@@ -193,7 +239,7 @@ def _unclassified(summary: dict[str, Any], out: TextIO) -> None:
     share = sum(r["share"] for r in rows)
     out.write(f"\nUnclassified: {fmt_pct(share)} of kernel time in {len(rows)} kernel names\n")
     for r in rows[:5]:
-        out.write(f"  {fmt_pct(r['share']):>6}  {_short(r['norm_name'], 90)}\n")
+        out.write(f"  {fmt_pct(r['share']):>6}  {shorten(r['norm_name'], 90)}\n")
 
 
 def _findings(summary: dict[str, Any], out: TextIO) -> None:
@@ -231,11 +277,11 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
             ]
         )
     out.write("\n")
-    _table(out, ["input", "wall", "GPU busy", "idle", "kernel time", "kernels"], rows)
+    write_table(out, ["input", "wall", "GPU busy", "idle", "kernel time", "kernels"], rows)
     ratio_heads = [f"{k}/{ref}" for k in keys[1:]]
 
     def ratios(values: list[float | None]) -> list[str]:
-        return ["-" if r is None else f"{r:.2f}x" for r in values[1:]]
+        return [fmt_ratio(r) for r in values[1:]]
 
     out.write("\nPhases\n")
     rows = []
@@ -252,7 +298,7 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
                     *ratios(p["step_p50_ratio"]),
                 ]
             )
-    _table(out, ["phase", "metric", *keys, *ratio_heads], rows)
+    write_table(out, ["phase", "metric", *keys, *ratio_heads], rows)
     for p in result["phases"]:
         cats = [r for r in result["categories"] if r["phase"] == p["phase"]]
         if cats:
@@ -265,7 +311,7 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
                 ]
                 for r in cats
             ]
-            _table(out, ["Category", *keys, *ratio_heads], rows, indent="    ")
+            write_table(out, ["Category", *keys, *ratio_heads], rows, indent="    ")
         stages = [r for r in result["stages"] if r["phase"] == p["phase"]]
         if stages:
             out.write(f"\n  {p['phase']}: time by stage (providers)\n")
@@ -273,11 +319,14 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
                 [
                     r["stage"],
                     *[
-                        fmt_ns(t) + (f" ({'+'.join(pr)})" if pr else "")
+                        NONE if t is None else fmt_ns(t) + (f" ({'+'.join(pr)})" if pr else "")
                         for t, pr in zip(r["time_ns"], r["providers"], strict=True)
                     ],
-                    *ratios(r["ratio"]),
+                    *[
+                        NONE if t is None or r["time_ns"][0] is None else x
+                        for t, x in zip(r["time_ns"][1:], ratios(r["ratio"]), strict=True)
+                    ],
                 ]
                 for r in stages
             ]
-            _table(out, ["stage", *keys, *ratio_heads], rows, indent="    ")
+            write_table(out, ["stage", *keys, *ratio_heads], rows, indent="    ")

@@ -27,25 +27,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer import __version__
 from analyzer.errors import InputError
+from analyzer.knowledge.taxonomy import PHASES, ROLE_GEMM_STAGES
 from analyzer.pipeline import Analysis
+from analyzer.version import __version__
 
 FORMAT_VERSION = 1
 KIND = "llm-kernel-map/baseline"
 TOP_SHARE = 0.95
-PHASES = ("prefill", "decode", "mixed", "unknown")
 # GEMM stages that name a role of the model (the generic ``gemm`` names none, so it says nothing
-# about the model's shape and may come and go with framework code)
-GEMM_ROLES = (
-    "qkv_gemm",
-    "o_gemm",
-    "gate_up_gemm",
-    "down_gemm",
-    "lm_head_gemm",
-    "moe_gate_gemm",
-    "moe_expert_gemm",
-)
+# about the model's shape and may come and go with framework code): the gate compares these
+GEMM_ROLES = ROLE_GEMM_STAGES
 _SAMPLE = ["trace_id", "rank", "step"]
 
 

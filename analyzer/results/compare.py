@@ -3,7 +3,8 @@
 Contract: a pure function of summary dicts (``analyzer.results.summary.build_summary``); it reads no trace
 and recomputes nothing from kernels. Times stay in integer ns, shares are fractions 0..1, and every
 ratio is an input's time over the first input's time (None where the first has none), so "B is
-1.9x A" reads ``ratio[1] == 1.9``.
+1.9x A" reads ``ratio[1] == 1.9``. A stage an input never ran has time and ratio None there (not 0:
+"absent" is not "took no time").
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import string
 from pathlib import Path
 from typing import Any
 
+from analyzer.knowledge.taxonomy import PHASES
+
 FORMAT_VERSION = 1
-PHASE_ORDER = ("prefill", "decode", "mixed", "unknown")
+PHASE_ORDER = PHASES  # display order of the phases
 
 
 def compare_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -82,9 +85,10 @@ def _input(key: str, label: str, s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _ratios(values: list[int]) -> list[float | None]:
+def _ratios(values: list[int | None]) -> list[float | None]:
+    """Each value over the first; None where either is missing (a stage one input never ran)."""
     ref = values[0]
-    return [v / ref if ref else None for v in values]
+    return [v / ref if ref and v is not None else None for v in values]
 
 
 def _phase_row(phase: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -131,10 +135,11 @@ def _stage_rows(phases: list[str], summaries: list[dict[str, Any]]) -> list[dict
             for r in s.get("stages", []):
                 if r["phase"] != phase:
                     continue
-                times.setdefault(r["stage"], [0] * n)[i] += int(r["time_ns"])
+                t = times.setdefault(r["stage"], [None] * n)
+                t[i] = (t[i] or 0) + int(r["time_ns"])
                 provs.setdefault(r["stage"], [set() for _ in range(n)])[i].add(r["provider"])
                 cats[r["stage"]] = r.get("category", "")
-        for stage in sorted(times, key=lambda st: (-max(times[st]), st)):
+        for stage in sorted(times, key=lambda st: (-max(v or 0 for v in times[st]), st)):
             rows.append({"phase": phase, "stage": stage, "category": cats[stage], "time_ns": times[stage],
                          "ratio": _ratios(times[stage]), "providers": [sorted(p) for p in provs[stage]]})  # fmt: skip
     return rows

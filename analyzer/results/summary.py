@@ -2,7 +2,9 @@
 
 Contract: pure function of the analysed tables; all times in integer ns, shares as fractions 0..1;
 keys of the DESIGN §6 skeleton are always present (empty when a capability has nothing to say).
-Every number here is recomputable from the kernels table: tests do exactly that.
+Every number here is recomputable from the kernels table: tests do exactly that. Kernels measured
+faster than a peak (bound ``invalid``) are counted and explained in every rate row, never rated; a
+multi-rank run counts a step (one step index across the ranks) once.
 """
 
 from __future__ import annotations
@@ -12,46 +14,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.analyses.classify import classification_shares
 from analyzer.analyses.ranks import rank_summary
+from analyzer.knowledge.taxonomy import PHASES
 from analyzer.pipeline import Analysis
 from analyzer.tables import intervals
+from analyzer.tables.frames import only_columns
 
-FORMAT_VERSION = 1
-PHASES = ("prefill", "decode", "mixed", "unknown")
+FORMAT_VERSION = 2
 TOP_KERNELS = 15
 
 
-# kernel columns no summary, finding, baseline or report reads from the frame: left out of it, they
-# would cost 8 bytes per kernel each (a 10 GB trace has ~4 million kernels)
-FRAME_SKIP = frozenset(
-    {
-        "correlation",
-        "registers",
-        "shared_mem",
-        "launch_op_id",
-        "bytes_recorded",
-        "launch_api",
-        "flops_source",
-        "block_y",
-        "block_z",
-        "tile_k",
-    }
-)
-
-
 def kernels_frame(analysis: Analysis) -> pd.DataFrame:
-    """The analysed kernels as pandas (string columns categorical), built once per kernels table."""
-    cached = getattr(analysis, "_frame", None)
-    if cached is not None and cached[0] is analysis.kernels:
-        return cached[1]
-    k = analysis.kernels
-    # one block per column (no 2-D block per dtype to copy into): numeric columns stay views of
-    # the Arrow buffers (the findings' peak on a 10 GB trace: 3.09 -> 2.87 GB)
-    df = k.select([c for c in k.column_names if c not in FRAME_SKIP]).to_pandas(
-        strings_to_categorical=True, split_blocks=True
-    )
-    analysis._frame = (analysis.kernels, df)  # type: ignore[attr-defined]
-    return df
+    """The analysed kernels as pandas: :attr:`Analysis.frame` (built once per kernels table)."""
+    return analysis.frame
 
 
 def build_summary(analysis: Analysis) -> dict[str, Any]:
@@ -84,10 +60,12 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
             if (df["phase"] == p).any()
         },
         "stages": stage_rows(
-            only_columns(df, "phase", "stage", "provider", "category", "count", *_RATE_COLUMNS), total
+            only_columns(df, "phase", "stage", "provider", "category", "count", *_RATE_COLUMNS),
+            total,
+            analysis.gpu,
         ),
         "providers": provider_rows(only_columns(df, "provider", "count", *_RATE_COLUMNS), total),
-        "groups": group_rows(df),
+        "groups": group_rows(df, analysis.gpu),
         "top_kernels": top_kernels(
             only_columns(
                 df,
@@ -96,8 +74,10 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
                 *_RATE_COLUMNS,
             ),
             total,
+            gpu=analysis.gpu,
         ),
         "unclassified": unclassified(df, total),
+        "classification": classification_shares(df["stage_source"], df["dur_ns"]),
         "steps": step_rows(analysis),
         "findings": analysis.findings,
         "warnings": analysis.warnings,
@@ -116,12 +96,6 @@ _RATE_COLUMNS = (
     "intensity",
     "bound",
 )
-
-
-def only_columns(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
-    """The frame narrowed to ``columns`` (those it has): group-by loops then slice only these,
-    not every column of millions of kernels (no copy is made here: pandas copies on write)."""
-    return df[[c for c in dict.fromkeys(columns) if c in df]]
 
 
 def _timed(df: pd.DataFrame) -> pd.DataFrame:
@@ -166,10 +140,11 @@ def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str,
     kernel_ns = int(sub["dur_ns"].sum())
     steps = analysis.steps
     st = steps[steps["phase"] == phase] if steps is not None and len(steps) else None
-    step_ns = st["dur_ns"].to_numpy() if st is not None else np.empty(0)
+    run = run_steps(st) if st is not None else None
+    step_ns = run["dur_ns"].to_numpy() if run is not None else np.empty(0)
     tokens = None
-    if st is not None and len(st) and st["tokens"].notna().any():
-        tokens = int(st["tokens"].fillna(0).sum())
+    if run is not None and len(run) and run["tokens"].notna().any():
+        tokens = int(run["tokens"].fillna(0).sum())
     idle = None
     if st is not None and len(st):
         span = int(st["dur_ns"].sum())
@@ -205,6 +180,23 @@ def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str,
     }
 
 
+def run_steps(st: pd.DataFrame) -> pd.DataFrame:
+    """The steps of the run: the rows of one step index on different ranks are one step, its time
+    the wall span across those ranks and its tokens counted once (TP ranks share the batch: the
+    largest count). Two rows of one rank with one index (two inputs of one rank) stay apart."""
+    if not len(st) or "rank" not in st or st["rank"].nunique() < 2:
+        return st[["dur_ns", "tokens"]]
+    st = st.sort_values("start_ns", kind="stable")
+    nth = st.groupby(["rank", "step"], sort=False).cumcount()
+    g = st.assign(_nth=nth.to_numpy(), _end=(st["start_ns"] + st["dur_ns"]).to_numpy()).groupby(
+        ["step", "_nth"], sort=True
+    )
+    run = g.agg(start=("start_ns", "min"), end=("_end", "max"), tokens=("tokens", "max"))
+    return pd.DataFrame(
+        {"dur_ns": (run["end"] - run["start"]).to_numpy(), "tokens": run["tokens"].to_numpy()}
+    )
+
+
 def _dominant_bound(g: pd.DataFrame) -> str | None:
     """The bound that holds for most of this group's time (None before the roofline ran)."""
     if "bound" not in g:
@@ -221,7 +213,7 @@ def _dominant_bound(g: pd.DataFrame) -> str | None:
     t = np.bincount(codes[has], weights=g["dur_ns"].to_numpy()[has], minlength=len(cats))
     keep = (t > 0) & ~np.asarray(cats.isin(["unknown", "invalid"]))
     if not keep.any():
-        return "unknown"
+        return "invalid" if "invalid" in cats and t[cats.get_loc("invalid")] > 0 else "unknown"
     return str(cats[np.flatnonzero(keep)[np.argmax(t[keep])]])
 
 
@@ -230,14 +222,60 @@ def dominant_bounds(df: pd.DataFrame, keys: list[str]) -> dict[tuple, str]:
     if "bound" not in df or len(df) == 0:
         return {}
     t = df.groupby(keys + ["bound"], observed=True, sort=False)["dur_ns"].sum().reset_index()
-    t = t[~t["bound"].isin(["unknown", "invalid"]) & (t["dur_ns"] > 0)]
-    t = t.sort_values("dur_ns", ascending=False).drop_duplicates(keys)
+    t = t[(t["bound"] != "unknown") & (t["dur_ns"] > 0)]
+    # invalid only where nothing else holds: sorted after every real bound
+    t = t.assign(_real=t["bound"] != "invalid").sort_values(["_real", "dur_ns"], ascending=False)
+    t = t.drop(columns="_real").drop_duplicates(keys)
     return {tuple(r[:-2]) if len(keys) > 1 else r[0]: str(r[-2]) for r in t.itertuples(index=False)}
 
 
-def roofline_fields(g: pd.DataFrame) -> dict[str, Any]:
+def _invalid(g: pd.DataFrame) -> np.ndarray:
+    """The kernels measured faster than a peak (bound ``invalid``): their numbers are not rates."""
+    if "bound" not in g:
+        return np.zeros(len(g), bool)
+    return (g["bound"] == "invalid").to_numpy(bool, na_value=False)
+
+
+def invalid_reason(inv: pd.DataFrame, of: int, gpu: dict[str, Any] | None) -> str | None:
+    """Why the rates of ``inv`` (invalid kernels, ``of`` kernels in all) are not shown: the
+    highest rate measured against the peak it exceeds; None when there are none."""
+    n = int(inv["count"].sum()) if "count" in inv else len(inv)
+    if n == 0:
+        return None
+    peaks = (gpu or {}).get("peaks") or {}
+    dur = inv["dur_ns"].to_numpy(np.float64)
+
+    def highest(col: str) -> float:
+        if col not in inv:
+            return float("nan")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = inv[col].to_numpy(np.float64, na_value=np.nan) / dur / 1e3
+        r = r[np.isfinite(r)]
+        return float(r.max()) if len(r) else float("nan")
+
+    tbps, tflops = highest("bytes"), highest("flops")
+    hbm = peaks.get("hbm_tbps")
+    if hbm and tbps > hbm:
+        what = f"{tbps:.2f} TB/s, above the HBM peak {hbm:g} TB/s"
+    elif tflops == tflops:
+        what = f"{tflops:.1f} TFLOP/s, above the compute peak of its dtype"
+    else:
+        what = "above a peak"
+    if n < of:
+        return f"{n:,} of {of:,} kernels measured at up to {what}: left out of the rates"
+    return f"measured at up to {what} (cache-resident data or a byte model that overcounts)"
+
+
+def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[str, Any]:
     """Achieved rates of a set of kernels: summed FLOPs and bytes over the time of the kernels that
-    have them, their intensity, the time-weighted share of the roof reached, and the dominant bound."""
+    have them, their intensity, the time-weighted share of the roof reached, and the dominant bound.
+    Kernels measured faster than a peak (``invalid``) are counted and explained, never rated."""
+    bad = _invalid(g)
+    of = int(g["count"].sum()) if "count" in g else len(g)
+    invalid = {
+        "invalid_kernels": int(g["count"][bad].sum()) if "count" in g else int(bad.sum()),
+        "invalid_reason": invalid_reason(g[bad], of, gpu) if bad.any() else None,
+    }
     if "flops" not in g or (g["flops"].isna().all() and g["bytes"].isna().all()):
         return {
             "flops": None,
@@ -247,11 +285,12 @@ def roofline_fields(g: pd.DataFrame) -> dict[str, Any]:
             "intensity": None,
             "pct_of_peak": None,
             "bound": _dominant_bound(g),
+            **invalid,
         }
     fl = g["flops"].to_numpy(np.float64, na_value=np.nan)
     by = g["bytes"].to_numpy(np.float64, na_value=np.nan)
     dur = g["dur_ns"].to_numpy()
-    known = ~np.isnan(fl) | ~np.isnan(by)
+    known = (~np.isnan(fl) | ~np.isnan(by)) & ~bad
     t = float(dur[known].sum())
     flops = _nan_sum(fl[known])
     nbytes = _nan_sum(by[known])
@@ -266,6 +305,7 @@ def roofline_fields(g: pd.DataFrame) -> dict[str, Any]:
         "intensity": flops / nbytes if flops is not None and nbytes else None,
         "pct_of_peak": float(np.average(pct[has_pct], weights=w)) if len(w) and w.sum() > 0 else None,
         "bound": _dominant_bound(g),
+        **invalid,
     }
 
 
@@ -275,7 +315,7 @@ def _nan_sum(values: np.ndarray) -> float | None:
     return float(np.where(ok, values, 0.0).sum()) if ok.any() else None
 
 
-def stage_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
+def stage_rows(df: pd.DataFrame, total: int, gpu: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     rows = []
     for (phase, stage, provider), g in df.groupby(["phase", "stage", "provider"], sort=True, observed=True):
         t = int(g["dur_ns"].sum())
@@ -288,7 +328,7 @@ def stage_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
                 "time_ns": t,
                 "share": t / total if total else 0.0,
                 "count": int(g["count"].sum()),
-                **roofline_fields(g),
+                **roofline_fields(g, gpu),
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["phase"], r["stage"], r["provider"]))
@@ -322,15 +362,25 @@ def _none_if_nan(v: Any) -> Any:
     return float(v)
 
 
-def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     keys = ["group_key", "phase", "stage", "provider"]
     if len(df) == 0:
         return []
+    bad = _invalid(df)
+    reasons: dict[tuple, tuple[int, str | None]] = {}
+    if bad.any():
+        sizes = df.groupby(keys, observed=True, sort=False)["count"].sum()
+        inv = only_columns(df, *keys, "count", "dur_ns", "flops", "bytes")[bad]
+        for key, g in inv.groupby(keys, observed=True, sort=False):
+            reasons[key] = (int(g["count"].sum()), invalid_reason(g, int(sizes[key]), gpu))
     if "flops" in df:
-        # only the columns used here: a copy of the whole frame costs ~150 bytes per kernel
+        # only the columns used here: a copy of the whole frame costs far more per kernel
         df = df[
             [*keys, "count", "dur_ns", "flops", "bytes", "pct_of_peak", *(["bound"] if "bound" in df else [])]
         ]
+        if bad.any():  # invalid kernels' numbers are not rates: out of the sums
+            ok = pd.Series(~bad, index=df.index)
+            df = df.assign(flops=df["flops"].where(ok), bytes=df["bytes"].where(ok))
         known = df["flops"].notna() | df["bytes"].notna()
         has_pct = df["pct_of_peak"].notna()
         df = df.assign(
@@ -376,13 +426,25 @@ def group_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
                 "bound": bounds.get(tuple(key), "unknown")
                 if "bound" in df and df["bound"].notna().any()
                 else None,
+                "invalid_kernels": reasons.get(tuple(key), (0, None))[0],
+                "invalid_reason": reasons.get(tuple(key), (0, None))[1],
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["group_key"], r["phase"]))
     return rows
 
 
-def top_kernels(df: pd.DataFrame, total: int, n: int = TOP_KERNELS) -> list[dict[str, Any]]:
+def _shares(g: pd.DataFrame, col: str) -> list[dict[str, Any]]:
+    """Time share of each value of ``col`` among ``g``'s kernels, largest first (ties by name)."""
+    t = g.groupby(col, observed=True, sort=False)["dur_ns"].sum()
+    tot = float(t.sum())
+    rows = [{col: str(k), "share": float(v) / tot if tot else 0.0} for k, v in t.items()]
+    return sorted(rows, key=lambda r: (-r["share"], r[col]))
+
+
+def top_kernels(
+    df: pd.DataFrame, total: int, n: int = TOP_KERNELS, gpu: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     rows = []
     if len(df) == 0:
         return rows
@@ -393,14 +455,20 @@ def top_kernels(df: pd.DataFrame, total: int, n: int = TOP_KERNELS) -> list[dict
     for gk in tot["group_key"].head(n):
         g = df.iloc[rows_of[gk]]
         t = int(g["dur_ns"].sum())
-        first = g.iloc[0]
+        stages = _shares(g, "stage")
+        phases = _shares(g, "phase")
+        # the row describes the stage holding most of the time, not whichever kernel came first
+        first = g[(g["stage"] == stages[0]["stage"]).to_numpy()].iloc[0]
         rows.append(
             {
                 "group_key": str(gk),
                 "norm_name": str(first["norm_name"]),
-                "stage": str(first["stage"]),
+                "stage": stages[0]["stage"],
+                "stages": stages,
                 "provider": str(first["provider"]),
                 "rule_id": str(first["rule_id"]),
+                "phase": phases[0]["phase"],
+                "phase_shares": phases,
                 "phases": sorted({str(p) for p in g["phase"]}),
                 "count": int(g["count"].sum()),
                 "time_ns": t,
@@ -408,7 +476,7 @@ def top_kernels(df: pd.DataFrame, total: int, n: int = TOP_KERNELS) -> list[dict
                 "mean_ns": int(t / max(int(g["count"].sum()), 1)),
                 "tile": _tile(first),
                 "split_k": None if pd.isna(first.get("split_k")) else int(first["split_k"]),
-                **roofline_fields(g),
+                **roofline_fields(g, gpu),
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["group_key"]))
@@ -439,7 +507,14 @@ def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _opt_int(v: Any) -> int | None:
+    return None if v is None or pd.isna(v) else int(v)
+
+
 def step_rows(analysis: Analysis) -> list[dict[str, Any]]:
+    """One row per step: timing, phase, tokens (in all and of each kind: a mixed step has both),
+    ``model`` (``target``, or ``draft`` for a speculative draft model's step) and ``verify_k`` (the
+    tokens per sequence a speculative verify step scores; null elsewhere)."""
     st = analysis.steps
     if st is None or len(st) == 0:
         return []
@@ -454,7 +529,11 @@ def step_rows(analysis: Analysis) -> list[dict[str, Any]]:
                 "busy_ns": int(r.busy_ns),
                 "kernel_ns": int(r.kernel_ns),
                 "kernels": int(r.kernels),
-                "tokens": None if pd.isna(r.tokens) else int(r.tokens),
+                "tokens": _opt_int(r.tokens),
+                "prefill_tokens": _opt_int(getattr(r, "prefill_tokens", None)),
+                "decode_tokens": _opt_int(getattr(r, "decode_tokens", None)),
+                "model": getattr(r, "model", None) or "target",
+                "verify_k": _opt_int(getattr(r, "verify_k", None)),
                 "rank": int(r.rank),
                 "trace_id": int(r.trace_id),
                 "source": r.source,

@@ -3,8 +3,8 @@ writing its parsed-trace cache entry.
 
 The analysis after parsing is single-threaded Python; hashlib and the Parquet writer work outside the
 GIL, so inside :func:`deferred` they run on the otherwise idle core instead of competing with the
-reader's worker processes or coming before the analysis (a 1 GB trace: 1.1 s of sha256, 1.1 s of
-cache write). Every thread started is joined when the block ends, and before a reader forks
+reader's worker processes or coming before the analysis (each costs about a second per GB of trace:
+docs/performance.md). Every thread started is joined when the block ends, and before a reader forks
 worker processes (:func:`wait`): a fork must not copy a thread in the middle of its work.
 """
 

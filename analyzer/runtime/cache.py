@@ -36,8 +36,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from analyzer import readers
+from analyzer.errors import AnalyzerError
 from analyzer.model import ANNOTATION_SCHEMA, HOST_OP_SCHEMA, KERNEL_SCHEMA, InputMeta, Trace
 from analyzer.runtime import background
+from analyzer.runtime.read_policy import read_policy
 
 CACHE_FORMAT = "1"
 ENV_DIR = "LKM_CACHE_DIR"
@@ -114,12 +117,10 @@ def cacheable(path: str | os.PathLike[str]) -> bool:
 
 def cache_key(path: str | os.PathLike[str], sha256: str | None = None) -> CacheKey:
     """The key of ``path`` now (sniffs the format; hashes the file unless ``sha256`` is given)."""
-    from analyzer.readers import file_sha256, sniff
-
     p = Path(path)
-    mod = sniff(p)
+    mod = readers.sniff(p)
     return CacheKey(
-        sha256=sha256 or file_sha256(p),
+        sha256=sha256 or readers.file_sha256(p),
         format=mod.FORMAT,
         reader_version=str(mod.READER_VERSION),
         name=p.name,
@@ -250,11 +251,9 @@ def load_trace(
     A file seen before is looked up by its stat index (no hashing); a new one is parsed at once and
     keyed by the sha256 its reader computed while streaming, so a first analysis reads the file once.
     """
-    from analyzer.readers import read_trace
-
     background.wait()  # the entry of the input before is complete before this one is looked up
     if cache_dir is None or not cacheable(path):
-        trace = read_trace(path, progress=progress)
+        trace = readers.read_trace(path, progress=progress, policy=read_policy())
         if len(trace.inputs) == 1 and not trace.inputs[0].sha256:
             background.run(_hash, trace, path)
         return trace
@@ -266,7 +265,7 @@ def load_trace(
         if hit is not None:
             return hit
     before = _stat_id(path)
-    trace = read_trace(path, progress=progress)
+    trace = readers.read_trace(path, progress=progress, policy=read_policy())
     # written now, or beside the classification (analyzer.runtime.background), not after the analysis: the
     # analysis may then free tables it no longer needs (host ops), and the writer's own buffers are
     # small next to the tables. A reader that left the file unhashed (to spare the CPU its workers
@@ -277,11 +276,9 @@ def load_trace(
 
 def _hash(trace: Trace, path: str | os.PathLike[str]) -> str:
     """The file's sha256, recorded in the trace's input when its reader left it empty."""
-    from analyzer.readers import file_sha256
-
     meta = trace.inputs[0]
     if not meta.sha256:
-        meta.sha256 = file_sha256(path)
+        meta.sha256 = readers.file_sha256(path)
     return meta.sha256
 
 
@@ -367,9 +364,6 @@ def parse_into(path: str, cache_dir: str, lookup: bool = True) -> tuple[str, str
     in another process or on another machine with nothing pickled but paths. ``lookup=False`` skips
     the hit check (a private scratch folder) and takes the hash the reader computed.
     """
-    from analyzer.errors import AnalyzerError
-    from analyzer.readers import read_trace
-
     try:
         if not cacheable(path):
             return "direct", ""
@@ -380,7 +374,7 @@ def parse_into(path: str, cache_dir: str, lookup: bool = True) -> tuple[str, str
             if _entry_key(entry) == key.to_dict():
                 return "entry", str(entry)
         before = _stat_id(path)
-        trace = read_trace(path)
+        trace = readers.read_trace(path, policy=read_policy())
         key = cache_key(path, sha256=trace.inputs[0].sha256 or None)
         stored = write_entry(trace, key, Path(cache_dir), path)
         if stored is not None and lookup:

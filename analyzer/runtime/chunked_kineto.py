@@ -20,13 +20,11 @@ decode fails and the whole file goes the sequential way: a wrong cut never yield
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -34,10 +32,18 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
+from analyzer import readers
+from analyzer.errors import InputError
+from analyzer.model import ipc_bytes
+from analyzer.readers import gz as gzip_stream
+from analyzer.readers.kineto_events import chunk_tables
+from analyzer.readers.kineto_scan import BOUNDARY, DECODER, decode_last, find_events, open_trace
+from analyzer.runtime import pools
+from analyzer.runtime.pools import ENV_JOBS, can_fork
+
 MIN_BYTES = 48 << 20  # smaller traces: starting workers costs more than it saves
 CHUNK_BYTES = 16 << 20
 PROBE_BYTES = 1 << 20
-ENV_JOBS = "LKM_READ_JOBS"
 
 
 class Fallback(Exception):
@@ -61,39 +67,52 @@ def jobs_for(size: int) -> int:
     return want
 
 
-def can_fork() -> bool:
-    # Workers are forked: they start at once and import nothing. Where fork is unsafe or missing
-    # (macOS, Windows) a fresh interpreter would re-import the caller's main script, which a script
-    # without a ``__main__`` guard cannot survive: there the file is read in this process.
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
-
-
 # --------------------------------------------------------------------------------------- this process
+
+
+def read_events(
+    path: Path,
+    gz: bool,
+    add: Callable[[pa.Table | None, pa.Table | None, pa.Table | None], None],
+    progress: Callable[[int], None] | None = None,
+    *,
+    hash_now: bool = True,
+) -> tuple[bytes | None, bytes, str] | None:
+    """The reader's ``ReadPolicy.parallel_events``: parse a big trace with :func:`jobs_for` workers
+    (:func:`stream`); None when it is better read in the calling process (small, no ``fork``), or
+    when the workers could not parse it (then the sequential reader gives the same tables, or the
+    precise error). ``hash_now=False``: the sha256 is left to the caller (returned as "")."""
+    size = path.stat().st_size * (8 if gz else 1)  # gzip traces inflate about tenfold
+    jobs = jobs_for(size)
+    if jobs < 2:
+        return None
+    try:
+        return stream(path, gz, add, jobs, progress, CHUNK_BYTES, hash_now=hash_now)
+    except (Fallback, InputError):
+        return None
 
 
 def stream(
     path: Path,
     gz: bool,
     add: Callable[[pa.Table | None, pa.Table | None, pa.Table | None], None],
-    find_events: Callable[[bytes], tuple[bytes | None, int] | None],
     jobs: int,
     progress: Callable[[int], None] | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    *,
+    hash_now: bool = True,
 ) -> tuple[bytes | None, bytes, str]:
     """Parse ``path`` with ``jobs`` workers; return (prefix, tail, sha256 or "") of the top-level object.
 
-    ``find_events(head)`` gives (text before the array or None for a bare list, offset of the first
-    event) or None; ``add`` receives each chunk's tables in file order.
+    ``add`` receives each chunk's tables in file order. A plain file is hashed beside the workers
+    unless not ``hash_now`` (then the sha256 is ""); a gzip file is always hashed as it is
+    decompressed here.
     """
-    from analyzer.runtime import background, memory
-
-    background.wait()  # no thread of ours is mid-work when the workers are forked
-    ctx = multiprocessing.get_context("fork")
     pending: list[tuple[Future[Any], int, tuple[str, int, int]]] = []
     head: bytes | None = None
     last: tuple[Future[Any], int, tuple[str, int, int]] | None = None
     sha = ""
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker)
+    pool = pools.chunk_pool(jobs)  # joins our background threads first
     files = _Memfds()  # gzip: the decompressed chunks, kept until their workers are done
 
     def collect(item: tuple[Future[Any], int, tuple[str, int, int]]) -> bytes:
@@ -104,15 +123,13 @@ def stream(
 
     try:
         # fork every worker now, before the hashing thread starts: a fork copies no other thread
-        pool.submit(_init_worker).result()
+        pool.submit(pools.init_chunk_worker).result()
         if gz:
             pieces = _gzip_pieces(path, find_events, chunk_bytes, files)
         else:
-            # hashing competes with the workers for the CPU: inside a deferred block it waits for
-            # the analysis, which leaves a core idle (analyzer.runtime.background); not where memory comes
-            # first: the cache entry, written after the hash, holds the whole trace until written
-            later = background.deferring() and not memory.tight()
-            pieces = _file_pieces(path, find_events, chunk_bytes, hash_now=not later)
+            # hashing competes with the workers for the CPU: the policy may leave it for later
+            # (analyzer.runtime.read_policy)
+            pieces = _file_pieces(path, find_events, chunk_bytes, hash_now=hash_now)
         for kind, value, done in pieces:
             if kind == "prefix":
                 head = value
@@ -174,7 +191,7 @@ def _file_pieces(
             yield "prefix", prefix, 0
             while pos + 2 * chunk < size:
                 probe = os.pread(f.fileno(), PROBE_BYTES, pos + chunk)
-                m = _boundary().search(probe)
+                m = BOUNDARY.search(probe)
                 if m is None:
                     raise Fallback("no event boundary in a probe window")
                 cut = pos + chunk + m.start() + 1
@@ -198,12 +215,10 @@ class _FileHasher(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from analyzer.readers import file_sha256
-
         if self.path is None:
             return  # hashed later
         try:
-            self.digest = file_sha256(self.path)
+            self.digest = readers.file_sha256(self.path)
         except OSError as e:
             self.error = e
 
@@ -212,7 +227,7 @@ class _Memfds:
     """Decompressed chunks for the workers, each in an in-memory file (``memfd``) they open as
     ``/proc/<this pid>/fd/<n>``. A file is written again once its task is collected, so its pages are
     allocated once: at most a few chunks exist at a time, and nothing goes to disk (a spill file cost
-    ~2 s of system time per GB here). A chunk is written piece by piece as it is decompressed: no
+    seconds of system time per GB: docs/performance.md). A chunk is written piece by piece as it is decompressed: no
     buffer of this process holds it whole."""
 
     def __init__(self) -> None:
@@ -273,15 +288,12 @@ def _gzip_pieces(
     next block, read ahead), so the rest of the top-level object stays in the last chunk, as in
     :func:`_file_pieces`. A boundary split between two blocks is not seen: the cut moves to the
     next one."""
-    from analyzer.readers import gz
-    from analyzer.readers.kineto import _open
-
-    g, raw = _open(path)
+    g, raw = open_trace(path)
 
     def read() -> bytes:
         try:
             return g.read(chunk)
-        except gz.ERRORS as e:
+        except gzip_stream.ERRORS as e:
             raise Fallback(f"gzip: {e}") from None
 
     try:
@@ -291,7 +303,7 @@ def _gzip_pieces(
             raise Fallback("no traceEvents array near the start")
         prefix, pos = found
         yield "prefix", prefix, 0
-        rx = _boundary()
+        rx = BOUNDARY
         while block:
             ahead = read()
             view = memoryview(block)
@@ -315,16 +327,10 @@ def _gzip_pieces(
         raw.close()
 
 
-def _boundary() -> Any:
-    from analyzer.readers.kineto import _BOUNDARY
-
-    return _BOUNDARY
-
-
 def _from_ipc(data: bytes | None) -> pa.Table | None:
     """The table in ``data``, copied into Arrow's memory pool: the ``bytes`` (from ``malloc``) are
     then freed at once and their space reused for the next result, instead of living as long as
-    the chunk's columns and leaving the C heap larger than the tables (1 GB more for a 10 GB trace)."""
+    the chunk's columns and leaving the C heap larger than the tables (docs/performance.md)."""
     if data is None:
         return None
     with pa.ipc.open_stream(pa.py_buffer(data)) as r:
@@ -337,35 +343,9 @@ def _from_ipc(data: bytes | None) -> pa.Table | None:
 # --------------------------------------------------------------------------------------- workers
 
 
-def _init_worker() -> None:
-    gc.disable()  # decoding allocates millions of acyclic objects
-    worker_memory_pool()
-
-
-def worker_memory_pool() -> None:
-    """Arrow allocations of a worker from jemalloc, which keeps freed pages for reuse a while.
-
-    A forked worker inherits this process's mimalloc setting (``analyzer.runtime.memory``). Where that hands
-    freed pages back at once, the inputs are big and memory comes first: the worker keeps it. Else
-    jemalloc spares the worker faulting each chunk's pages in again (~0.7 s of system time per GB
-    here, half its page faults); a worker holds one chunk's tables at a time, so what it keeps is
-    small."""
-    from analyzer.runtime import memory
-
-    if memory.tight():
-        return
-    try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-    except NotImplementedError:
-        pass  # a pyarrow built without jemalloc keeps its default pool
-
-
 def _work(task: tuple[str, int, int], last: bool = False) -> tuple[Any, ...]:
     """Decode one range (path, start, end) of a file into IPC-encoded tables; the last range ends
     the array, and what follows it (the rest of the top-level object) comes back too."""
-    from analyzer.errors import InputError
-    from analyzer.readers.kineto import _DECODER, chunk_tables, decode_last
-
     p, start, end = task
     buf = bytearray(end - start + 2)
     try:
@@ -391,7 +371,7 @@ def _work(task: tuple[str, int, int], last: bool = False) -> tuple[Any, ...]:
     else:
         buf[0], buf[-1] = 0x5B, 0x5D  # [ ... ]
         try:
-            events = _DECODER.decode(buf)
+            events = DECODER.decode(buf)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return ("fail", str(e))
     del buf
@@ -401,6 +381,4 @@ def _work(task: tuple[str, int, int], last: bool = False) -> tuple[Any, ...]:
 
 
 def _to_ipc(t: pa.Table | None) -> bytes | None:
-    from analyzer.model import ipc_bytes
-
     return None if t is None else ipc_bytes(t)

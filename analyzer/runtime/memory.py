@@ -4,17 +4,16 @@ Arrow's mimalloc pool purges freed pages after a delay (``MIMALLOC_PURGE_DELAY``
 pull against each other:
 
 * a short delay keeps the process small: the short-lived buffers of a big analysis (per-column
-  copies, a few hundred MB at a time for a 10 GB trace) would otherwise pile up, and a 10 GB trace
-  must stay under 3 GB;
+  copies) would otherwise pile up, and a 10 GB trace must stay within its memory target (DESIGN §7);
 * every purged page is faulted in again by the next buffer, and a page fault is dear on a virtual
-  machine (~5 us here): with purging at once, a 1 GB trace spends ~1 s more of system time.
+  machine: with purging at once, a 1 GB trace spends more system time (docs/performance.md).
 
 So the delay follows the size of the inputs named on the command line: 0 (purge at once) from
 :data:`BIG_INPUT_BYTES` of trace text up, a second below that, where the analysis's own peak is far
 under its limit. A value the user set wins. mimalloc reads its options when pyarrow first loads it,
 so this must run before pyarrow is imported. It changes when memory returns to the system, never
 what is computed. (The reader's worker processes use jemalloc: see
-``runtime.chunked_kineto.worker_memory_pool``.)
+``runtime.pools.worker_memory_pool``.)
 """
 
 from __future__ import annotations
@@ -42,9 +41,9 @@ MMAP_BLOCK = 1 << 20
 def _map_big_blocks() -> None:
     """numpy and pandas allocate from glibc's malloc, whose threshold for giving a block its own
     mapping grows with the blocks freed (up to 32 MB): the temporaries of a big analysis then come
-    from the heap and stay in the process once freed (~60 MB at the 10 GB trace's peak). A fixed
-    threshold maps every block of 1 MB or more apart, and unmaps it when freed (10 GB trace:
-    3,024 -> 2,965 MB). glibc only; a no-op elsewhere."""
+    from the heap and stay in the process once freed. A fixed threshold maps every block of 1 MB
+    or more apart, and unmaps it when freed (the 10 GB trace's peak: docs/performance.md). glibc
+    only; a no-op elsewhere."""
     import ctypes
     import sys
 

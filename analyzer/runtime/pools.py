@@ -1,80 +1,46 @@
-"""Where the per-trace work (read + parse) runs: this process, a pool of local processes, or Dask.
+"""Where processes start: the local process pools and the Dask clients of the runtime.
 
-Contract: :func:`read_traces` returns one validated :class:`Trace` per file, in the order given, equal
-to ``[read_trace(f) for f in files]`` whichever executor runs it. Tables never cross a process
-boundary as pickles: workers get path strings and hand back either the folder of a cache entry they
-wrote (Parquet + JSON, read back here) or the tables as Arrow IPC bytes.
+Both local pools start here: the file-level workers that parse (and analyse) one input each
+(:func:`pool_map`, used by :mod:`analyzer.runtime.loading` and :mod:`analyzer.runtime.rank_workers`)
+and the chunk workers that parse one big Kineto file together (:func:`chunk_pool`, used by
+:mod:`analyzer.runtime.chunked_kineto`). This module decides how they start (:func:`can_fork`,
+:func:`start_method`), joins this process's background threads before anything forks, and sets up
+each worker (:func:`init_chunk_worker`, :func:`init_reader_worker`): the garbage collector, the
+Arrow memory pool, how many processes a worker may start itself.
 
-* ``local`` with one file, ``jobs=1``, or (``jobs`` not given) less than :data:`POOL_MIN_BYTES` to
-  parse: read here, one file after the other, through the cache when one is given;
-* ``local`` otherwise: a ``ProcessPoolExecutor`` (``forkserver`` where the platform has it, else
-  ``spawn``) of ``jobs`` processes; each parses one file into the cache folder, or into a scratch
-  folder removed afterwards when caching is off;
-* ``dask``: the same per-file task on a ``dask.distributed`` cluster (``scheduler`` address, or a
-  ``LocalCluster`` of ``jobs`` processes). With a cache folder the workers write the entries there
-  (a folder the workers and this process share); otherwise, or when this process cannot see the
-  folder a worker wrote, the worker sends the tables as Arrow IPC bytes.
+* file-level workers are forked where this process runs no other thread (the CLI), else started by
+  ``forkserver`` (or ``spawn``); they are worth starting only for :data:`POOL_MIN_BYTES` of input;
+* chunk workers are always forked (:func:`can_fork`; elsewhere the file is read in this process);
+* ``dask``: :func:`dask_client` connects to a scheduler or starts a ``LocalCluster``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import gc
 import logging
 import multiprocessing
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 from typing import Any
 
-from analyzer.errors import InputError, UsageError
-from analyzer.model import InputMeta, Trace, ipc_bytes, ipc_table
-from analyzer.runtime import cache as cache_mod
-from analyzer.runtime.chunked_kineto import can_fork
+import pyarrow as pa
+
+from analyzer.errors import UsageError
+from analyzer.runtime import background, memory
 
 EXECUTORS = ("local", "dask")
 POOL_MIN_BYTES = 64 << 20
+ENV_JOBS = "LKM_READ_JOBS"  # processes that parse one Kineto file (analyzer.runtime.chunked_kineto)
 ProgressFn = Callable[[str, int, int], None]
 
 
 def default_jobs(n_files: int) -> int:
     """One process per file, at most one per CPU."""
     return max(1, min(n_files, os.cpu_count() or 1))
-
-
-def read_traces(
-    files: Sequence[str | os.PathLike[str]],
-    *,
-    jobs: int | None = None,
-    cache: bool | str | os.PathLike[str] | None = False,
-    executor: str = "local",
-    scheduler: str | None = None,
-    progress: ProgressFn | None = None,
-    byte_progress: Callable[[int, int], None] | None = None,
-) -> list[Trace]:
-    """Read every file (see the module contract); ``cache``: True for the default folder, a folder, or off."""
-    check_settings(executor, jobs, scheduler)
-    cache_dir = cache_mod.resolve_dir(cache)
-    paths = [str(f) for f in files]
-    if executor == "dask":
-        return _read_dask(paths, cache_dir, scheduler, jobs, progress)
-    jobs = pool_jobs(paths, jobs)
-    if jobs > 1:
-        try:
-            return _read_pool(paths, cache_dir, jobs, progress)
-        except BrokenProcessPool:
-            pass  # a worker died (killed for memory?): read one file at a time here instead
-    out = []
-    for i, p in enumerate(paths):
-        if progress:
-            progress(p, i, len(paths))
-        out.append(cache_mod.load_trace(p, cache_dir, byte_progress))
-    return out
 
 
 def check_settings(executor: str, jobs: int | None, scheduler: str | None) -> None:
@@ -115,30 +81,54 @@ def _workers_can_start() -> bool:
     return main_file is None or os.path.exists(main_file)
 
 
-# --------------------------------------------------------------------------------------- local pool
+# --------------------------------------------------------------------------------------- start
+
+
+def can_fork() -> bool:
+    # Workers are forked: they start at once and import nothing. Where fork is unsafe or missing
+    # (macOS, Windows) a fresh interpreter would re-import the caller's main script, which a script
+    # without a ``__main__`` guard cannot survive: there the file is read in this process.
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
 
 
 def _start_method() -> str:
-    """fork where this process runs no other thread (the CLI): the workers start at once with every
-    module imported (a fresh interpreter spends ~1 s importing pandas and pyarrow, on each worker).
-    A process with threads (a notebook, a Dask client) must not be forked: a lock another thread
-    holds would stay locked in the child; there forkserver/spawn start clean workers."""
-    from analyzer.runtime import background
-
+    """How file-level workers start: fork where this process runs no other thread (the CLI): the
+    workers start at once with every module imported (a fresh interpreter imports pandas and pyarrow
+    again, on each worker). A process with threads (a notebook, a Dask client) must not be forked: a
+    lock another thread holds would stay locked in the child; there forkserver/spawn start clean
+    workers."""
     background.wait()  # our own threads are done before anything forks
     if can_fork() and threading.active_count() == 1:
         return "fork"
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _read_pool(
-    paths: list[str], cache_dir: Path | None, jobs: int, progress: ProgressFn | None
-) -> list[Trace]:
-    with tempfile.TemporaryDirectory(prefix="lkm-parse-") as scratch:
-        target = str(cache_dir) if cache_dir is not None else scratch
-        lookup = cache_dir is not None
-        results = pool_map(cache_mod.parse_into, [(p, target, lookup) for p in paths], paths, jobs, progress)
-        return [_collect(p, r, cache_dir) for p, r in zip(paths, results, strict=True)]
+def chunk_pool(jobs: int) -> ProcessPoolExecutor:
+    """A pool of ``jobs`` forked chunk workers (callers check :func:`can_fork` first). Our own
+    threads are done first: a fork must not copy a thread in the middle of its work."""
+    background.wait()  # no thread of ours is mid-work when the workers are forked
+    return ProcessPoolExecutor(
+        max_workers=jobs, mp_context=multiprocessing.get_context("fork"), initializer=init_chunk_worker
+    )
+
+
+def init_chunk_worker() -> None:
+    gc.disable()  # decoding allocates millions of acyclic objects
+    worker_memory_pool()
+
+
+def worker_memory_pool() -> None:
+    """Arrow allocations of a chunk worker from jemalloc, which keeps freed pages for reuse a while.
+
+    A forked worker inherits this process's mimalloc setting (``analyzer.runtime.memory``). Where that hands
+    freed pages back at once, the inputs are big and memory comes first: the worker keeps it. Else
+    jemalloc spares the worker faulting each chunk's pages in again (docs/performance.md); a worker holds one chunk's tables at a time, so what it keeps is small."""
+    if memory.tight():
+        return
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:
+        pass  # a pyarrow built without jemalloc keeps its default pool
 
 
 def pool_map(
@@ -152,7 +142,7 @@ def pool_map(
     hears of each as it completes. Raises ``BrokenProcessPool`` when a worker dies."""
     ctx = multiprocessing.get_context(_start_method())
     results: list[Any] = [None] * len(args)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_one_reader_process) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=init_reader_worker) as pool:
         futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
         try:
             for done, fut in enumerate(as_completed(futures)):
@@ -172,51 +162,12 @@ def pool_jobs(paths: Sequence[str], jobs: int | None) -> int:
     return n if n > 1 and _workers_can_start() else 1
 
 
-def _one_reader_process() -> None:
+def init_reader_worker() -> None:
     """Pool workers already run one per CPU: each parses its file without workers of its own."""
-    from analyzer.runtime import chunked_kineto
-
-    os.environ[chunked_kineto.ENV_JOBS] = "1"
-
-
-def _collect(path: str, result: tuple[str, str] | None, cache_dir: Path | None) -> Trace:
-    """The trace a worker parsed, loaded from the entry it names (or read here when it could not)."""
-    status, value = result or ("direct", "")
-    if status == "error":
-        raise InputError(value)
-    if status == "entry":
-        # The worker checked the key moments ago; loading validates the tables again.
-        trace = cache_mod.read_entry(value, None, path)
-        if trace is not None:
-            return trace
-    return cache_mod.load_trace(path, cache_dir)
+    os.environ[ENV_JOBS] = "1"
 
 
 # --------------------------------------------------------------------------------------- dask
-
-
-def _read_dask(
-    paths: list[str],
-    cache_dir: Path | None,
-    scheduler: str | None,
-    jobs: int | None,
-    progress: ProgressFn | None,
-) -> list[Trace]:
-    with dask_client(scheduler, jobs or default_jobs(len(paths))) as client:
-        if cache_dir is not None:
-            futures = [client.submit(dask_parse, p, str(cache_dir), pure=False) for p in paths]
-        else:
-            futures = [client.submit(dask_tables, p, None, pure=False) for p in paths]
-        results = dask_gather(futures, paths, progress)
-        out = []
-        for p, r in zip(paths, results, strict=True):
-            trace = _from_dask(p, r)
-            if trace is None:
-                # The worker's entry is not visible here (no shared folder): have the tables sent.
-                trace = _from_dask(p, client.submit(dask_tables, p, str(cache_dir), pure=False).result())
-            assert trace is not None
-            out.append(trace)
-        return out
 
 
 def dask_gather(futures: Sequence[Any], labels: Sequence[str], progress: ProgressFn | None) -> list[Any]:
@@ -261,53 +212,3 @@ def dask_client(scheduler: str | None, workers: int, timeout: str = "30s") -> It
         Client(cluster) as client,
     ):
         yield client
-
-
-def dask_parse(path: str, cache_dir: str) -> tuple[str, str]:
-    """Dask task: parse ``path`` into the shared cache folder (see :func:`analyzer.runtime.cache.parse_into`)."""
-    return cache_mod.parse_into(path, cache_dir, lookup=True)
-
-
-def dask_tables(path: str, cache_dir: str | None) -> tuple[str, Any]:
-    """Dask task: the parsed trace as Arrow IPC bytes and JSON, or ("error", message)."""
-    from analyzer.errors import AnalyzerError
-
-    try:
-        trace = cache_mod.load_trace(path, Path(cache_dir) if cache_dir else None)
-    except AnalyzerError as e:
-        return "error", str(e)
-    return "tables", to_ipc(trace)
-
-
-def _from_dask(path: str, result: tuple[str, Any]) -> Trace | None:
-    status, value = result
-    if status == "error":
-        raise InputError(value)
-    if status == "tables":
-        return from_ipc(value)
-    if status == "entry" and Path(value).is_dir():
-        return cache_mod.read_entry(value, None, path)
-    return None
-
-
-def to_ipc(trace: Trace) -> dict[str, bytes | str]:
-    """A trace as Arrow IPC stream bytes per table plus its metadata as JSON (no pickle)."""
-    out: dict[str, bytes | str] = {}
-    for name in cache_mod.TABLES:
-        out[name] = ipc_bytes(getattr(trace, name))
-    out["meta"] = json.dumps({"inputs": [m.to_dict() for m in trace.inputs], "warnings": trace.warnings})
-    return out
-
-
-def from_ipc(data: dict[str, Any]) -> Trace:
-    tables = {name: ipc_table(data[name]).combine_chunks() for name in cache_mod.TABLES}
-    meta = json.loads(data["meta"])
-    trace = Trace(
-        tables["kernels"],
-        tables["host_ops"],
-        tables["annotations"],
-        [InputMeta(**m) for m in meta["inputs"]],
-        list(meta["warnings"]),
-    )
-    trace.validate()
-    return trace

@@ -28,6 +28,8 @@ from typing import Any
 
 import pandas as pd
 
+from analyzer.analyses import phases, roofline
+from analyzer.errors import AnalyzerError, InputError
 from analyzer.model import (
     ANNOTATION_SCHEMA,
     HOST_OP_SCHEMA,
@@ -39,14 +41,25 @@ from analyzer.model import (
     unify,
     with_trace_id,
 )
-from analyzer.pipeline import Analysis, Options, ProgressFn, analyze_inputs
+from analyzer.pipeline import (
+    Analysis,
+    Context,
+    Options,
+    analyze_inputs,
+    as_context,
+    resolve_context,
+    start,
+)
+from analyzer.readers import expand_inputs
 from analyzer.runtime import cache as cache_mod
 from analyzer.runtime import pools as executor_mod
+from analyzer.runtime.pools import ProgressFn
+from analyzer.tables import launches
 
 
 def analyze_parts(
     files: Sequence[str | os.PathLike[str]],
-    options: Options,
+    options: Options | Context,
     *,
     jobs: int | None = None,
     cache: bool | str | os.PathLike[str] | None = False,
@@ -59,13 +72,12 @@ def analyze_parts(
 
     The findings and the run's warnings are left to :func:`analyzer.pipeline.finish_run`.
     """
-    from analyzer.readers import expand_inputs
-
     executor_mod.check_settings(executor, jobs, scheduler)
+    context = as_context(options)  # a bad --gpu, --model or rules file fails here, not in a worker
     paths = [str(f) for f in expand_inputs([str(f) for f in files])]
     if len(paths) < 2:
         return None
-    plain = _plain_options(options)  # a bad --gpu, --model or rules file fails here, not in a worker
+    plain = _plain_options(context.options)  # checked already: the context is resolved
     cache_dir = cache_mod.resolve_dir(cache)
     folder = str(cache_dir) if cache_dir is not None else None
     args = [(p, i, folder, plain) for i, p in enumerate(paths)]
@@ -81,21 +93,14 @@ def analyze_parts(
             results = executor_mod.pool_map(analyze_part, args, paths, n, progress)
         except BrokenProcessPool:
             return None  # a worker died (killed for memory?): the serial path reads one file at a time
-    return join_parts(results, options)
+    return join_parts(results, context)
 
 
 def _plain_options(options: Options) -> dict[str, Any]:
-    """``options`` as plain data for a worker, checked here; rule files as absolute paths."""
-    from analyzer.analyses import roofline
-    from analyzer.knowledge import architectures, kernel_rules
-
-    kernel_rules.load_rules(list(options.rules))
-    if options.gpu:
-        roofline.gpu_override(options.gpu)
-    if options.model:
-        architectures.load_model(options.model)
+    """``options`` as plain data for a worker; rule files as absolute paths."""
     plain = dataclasses.asdict(options)
     plain["rules"] = [str(Path(r).resolve()) for r in options.rules]
+    plain["settings"] = dict(options.settings)
     return plain
 
 
@@ -108,16 +113,15 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
     ``("part", {"kernels": IPC bytes, "annotations": IPC bytes, "meta": JSON})``, or
     ``("error", message)`` for bad input.
     """
-    from analyzer.analyses import classify, roofline
-    from analyzer.errors import AnalyzerError
-
     try:
         trace = with_trace_id(cache_mod.load_trace(path, Path(cache_dir) if cache_dir else None), index)
     except AnalyzerError as e:
         return "error", str(e)
-    analysis = Analysis(trace=trace, kernels=trace.kernels)
-    analyze_inputs(analysis, Options(**options))
-    classify.forget_launching_ops()  # the memo holds this input's host ops
+    # the rule set and the other knowledge are cached: a forked worker resolves them from memory
+    analysis = analyze_inputs(
+        dataclasses.replace(start(trace), warnings=[]), resolve_context(Options(**options))
+    )
+    launches.forget_launching_ops()  # the memo holds this input's host ops
     steps = analysis.steps if analysis.steps is not None else pd.DataFrame()
     meta = {
         "inputs": [m.to_dict() for m in trace.inputs],
@@ -139,12 +143,8 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
 # --------------------------------------------------------------------------- joining
 
 
-def join_parts(results: Sequence[tuple[str, Any]], options: Options) -> Analysis | None:
+def join_parts(results: Sequence[tuple[str, Any]], context: Context) -> Analysis | None:
     """The run made of the analysed inputs, in order; None when they disagree on the GPU or world size."""
-    from analyzer.analyses import phases
-    from analyzer.errors import InputError
-    from analyzer.knowledge import architectures
-
     for status, value in results:
         if status == "error":
             raise InputError(value)
@@ -168,7 +168,7 @@ def join_parts(results: Sequence[tuple[str, Any]], options: Options) -> Analysis
         kernels=kernels,
         steps=pd.DataFrame([r for m in metas for r in m["steps"]], columns=phases.STEP_COLUMNS),
         gpu=metas[0]["gpu"],
-        model=architectures.load_model(options.model) if options.model else None,
+        model=context.model,
         warnings=reader_warnings + [w for m in metas for w in m["warnings"]],
         annotations_found=sorted({e for m in metas for e in m["annotations_found"]}),
         rules_sha256=metas[0]["rules_sha256"],

@@ -6,16 +6,22 @@ dict; it never reads or writes anything. Runs that cannot be compared (another G
 shape, other tokens or batch per step, too few steps) raise :class:`NotComparableError`: one line
 naming every reason, exit status 2.
 
-What is compared, per phase that has enough steps in both runs: the phase's kernel time per step,
-each stage of the phase (DESIGN §3) and each kernel group (``group_key``) in the baseline's top
-groups or above the floor in the candidate. Values are per-step medians (or per-step means for
-work that runs in fewer than half of the steps, on either side). A row *regresses* when
+What is compared, per phase that has enough steps in both runs: the phase's step time (the p50
+and p90 of its steps' wall durations: what users feel, host gaps included), the phase's kernel time
+per step, each stage of the phase (DESIGN §3) and each kernel group (``group_key``) in the
+baseline's top groups or above the floor in the candidate. Kernel values are per-step medians (or
+per-step means for work that runs in fewer than half of the steps, on either side). A row
+*regresses* when
 
     candidate > baseline * (1 + threshold)   and   candidate - baseline > min_delta
 
+with ``step_threshold`` in place of ``threshold`` for the step-time rows (a baseline written
+before step times were kept gates kernel time only, with a note)
+
 and *improves* in the mirror case. A stage or kernel group present in only one run is ``new`` or
 ``vanished``; a new stage above the floor fails the gate, a new kernel group is listed (its time
-already counts toward its stage, which decides). Regressed phases, stages and kernel groups fail.
+already counts toward its stage, which decides). Regressed phases, step times, stages and kernel
+groups fail.
 """
 
 from __future__ import annotations
@@ -26,19 +32,30 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from analyzer.errors import InputError, UsageError
+from analyzer.knowledge.taxonomy import PHASES
 from analyzer.results.baseline import group_hash
 
 RESULT_FORMAT_VERSION = 1
 RESULT_KIND = "llm-kernel-map/gate-result"
 DEFAULT_THRESHOLD = 0.10
+# step wall time carries host jitter that kernel time does not: its own, looser default
+DEFAULT_STEP_THRESHOLD = 0.20
+STEP_STATS = ("p50", "p90")
 DEFAULT_MIN_DELTA_NS = 5_000
 DEFAULT_MIN_STEPS = 3
 # tokens (and batch) per step may differ this much before two runs stop being comparable
 SHAPE_TOLERANCE = 0.10
 # kernel groups named per stage row ("the kernels responsible")
 KERNELS_PER_STAGE = 5
-PHASES = ("prefill", "decode", "mixed", "unknown")
-CONFIG_KEYS = ("threshold", "min_delta_us", "min_steps", "allow_few_steps", "stage_thresholds")
+CONFIG_KEYS = (
+    "threshold",
+    "step_threshold",
+    "min_delta_us",
+    "min_steps",
+    "allow_few_steps",
+    "stage_thresholds",
+)
+LEVELS = ("phase", "step", "stage", "kernel")
 
 
 class NotComparableError(InputError):
@@ -52,9 +69,11 @@ class Thresholds:
     A pattern names a phase (``decode``), a stage (``decode.paged_attention``) or a kernel group
     (``decode.paged_attention/<group_key glob>``); ``*`` and ``?`` are wildcards. The most specific
     level that matches a row decides: kernel group, then stage, then phase, then ``threshold``.
+    ``step_threshold`` is the step-time rows' (p50 and p90 of a phase's step durations).
     """
 
     threshold: float = DEFAULT_THRESHOLD
+    step_threshold: float = DEFAULT_STEP_THRESHOLD
     min_delta_ns: int = DEFAULT_MIN_DELTA_NS
     min_steps: int = DEFAULT_MIN_STEPS
     allow_few_steps: bool = False
@@ -63,6 +82,8 @@ class Thresholds:
     def __post_init__(self) -> None:
         if self.threshold < 0:
             raise UsageError(f"threshold must be >= 0, got {self.threshold}")
+        if self.step_threshold < 0:
+            raise UsageError(f"step threshold must be >= 0, got {self.step_threshold}")
         if self.min_delta_ns < 0:
             raise UsageError(f"min delta must be >= 0, got {self.min_delta_ns} ns")
         if self.min_steps < 1:
@@ -137,6 +158,7 @@ def make_thresholds(
     config: Mapping[str, Any] | None = None,
     *,
     threshold: float | None = None,
+    step_threshold: float | None = None,
     min_delta_us: float | None = None,
     min_steps: int | None = None,
     allow_few_steps: bool | None = None,
@@ -165,6 +187,9 @@ def make_thresholds(
         return cli if cli is not None else config.get(key, default)
 
     rel = parse_fraction(pick(threshold, "threshold", DEFAULT_THRESHOLD), f"{source} threshold")
+    step_rel = parse_fraction(
+        pick(step_threshold, "step_threshold", DEFAULT_STEP_THRESHOLD), f"{source} step_threshold"
+    )
     floor_us = pick(min_delta_us, "min_delta_us", DEFAULT_MIN_DELTA_NS / 1e3)
     steps = pick(min_steps, "min_steps", DEFAULT_MIN_STEPS)
     few = pick(allow_few_steps, "allow_few_steps", False)
@@ -176,6 +201,7 @@ def make_thresholds(
         raise UsageError(f"{source}: allow_few_steps must be true or false, got {few!r}")
     return Thresholds(
         threshold=rel,
+        step_threshold=step_rel,
         min_delta_ns=int(round(floor_us * 1e3)),
         min_steps=steps,
         allow_few_steps=few,
@@ -312,7 +338,8 @@ def compare(
                 "steps": _pair(bp["steps"], cp["steps"]),
                 "tokens_per_step": _pair(bp.get("tokens_per_step"), cp.get("tokens_per_step")),
                 "batch": _pair(bp.get("batch"), cp.get("batch")),
-                "step_ns_p50": _pair(bp["step_ns"]["p50"], cp["step_ns"]["p50"]),
+                "step_ns_p50": _pair(_step(bp, "p50"), _step(cp, "p50")),
+                "step_ns_p90": _pair(_step(bp, "p90"), _step(cp, "p90")),
                 "kernel_ns_p50": _pair(bp["kernel_ns"]["p50"], cp["kernel_ns"]["p50"]),
             }
         )
@@ -338,13 +365,14 @@ def compare(
                 fails_if_new=True,
             )
         )
+        rows.extend(_compare_steps(phase, bp, cp, t, gated))
         groups = _compare_groups(baseline, candidate, phase, t, gated, used)
         rows.extend(_compare_stages(baseline, candidate, phase, t, gated, used, groups))
         rows.extend(g for g in groups if _listed(g, t))
     rows.sort(
         key=lambda r: (
             not r["fails"],
-            ("phase", "stage", "kernel").index(r["level"]),
+            LEVELS.index(r["level"]),
             -abs(r["delta_ns"] or 0),
             r["id"],
         )
@@ -366,6 +394,7 @@ def compare(
         "counts": counts,
         "thresholds": {
             "threshold": t.threshold,
+            "step_threshold": t.step_threshold,
             "min_delta_ns": t.min_delta_ns,
             "min_steps": t.min_steps,
             "allow_few_steps": t.allow_few_steps,
@@ -377,6 +406,44 @@ def compare(
         "rows": rows,
         "notes": notes,
     }
+
+
+def _step(phase_entry: Mapping[str, Any], stat: str) -> int | None:
+    """A phase's step-time statistic (None in a baseline written before it was kept)."""
+    value = (phase_entry.get("step_ns") or {}).get(stat)
+    return None if value is None else int(value)
+
+
+def _compare_steps(
+    phase: str, bp: Mapping[str, Any], cp: Mapping[str, Any], t: Thresholds, gated: bool
+) -> list[dict[str, Any]]:
+    """The phase's step-time rows (p50, p90 of step wall durations) both runs carry."""
+    rows = []
+    for stat in STEP_STATS:
+        b, c = _step(bp, stat), _step(cp, stat)
+        if b is None or c is None:
+            continue  # an older baseline: _notes says so
+        rows.append(
+            _judge(
+                {
+                    "level": "step",
+                    "id": f"{phase}.step_{stat}",
+                    "phase": phase,
+                    "stage": None,
+                    "group_key": None,
+                    "provider": None,
+                },
+                b,
+                c,
+                stat,
+                t.step_threshold,
+                None,
+                t,
+                gated,
+                fails_if_new=False,
+            )
+        )
+    return rows
 
 
 def _pair(b: Any, c: Any) -> dict[str, Any]:
@@ -596,6 +663,17 @@ def _notes(
             "the classification rules changed since the baseline was written: stages may have "
             "moved; regenerate the baseline if they did (`llm-kernel-map baseline`)"
         )
+    for phase in plan:
+        for label, side in (("baseline", baseline), ("candidate", candidate)):
+            entry = side["phases"][phase]
+            missing = [stat for stat in STEP_STATS if _step(entry, stat) is None]
+            if not missing:
+                continue
+            what = "step times" if len(missing) == len(STEP_STATS) else f"step time {', '.join(missing)}"
+            notes.append(
+                f"{phase}: the {label} has no {what} (written by an older version): not gated; "
+                "regenerate it with `llm-kernel-map baseline`"
+            )
     for phase in plan:
         tb = baseline["phases"][phase].get("tokens_per_step")
         tc = candidate["phases"][phase].get("tokens_per_step")

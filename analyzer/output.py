@@ -1,4 +1,7 @@
-"""Writing result files safely: parent folders made, a half-written file removed on error."""
+"""Writing result files safely: parent folders made, a half-written file removed on error.
+
+The one place that opens an output file: reporters (:mod:`analyzer.report`) get the open stream.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
-
 from analyzer.errors import UsageError
+from analyzer.report import Reporter
+from analyzer.report.json_report import JsonReporter
 
 
 @contextlib.contextmanager
@@ -31,10 +34,13 @@ def output_file(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
         raise
 
 
+def write_report(reporter: Reporter, data: Any, path: str | os.PathLike[str]) -> None:
+    """Render ``data`` with ``reporter`` into ``path`` (binary or text as the reporter writes);
+    a file the reporter fails half-way through is removed."""
+    with output_file(path, "wb" if reporter.binary else "w") as f:
+        reporter.render(data, f)
+
+
 def write_json(obj: Any, path: str | os.PathLike[str]) -> None:
-    data = orjson.dumps(
-        obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-    )
-    with output_file(path, "wb") as f:
-        f.write(data)
-        f.write(b"\n")
+    """``obj`` (a summary, a comparison, capture metadata) as indented JSON in ``path``."""
+    write_report(JsonReporter(), obj, path)

@@ -1,0 +1,718 @@
+"""Per-layer structure: GEMM roles, decoder-layer numbers and region stages along each device's kernels.
+
+Contract (pure over lists and arrays that :mod:`analyzer.analyses.classify` hands in):
+
+* :func:`walk_sequence` takes one device's kernels in time order (their stages after the rule table
+  and the op hints) and, in one pass, gives every GEMM its role (``qkv_gemm`` ... ``lm_head_gemm``,
+  ``moe_gate_gemm``, expert GEMMs; :func:`_role` decides from the region it is in and what follows),
+  numbers the decoder layers (``layer``; -1 before the first layer and after the LM head) and gives the
+  generic kernels between the anchors the stage of the region they sit in. Without host ops (CUDA-graph
+  replay, rocprof, nsys) it still works: shapes are never required.
+* :func:`gemm_roles_from_shapes` derives the roles independently from recorded host-op input shapes and
+  the model's layer dimensions (None where shapes cannot tell); tests check both agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAGES
+from analyzer.tables.launches import launching_op_rows
+
+# The stages the walk reads (sets for fast membership; derived from rules/taxonomy.toml):
+GEMM_STAGES = frozenset(DENSE_GEMM_STAGES)  # a GEMM the walk gives a role (moe_expert_gemm keeps its own)
+ATTENTION = frozenset(ATTENTION_KERNEL_STAGES)  # attention kernels: the anchor of a layer's sequence
+# Heuristic groups of the walk (its choices, not vocabularies; every member is a taxonomy stage, tested):
+# kernels whose stage the structure may refine: generic framework kernels only
+GENERIC = frozenset({"elementwise", "residual_add"})  # a bare ATen add is only a guess
+SAMPLING_LIKE = frozenset({"sampling", "moe_topk"})  # a top-k after the LM head or in a MoE router
+
+
+# --------------------------------------------------------------------------- the walk
+
+
+# --------------------------------------------------------------------------- attention by composition
+
+COMPOSED_ATTENTION = "flash_attention"  # the attention category's general stage (fused or not)
+_SOFTMAX_OPS = frozenset({"aten::_softmax", "aten::softmax", "aten::_safe_softmax"})
+# ops that end the stretch of work before a composed attention: the KV-cache write, RoPE's final add
+_BEFORE_ATTENTION_STOP = frozenset({"aten::cat", "aten::add", "aten::add_", *("aten::index_copy_",
+    "aten::index_put_", "aten::slice_scatter", "aten::embedding", "aten::index_select")})  # fmt: skip
+_KV_WRITE_WORDS = ("CatArrayBatchedCopy", "index_copy", "scatter", "CUDAFunctor_add", "AddFunctor")
+
+
+# generic work inside a composed attention; activation: the tanh of Gemma-2's logit softcapping
+_COMPOSED_PARTS = GENERIC | {"memcpy", "memset", "activation"}
+
+
+def _is_softmax(stage: str, name: str) -> bool:
+    return stage in ("sampling", "elementwise") and "softmax" in name.lower() and "backward" not in name
+
+
+def compose_attention(
+    seq: np.ndarray, stage: list[str], norm: list[str], op_names: Sequence[str | None], launch: np.ndarray
+) -> int:
+    """Attention that the framework composes from GEMMs and generic kernels is attention.
+
+    HF eager attention and the math SDPA backend run ``matmul(q, k^T)`` -> scale / mask add ->
+    softmax -> (dropout) -> ``matmul(p, v)``: a softmax between two GEMM ops with only generic
+    kernels in between. That stretch, the generic work before it back to the KV-cache write (repeat_kv
+    copies, the math backend's scaling and causal mask) and the copies after it up to the next GEMM
+    (the output transpose) take the attention stage; its GEMMs are never projections. A softmax after
+    the LM head (no GEMM follows before a norm or an embedding) stays the sampler's. Returns how many
+    attentions were found.
+    """
+    rows = seq.tolist()
+    n = len(rows)
+    ops = list(map(op_names.__getitem__, rows))
+    nm = list(map(norm.__getitem__, rows))
+    if not (_SOFTMAX_OPS & set(ops)) and not any("softmax" in x.lower() for x in set(nm)):
+        return 0  # no softmax: nothing composed (the common case, checked per distinct name)
+    st = list(map(stage.__getitem__, rows))
+    pairs = list(zip(st, nm, strict=True))
+    kinds = {k: i for i, k in enumerate(dict.fromkeys(pairs))}
+    code = np.fromiter(map(kinds.__getitem__, pairs), np.int32, n)
+    per = list(kinds)
+    soft_k = np.array([_is_softmax(s, m) for s, m in per], bool)
+    gemm_k = np.array([s in GEMM_STAGES for s, _ in per], bool)
+    generic_k = np.array([s in _COMPOSED_PARTS for s, _ in per], bool)
+    normish_k = np.array([_norm_like(s, m) for s, m in per], bool)
+    stop_k = np.array([any(w in m for w in _KV_WRITE_WORDS) for _, m in per], bool)
+    soft = soft_k[code] | np.fromiter((o in _SOFTMAX_OPS for o in ops), bool, n)
+    if not soft.any():
+        return 0
+    gemm = gemm_k[code]
+    spans = _gemm_ops(seq, gemm, norm, launch)
+    if not spans:
+        return 0
+    first = np.array([a for a, _ in spans], np.int64)
+    clean = (generic_k[code] | soft) & ~normish_k[code]
+    dirty = np.concatenate(([0], np.cumsum(~clean & ~gemm)))  # dirty[i]: unclean kernels before i
+    found = 0
+    done = -1
+    for s in np.flatnonzero(soft).tolist():
+        if s <= done:
+            continue
+        k = int(np.searchsorted(first, s))  # spans[k] is the first GEMM op after s
+        if k == 0 or k >= len(spans):
+            continue
+        a, b = spans[k - 1], spans[k]
+        if dirty[b[0]] - dirty[a[1] + 1] > 0 or dirty[s] != dirty[s + 1]:
+            continue  # a norm, an embedding, a routing kernel ... in between: not one attention
+        lo, hi = a[0], b[1]
+        while lo - 1 > done and generic_k[code[lo - 1]] and not normish_k[code[lo - 1]]:
+            op = ops[lo - 1]
+            if (op in _BEFORE_ATTENTION_STOP) if op is not None else stop_k[code[lo - 1]]:
+                break
+            lo -= 1
+        nxt = first[k + 1] if k + 1 < len(spans) else n
+        while hi + 1 < nxt and clean[hi + 1] and ops[hi + 1] not in ("aten::add", "aten::add_"):
+            if ops[hi + 1] is None and stop_k[code[hi + 1]]:
+                break
+            hi += 1
+        for q in range(lo, hi + 1):
+            if st[q] not in ("memcpy", "memset"):
+                stage[rows[q]] = COMPOSED_ATTENTION
+        done = hi
+        found += 1
+    return found
+
+
+def _gemm_ops(
+    seq: np.ndarray, gemm: np.ndarray, norm: list[str], launch: np.ndarray
+) -> list[tuple[int, int]]:
+    """(first, last) positions in ``seq`` of each logical GEMM: adjacent GEMM kernels of one launching
+    op, or a split-K reduction right after its GEMM (``gemm``: a GEMM stage at each position)."""
+    pos = np.flatnonzero(gemm)
+    if not len(pos):
+        return []
+    rows = seq[pos]
+    names = [norm[r] for r in rows.tolist()]
+    reduce = {n: _is_reduce(n) for n in set(names)}
+    lv = launch[rows]
+    joins = np.zeros(len(pos), bool)
+    joins[1:] = (pos[1:] == pos[:-1] + 1) & (
+        (lv[1:] == lv[:-1]) | np.fromiter(map(reduce.__getitem__, names[1:]), bool, len(pos) - 1)
+    )  # NaN (no op) never equals
+    first = np.flatnonzero(~joins)
+    last = np.append(first[1:] - 1, len(pos) - 1)
+    return list(zip(pos[first].tolist(), pos[last].tolist(), strict=True))
+
+
+def _next_where(mask: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Per position in ``at``: the first position >= it where ``mask`` holds (``len(mask)``: none)."""
+    where = np.append(np.flatnonzero(mask), len(mask))
+    return where[np.searchsorted(where[:-1], at)]
+
+
+def _is_reduce(name: str) -> bool:
+    n = name.lower()
+    return "splitkreduce" in n or "reduce_kernel" in n and "gemm" in n
+
+
+_NORM_WORDS = ("rsqrt", "MeanOps", "layer_norm", "rms_norm", "rmsnorm", "RMSNorm", "Rmsnorm")
+_MOE_ROUTING = frozenset({"moe_topk", "moe_sort"})
+
+
+def _norm_like(stage: str, name: str) -> bool:
+    return stage == "norm" or any(w in name for w in _NORM_WORDS)
+
+
+def walk_sequence(
+    seq: np.ndarray,
+    stage: list[str],
+    norm: list[str],
+    op_names: Sequence[str | None],
+    launch: np.ndarray,
+    layer: np.ndarray,
+) -> None:
+    """Assign GEMM roles, layers and region stages along one device's time-ordered kernels.
+
+    Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store),
+    ``attn`` (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm),
+    ``mlp_in`` (between gate/up GEMMs and the down GEMM: activation), ``mlp_out`` (after the down
+    GEMM: residual add, next input norm), ``moe`` / ``moe_experts`` (routing, expert GEMMs), ``tail``
+    (after the LM head: sampling). A GEMM's role follows from its region and what comes next.
+    """
+    rows = seq.tolist()
+    n = len(rows)
+    _demote_lone_pow(rows, stage, norm, op_names)
+    st = list(map(stage.__getitem__, rows))
+    pairs = list(zip(st, map(norm.__getitem__, rows), strict=True))
+    memo = {k: _norm_like(*k) for k in set(pairs)}
+    normish = np.fromiter(map(memo.__getitem__, pairs), bool, n)
+    kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
+    code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
+
+    def stages(*sets: Any) -> np.ndarray:
+        return np.array([any(s in x for x in sets) for s in kinds], bool)[code]
+
+    anchor = stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm"))
+    gemm = stages(GEMM_STAGES)
+    ops = _gemm_ops(seq, gemm, norm, launch)
+    # what follows each GEMM op, seen from the position after it: the next anchor kernel; the next
+    # anchor or GEMM ("gemm" for a GEMM); whether a GEMM comes before the next norm / attention /
+    # routing / embedding kernel
+    after = np.array([b + 1 for _, b in ops], np.int64)
+    at = _next_where(anchor, after).tolist()
+    follow = [st[q] if q < n else "" for q in at]
+    at = _next_where(anchor | gemm, after).tolist()
+    lead = [("gemm" if not anchor[q] else st[q]) if q < n else "" for q in at]
+    blocker = normish | stages(ATTENTION, _MOE_ROUTING, ("embedding",))
+    at = _next_where(gemm | blocker, after).tolist()
+    gemm_ahead = [q < n and bool(gemm[q]) for q in at]
+    op_at = {a: k for k, (a, _) in enumerate(ops)}
+    # only these positions change the walk's state; the runs between them take the region as it is
+    events = np.zeros(n, bool)
+    events[[a for a, _ in ops]] = True
+    events |= normish | stages(ATTENTION, _MOE_ROUTING, ("embedding", "sampling", "moe_expert_gemm"))
+    region = "pre"
+    layer_no = -1
+    norm_seen = False
+    region_of = [""] * n
+    layer_of = [-1] * n  # lists: numpy item assignment per kernel is slower
+    p = 0
+    for e in [*np.flatnonzero(events).tolist(), n]:
+        if e < p:
+            continue  # inside a GEMM op already walked
+        if e > p:
+            region_of[p:e] = [region] * (e - p)
+            layer_of[p:e] = [-1 if region in ("pre", "tail") else layer_no] * (e - p)
+        p = e
+        if p == n:
+            break
+        s = st[p]
+        k = op_at.get(p)
+        if k is not None:
+            b = ops[k][1]
+            routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
+            role, region, layer_no = _role(
+                region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next
+            )
+            norm_seen = False
+            for q in range(p, b + 1):
+                if stage[rows[q]] in GEMM_STAGES:
+                    stage[rows[q]] = role
+                region_of[q] = region
+                layer_of[q] = -1 if region in ("pre", "tail") else layer_no
+            p = b + 1
+            continue
+        if s == "embedding":
+            region, layer_no, norm_seen = "pre", -1, False
+        elif s in ATTENTION:
+            region, norm_seen = "attn", False
+        elif s in _MOE_ROUTING and region in ("attn_out", "mlp_in", "moe"):
+            region = "moe"
+        elif s == "sampling" and region == "moe":
+            stage[rows[p]] = "moe_topk"
+        elif s == "moe_expert_gemm":
+            region = "moe_experts"
+        elif normish[p]:
+            norm_seen = True
+        region_of[p] = region
+        layer_of[p] = -1 if region in ("pre", "tail") else layer_no
+        p += 1
+    was_generic = np.fromiter((x in GENERIC for x in st), bool, n)
+    shape = _norm_shape(rows, stage, norm, op_names, normish, was_generic)
+    _label_generic(seq, stage, op_names, region_of, norm, normish, shape)
+    _label_inner_norms(seq, stage, region_of, normish, was_generic, shape, norm)
+    layer[seq] = layer_of
+    _shift_prologue_to_next_layer(seq, stage, layer)
+
+
+_REDUCE_OPS = frozenset({"aten::mean", "aten::var_mean", "aten::sum", "aten::var", "aten::norm"})
+
+
+def _demote_lone_pow(
+    rows: list[int], stage: list[str], norm: list[str], op_names: Sequence[str | None]
+) -> None:
+    """``aten::pow`` is a norm's square only when a reduction (the mean) follows it; elsewhere
+    (GELU-tanh's ``x ** 3``) it is generic work that the region labels."""
+    pos = [q for q, r in enumerate(rows) if op_names[r] == "aten::pow" and stage[r] == "norm"]
+    n = len(rows)
+    for q in pos:
+        nxt = rows[q + 1 : min(q + 3, n)]
+        if not any(op_names[r] in _REDUCE_OPS or "MeanOps" in norm[r] for r in nxt):
+            stage[rows[q]] = "elementwise"
+
+
+def _role(
+    region: str, follow: str, gemm_ahead: bool, norm_seen: bool, layer_no: int, routing_next: bool = False
+) -> tuple[str, str, int]:
+    """(role, new region, layer number) of a GEMM from where we are and what comes next."""
+    if region == "attn":
+        return "o_gemm", "attn_out", layer_no
+    if region == "attn_in":
+        return "qkv_gemm", "attn_in", layer_no
+    if region in ("attn_out", "mlp_in"):
+        if region == "attn_out" and routing_next:
+            return "moe_gate_gemm", "moe", layer_no
+        if gemm_ahead:
+            return "gate_up_gemm", "mlp_in", layer_no
+        return "down_gemm", "mlp_out", layer_no
+    if region == "moe":
+        return "moe_expert_gemm", "moe_experts", layer_no
+    if region == "moe_experts" and not norm_seen:
+        return "moe_expert_gemm", "moe_experts", layer_no
+    # pre, mlp_out, moe_experts (after a norm), tail
+    if norm_seen and follow in ATTENTION:
+        return "qkv_gemm", "attn_in", layer_no + 1
+    if norm_seen and follow in ("sampling", "embedding", ""):
+        return "lm_head_gemm", "tail", layer_no
+    return "gemm", region, layer_no
+
+
+# Region -> stage for generic kernels found there.
+_REGION_STAGE = {
+    "attn_in": "rope",
+    "attn_out": "norm",
+    "mlp_in": "activation",
+    "mlp_out": "norm",
+    "moe": "moe_sort",
+    "moe_experts": "moe_accumulate",
+    "tail": "sampling",
+}
+_KV_OPS = ("aten::cat", "aten::copy_", "aten::index_copy_", "aten::index_put_", "aten::slice_scatter")
+_NORM_OPS = {"aten::rsqrt", "aten::mean", "aten::pow", "aten::var_mean", "aten::native_layer_norm"}
+
+
+def _label_generic(
+    seq: np.ndarray,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    region_of: list[str],
+    norm: Sequence[str] = (),
+    normish: np.ndarray | None = None,
+    shape: dict[str, tuple[int, int]] | None = None,
+) -> None:
+    rows = seq.tolist()
+    n = len(rows)
+    clusters = _cluster_bounds(np.flatnonzero(normish)) if shape and normish is not None else None
+    p = 0
+    while p < n:
+        reg = region_of[p]
+        q = p
+        while q < n and region_of[q] == reg:
+            q += 1
+        run = [i for i in range(p, q) if stage[rows[i]] in GENERIC]
+        if run and reg == "pre":
+            _label_first_norm(rows, run, p, q, stage, norm)
+            _label_rotary_module(rows, p, q, stage, op_names)
+        if run and reg in _REGION_STAGE:
+            target = _REGION_STAGE[reg]
+            if reg == "moe_experts":
+                _label_moe_block(rows, run, p, q, stage, op_names)
+                p = q
+                continue
+            if reg in ("attn_out", "mlp_out") and shape and clusters is not None:
+                inside = _norm_windows(clusters, p, q, shape, rows, norm)
+                if inside:
+                    # sandwich norms (Gemma): norms may come before and after the residual add
+                    for i in run:
+                        if i in inside:
+                            stage[rows[i]] = "norm"
+                        elif _is_add(rows[i], op_names) or stage[rows[i]] == "residual_add":
+                            stage[rows[i]] = "residual_add"  # by op, or the rule's 16-bit add
+                        else:
+                            stage[rows[i]] = "elementwise"
+                    p = q
+                    continue
+            if reg in ("attn_out", "mlp_out"):
+                # the residual add opens the block, the input norm of the next block follows
+                add = next((i for i in run if _is_add(rows[i], op_names)), None)
+                if add is not None:
+                    stage[rows[add]] = "residual_add"
+                    run = [i for i in run if i > add]
+                if reg == "mlp_out":
+                    target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
+            if reg == "attn_in":
+                tail = []
+                for i in reversed(run):  # trailing cat/copy before attention = KV-cache update
+                    if _is_kv_update(rows[i], op_names):
+                        tail.append(i)
+                    else:
+                        break
+                for i in tail:
+                    stage[rows[i]] = "kv_cache_store"
+                run = [i for i in run if i not in set(tail)]
+            for i in run:
+                stage[rows[i]] = target
+        p = q
+
+
+def _norm_clusters(pos: np.ndarray, gap: int = 3) -> list[tuple[int, int]]:
+    """(first, last) of each run of norm kernels at most ``gap`` apart (pow, mean, add, rsqrt)."""
+    if not len(pos):
+        return []
+    cut = np.flatnonzero(np.diff(pos) > gap) + 1
+    return [(int(c[0]), int(c[-1])) for c in np.split(pos, cut)]
+
+
+def _is_cast(r: int, norm: Sequence[str], op_names: Sequence[str | None]) -> bool:
+    op = op_names[r]
+    return op == "aten::copy_" if op is not None else "copy" in norm[r]
+
+
+def _norm_shape(
+    rows: list[int],
+    stage: list[str],
+    norm: Sequence[str],
+    op_names: Sequence[str | None],
+    normish: np.ndarray,
+    was_generic: np.ndarray,
+) -> dict[str, tuple[int, int]] | None:
+    """(lead, tail) of each composed norm of the model, learned from the layers' input norms.
+
+    A norm composed of ATen kernels (cast, pow, mean, add eps, rsqrt, mul, cast, mul by the weight)
+    shows only some of its kernels as norm-like. The input norm of a layer ends at its QKV GEMM: the
+    generic kernels between its last norm-like kernel and that GEMM are its tail, a cast right
+    before its first norm-like kernel its lead. Keyed by the name of the norm's first norm-like
+    kernel (an eager norm and a compiled one differ); None when no input norm is found.
+    """
+    n = len(rows)
+    st = np.array([stage[r] for r in rows], dtype=object)
+    qkv = np.flatnonzero((st == "qkv_gemm") & ~np.append(False, st[:-1] == "qkv_gemm"))
+    if not len(qkv):
+        return None
+    seen: dict[str, tuple[list[int], list[int]]] = {}
+    for c0, c1 in _norm_clusters(np.flatnonzero(normish)):
+        k = int(np.searchsorted(qkv, c1))
+        nxt = qkv[k] if k < len(qkv) else n
+        if nxt - c1 - 1 <= _MAX_NORM_TAIL and was_generic[c1 + 1 : nxt].all():
+            leads, tails = seen.setdefault(norm[rows[c0]], ([], []))
+            tails.append(int(nxt - c1 - 1))
+            leads.append(int(c0 > 0 and was_generic[c0 - 1] and _is_cast(rows[c0 - 1], norm, op_names)))
+    if not seen:
+        return None
+    return {k: (int(np.bincount(lv).argmax()), int(np.bincount(tv).argmax())) for k, (lv, tv) in seen.items()}
+
+
+_MAX_NORM_TAIL = 6  # mul by rsqrt, cast, (1 + weight), mul by the weight, cast
+
+
+def _norm_windows(
+    clusters: tuple[np.ndarray, np.ndarray],
+    lo: int,
+    hi: int,
+    shape: dict[str, tuple[int, int]],
+    rows: list[int],
+    norm: Sequence[str],
+) -> set[int]:
+    """Positions in [lo, hi) covered by a norm of its learned shape around each norm-like cluster
+    (``clusters``: the first and last positions of every cluster, from :func:`_norm_clusters`)."""
+    first, last = clusters
+    out: set[int] = set()
+    for k in range(int(np.searchsorted(last, lo)), int(np.searchsorted(first, hi))):
+        c0, c1 = int(first[k]), int(last[k])
+        got = shape.get(norm[rows[c0]])
+        if got is not None:
+            out.update(range(max(c0 - got[0], lo), min(c1 + got[1], hi - 1) + 1))
+    return out
+
+
+def _cluster_bounds(pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    got = _norm_clusters(pos)
+    return np.array([a for a, _ in got], np.int64), np.array([b for _, b in got], np.int64)
+
+
+def _label_inner_norms(
+    seq: np.ndarray,
+    stage: list[str],
+    region_of: list[str],
+    normish: np.ndarray,
+    was_generic: np.ndarray,
+    shape: dict[str, tuple[int, int]] | None,
+    norm: Sequence[str] = (),
+) -> None:
+    """Norms inside the attention input (Qwen3 / OLMo-2 / Gemma-3 q/k norms) are norms, not RoPE:
+    the learned norm shape (:func:`_norm_shape`) is applied to the norm clusters found between the
+    QKV GEMM and attention."""
+    if shape is None:
+        return
+    rows = seq.tolist()
+    n = len(rows)
+    inner = np.fromiter((r == "attn_in" for r in region_of), bool, n) & normish
+    if not inner.any():
+        return
+    for q in sorted(_norm_windows(_cluster_bounds(np.flatnonzero(inner)), 0, n, shape, rows, norm)):
+        if region_of[q] == "attn_in" and was_generic[q] and stage[rows[q]] in ("rope", *GENERIC):
+            stage[rows[q]] = "norm"
+
+
+def _label_first_norm(
+    rows: list[int], run: list[int], lo: int, hi: int, stage: list[str], norm: Sequence[str] = ()
+) -> None:
+    """Before the first layer: the generic kernels of the trailing norm (input norm of layer 0).
+
+    A norm composed of ATen kernels (pow, mean, rsqrt, mul) opens with one cast to fp32; a fused
+    norm kernel has no prologue, so the generic kernel before it belongs to what came earlier.
+    """
+    norms = [i for i in range(lo, hi) if stage[rows[i]] == "norm"]
+    if not norms:
+        return
+    first = norm[rows[norms[0]]] if norm else ""
+    start = norms[0]
+    if (
+        not any(w in first for w in _FUSED_NORM_WORDS)
+        and start - 1 >= lo
+        and stage[rows[start - 1]] in GENERIC
+    ):
+        start -= 1
+    for i in run:
+        if i >= start and stage[rows[i]] in GENERIC:
+            stage[rows[i]] = "norm"
+
+
+_FUSED_NORM_WORDS = ("layer_norm", "rms_norm", "rmsnorm", "RMSNorm", "Rmsnorm", "LayerNorm", "layernorm")
+_ROPE_MODULE_LEAD = 2  # generic kernels before the frequency GEMM (inv_freq expand / float casts)
+
+
+def _label_rotary_module(
+    rows: list[int], lo: int, hi: int, stage: list[str], op_names: Sequence[str | None]
+) -> None:
+    """Before the first layer: the rotary module (HF ``*RotaryEmbedding.forward``) multiplies
+    ``inv_freq`` by the positions (a small GEMM), concatenates the halves and takes cos and sin
+    (scaled, cast). The GEMM whose result feeds cos/sin and the generic kernels around them are RoPE."""
+    ropes = [i for i in range(lo, hi) if stage[rows[i]] == "rope"]
+    if not ropes:
+        return
+    a, b = ropes[0], ropes[-1]
+    g = a - 1
+    while g >= lo and stage[rows[g]] in GENERIC and op_names[rows[g]] != "aten::copy_":
+        g -= 1
+    if g >= lo and stage[rows[g]] in GEMM_STAGES:
+        a = g
+        while g >= lo and stage[rows[g]] in GEMM_STAGES:
+            g -= 1
+        for _ in range(_ROPE_MODULE_LEAD):
+            if g >= lo and stage[rows[g]] in GENERIC and op_names[rows[g]] in ("aten::copy_", None):
+                a = g
+                g -= 1
+    z = b + 1
+    while z < hi and stage[rows[z]] in GENERIC:
+        z += 1
+    for i in range(a, z):
+        if stage[rows[i]] in GENERIC or stage[rows[i]] in GEMM_STAGES:
+            stage[rows[i]] = "rope"
+
+
+def _label_moe_block(
+    rows: list[int], run: list[int], lo: int, hi: int, stage: list[str], op_names: Sequence[str | None]
+) -> None:
+    """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm."""
+    gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
+    last = gemms[-1] if gemms else lo - 1
+    after = [i for i in run if i > last]
+    add = next((i for i in after if _is_add(rows[i], op_names) and _has_norm_after(rows, i, hi, stage)), None)
+    for i in run:
+        if i < last:
+            stage[rows[i]] = "moe_sort"
+        elif add is None or i < add:
+            stage[rows[i]] = "moe_accumulate"
+        elif i == add:
+            stage[rows[i]] = "residual_add"
+        else:
+            stage[rows[i]] = "norm"
+
+
+def _is_add(r: int, op_names: Sequence[str | None]) -> bool:
+    return op_names[r] in ("aten::add", "aten::add_")
+
+
+def _has_norm_after(rows: list[int], add: int, end: int, stage: list[str]) -> bool:
+    return any(stage[rows[i]] == "norm" for i in range(add + 1, end))
+
+
+def _has_norm_signal(
+    rows: list[int], run: list[int], op_names: Sequence[str | None], stage: list[str], lo: int, hi: int
+) -> bool:
+    if any(stage[rows[i]] == "norm" for i in range(lo, hi)):
+        return True
+    ops = {op_names[rows[i]] for i in run}
+    return bool(ops & _NORM_OPS)
+
+
+def _is_kv_update(r: int, op_names: Sequence[str | None]) -> bool:
+    op = op_names[r]
+    return op in _KV_OPS if op else False
+
+
+def _shift_prologue_to_next_layer(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> None:
+    """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one."""
+    rows = seq.tolist()
+    for q in range(len(rows)):
+        r = rows[q]
+        if stage[r] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm"):
+            k = q - 1
+            while k >= 0 and stage[rows[k]] in ("norm", "elementwise", "quantize"):
+                layer[rows[k]] = layer[r]
+                k -= 1
+
+
+# --------------------------------------------------------------------------- self-check
+
+
+_MIN_GEMMS_FOR_LAYERS = 4  # fewer GEMMs than one decoder layer has: no structure to expect
+
+
+def structure_problem(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> str | None:
+    """Why the walk's answer for one device's kernels cannot be trusted, or None.
+
+    The structure is not found with confidence when the kernels hold GEMMs but no attention was
+    located (every role would be a guess), or when the GEMM role sequence of the numbered layers
+    does not repeat (the most common per-layer sequence covers under half of the layers; a
+    dense-then-MoE mix has two sequences, both repeating).
+    """
+    rows = seq.tolist()
+    st = [stage[r] for r in rows]
+    kinds = set(st)
+    gemms = sum(1 for x in st if x in GEMM_STAGES or x == "moe_expert_gemm")
+    if gemms < _MIN_GEMMS_FOR_LAYERS:
+        return None
+    if not kinds & ATTENTION:
+        return f"no attention located among {gemms} GEMM kernels"
+    lay = layer[seq].tolist()
+    runs: list[list[str]] = []  # one per layer instance: a run of kernels with one layer number
+    prev = None
+    for x, q in zip(st, lay, strict=True):
+        if q < 0:
+            prev = None
+            continue
+        if q != prev:
+            runs.append([])
+            prev = q
+        if x in GEMM_STAGES and x != "gemm" and (not runs[-1] or runs[-1][-1] != x):
+            runs[-1].append(x)
+    runs = [r for r in runs if r]
+    if len(runs) >= 3:
+        counts: dict[tuple[str, ...], int] = {}
+        for v in runs:
+            counts[tuple(v)] = counts.get(tuple(v), 0) + 1
+        if 2 * max(counts.values()) < len(runs):
+            return f"the GEMM role sequence does not repeat over {len(runs)} layers"
+    return None
+
+
+# --------------------------------------------------------------------------- roles from shapes
+
+
+def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, int] | None:
+    """(K, N) of a recorded GEMM op from its input shapes; None when not a GEMM we can read."""
+    if not op_name or not dims:
+        return None
+    d = [x for x in dims if x]
+    try:
+        if op_name in ("aten::mm", "aten::matmul") and len(d) >= 2 and len(d[1]) == 2:
+            return d[0][-1], d[1][-1]
+        if op_name == "aten::addmm" and len(dims) >= 3 and len(dims[2]) == 2:
+            return dims[1][-1], dims[2][-1]
+        if op_name == "aten::linear" and len(d) >= 2 and len(d[1]) == 2:
+            return d[1][1], d[1][0]
+        if op_name in ("aten::bmm", "aten::baddbmm") and len(d) >= 2 and len(d[-1]) == 3:
+            a, b = (d[0], d[1]) if op_name == "aten::bmm" else (d[1], d[2])
+            return a[-1], b[-1]
+    except (IndexError, TypeError):
+        return None
+    return None
+
+
+def gemm_roles_from_shapes(kernels: pa.Table, host_ops: pa.Table, arch: Any, tp: int = 1) -> list[str | None]:
+    """Role per kernel from its op's (K, N) checked against the layer dimensions; None if undecidable.
+
+    ``arch`` is an :class:`analyzer.knowledge.architectures.ModelArch`; with tensor parallelism each rank holds
+    1/tp of the column-parallel outputs (QKV, gate/up, LM head) and of the row-parallel inputs (O,
+    down). When two roles share a shape (Llama's q_proj and o_proj are both hidden x hidden) the
+    kernel gets None: shapes alone cannot tell them apart.
+    """
+    h = arch.hidden_size
+    q, kv = arch.q_dim // tp, arch.kv_dim // tp
+    inter = arch.intermediate_size // tp
+    shapes: dict[tuple[int, int], set[str]] = {}
+
+    def add(k_in: int, n_out: int, role: str) -> None:
+        shapes.setdefault((k_in, n_out), set()).add(role)
+
+    for n_out in {q, kv, q + 2 * kv}:
+        add(h, n_out, "qkv_gemm")
+    add(q, h, "o_gemm")
+    if arch.is_moe:
+        add(h, arch.num_experts, "moe_gate_gemm")
+        e = arch.expert_intermediate_size
+        for n_out in (e, 2 * e):
+            add(h, n_out, "moe_expert_gemm")
+        add(e, h, "moe_expert_gemm")
+    if not arch.is_moe or arch.dense_layers:
+        for n_out in (inter, 2 * inter):
+            add(h, n_out, "gate_up_gemm")
+        add(inter, h, "down_gemm")
+    for v in {arch.vocab_size, arch.vocab_size // tp}:
+        add(h, v, "lm_head_gemm")
+    found = launching_op_rows(kernels, host_ops)
+    if found is None:
+        return [None] * kernels.num_rows
+    ops, pos = found
+    names = ops["name"].combine_chunks().cast(pa.string()).take(pos).to_pylist()
+    dims = host_ops["input_dims"].take(ops["row"].take(pos)).to_pylist()
+    out: list[str | None] = []
+    for name, d in zip(names, dims, strict=True):
+        shape = gemm_shape(name, [list(x) for x in d] if d is not None else None)
+        roles = shapes.get(shape) if shape else None
+        if shape and roles is None and name in ("aten::bmm", "aten::baddbmm") and d is not None:
+            roles = _bmm_expert_roles(d, arch)
+        out.append(next(iter(roles)) if roles and len(roles) == 1 else None)
+    return out
+
+
+def _bmm_expert_roles(d: Any, arch: Any) -> set[str] | None:
+    """HF eager MoE multiplies gathered expert weights [E, out, in] by tokens [E, in, n]."""
+    if not arch.is_moe or len(d) < 2 or len(d[0]) != 3:
+        return None
+    e = arch.expert_intermediate_size
+    out_f, in_f = d[0][1], d[0][2]
+    if (in_f, out_f) in {(arch.hidden_size, e), (arch.hidden_size, 2 * e), (e, arch.hidden_size)}:
+        return {"moe_expert_gemm"}
+    return None

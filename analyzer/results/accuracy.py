@@ -1,0 +1,283 @@
+"""Agreement of an analysis with a captured trace's own truth: truth extraction, stripping, scoring.
+
+Contract (docs/accuracy.md): the truth of a kernel comes from the raw Kineto JSON document
+(:func:`analyzer.readers.raw_json.read_json`), never from the analysis. Its *region* is the innermost
+``lkm::truth region=..`` range around its launch call on the launching CPU thread (joined by
+correlation id), its *phase* the innermost ``lkm::step phase=..`` range there; graph-replayed kernels
+and kernels of compiled forwards carry phase truth only. The truth table
+(:mod:`analyzer.knowledge.truth`) maps (region, whether the launching host op is a GEMM op, activity
+kind) to the accepted stages. :func:`agreement` scores an analysed kernels table against that truth,
+weighted by kernel time. Pure functions of values.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzer.knowledge.truth import TruthTable
+
+TRUTH_PREFIX = "lkm::truth region="
+STEP_PREFIX = "lkm::step "
+KINDS = ("kernel", "memcpy", "memset")
+_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+_GRAPH_LAUNCH = re.compile(r"(?i)graphlaunch")
+_PHASE = re.compile(r"\bphase=(prefill|decode|mixed)\b")
+REPORT_VERSION = 1
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+class _Sweep:
+    """Innermost enclosing interval of each query point, for nested intervals of one thread."""
+
+    def __init__(self, intervals: list[tuple[float, float, Any]]) -> None:
+        self.iv = sorted(intervals, key=lambda x: (x[0], -x[1]))
+
+    def innermost(self, points: Sequence[float]) -> list[Any]:
+        order = sorted(range(len(points)), key=points.__getitem__)
+        out: list[Any] = [None] * len(points)
+        stack: list[tuple[float, float, Any]] = []
+        i, n = 0, len(self.iv)
+        for j in order:
+            t = points[j]
+            while i < n and self.iv[i][0] <= t:
+                start = self.iv[i][0]
+                while stack and stack[-1][1] < start:  # ranges that ended before this one began
+                    stack.pop()
+                stack.append(self.iv[i])
+                i += 1
+            while stack and stack[-1][1] < t:
+                stack.pop()
+            out[j] = stack[-1][2] if stack else None
+        return out
+
+
+def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
+    """One row per GPU activity of the raw trace with its truth.
+
+    Columns: ``correlation``, ``start_ns`` (as the Kineto reader computes it), ``name``, ``dur_ns``,
+    ``kind``, ``graph`` (replayed from a CUDA graph), ``region`` (null: no stage truth), ``gemm_op``,
+    ``phase`` (null: no phase truth), ``accepted`` (list of stages; empty without stage truth).
+    """
+    base = doc.get("baseTimeNanoseconds")
+    base = base if isinstance(base, int) and base > 0 else 0
+    ranges: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
+    steps: dict[Any, list[tuple[float, float, Any]]] = defaultdict(list)
+    ops: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
+    launches: dict[int, tuple[Any, float, bool]] = {}
+    gpu: list[tuple[int | None, float, float, str, str]] = []
+    for e in doc["traceEvents"]:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat"), e.get("name") or ""
+        ts, dur = _num(e.get("ts")), _num(e.get("dur"))
+        if ts is None:
+            continue
+        dur = dur or 0.0
+        thread = (e.get("pid"), e.get("tid"))
+        if cat == "user_annotation":
+            if name.startswith(TRUTH_PREFIX):
+                ranges[thread].append((ts, ts + dur, name[len(TRUTH_PREFIX) :].split()[0]))
+            elif name.startswith(STEP_PREFIX):
+                m = _PHASE.search(name)
+                steps[thread].append((ts, ts + dur, [m.group(1) if m else None, False]))
+        elif cat == "cpu_op":
+            ops[thread].append((ts, ts + dur, name))
+        elif cat in _LAUNCH_CATS:
+            corr = (e.get("args") or {}).get("correlation")
+            if isinstance(corr, int) and corr not in launches:
+                launches[corr] = (thread, ts, bool(_GRAPH_LAUNCH.search(name)))
+        elif cat in _GPU_CATS:
+            corr = (e.get("args") or {}).get("correlation")
+            gpu.append((corr if isinstance(corr, int) else None, ts, dur, name, _GPU_CATS[cat]))
+    # a step "ran a forward with ranges" when a truth range starts inside it on its thread
+    for thread, st in steps.items():
+        starts = sorted(r[0] for r in ranges.get(thread, ()))
+        for s, end, payload in st:
+            k = bisect.bisect_left(starts, s)
+            payload[1] = k < len(starts) and starts[k] <= end
+    by_thread: dict[Any, list[int]] = defaultdict(list)
+    for corr in launches:
+        by_thread[launches[corr][0]].append(corr)
+    region_of: dict[int, str | None] = {}
+    step_of: dict[int, Any] = {}
+    op_of: dict[int, str | None] = {}
+    for thread, corrs in by_thread.items():
+        pts = [launches[c][1] for c in corrs]
+        for store, iv in ((region_of, ranges), (step_of, steps), (op_of, ops)):
+            found = _Sweep(iv.get(thread, [])).innermost(pts)
+            store.update(zip(corrs, found, strict=True))
+    has_truth = bool(ranges)
+    rows: dict[str, list[Any]] = {k: [] for k in ("correlation", "start_ns", "name", "dur_ns", "kind", "graph",
+                                                  "region", "gemm_op", "phase", "accepted")}  # fmt: skip
+    for corr, ts, dur, name, kind in gpu:
+        launch = launches.get(corr) if corr is not None else None
+        graph = bool(launch and launch[2])
+        step = step_of.get(corr) if launch else None
+        region = region_of.get(corr) if launch else None
+        op = op_of.get(corr) if launch else None
+        gemm = op in table.gemm_ops
+        if launch is None or graph or not has_truth:
+            region = None
+        elif region is None and (step is None or step[1]):
+            region = "outside_forward"  # in a step whose forward had ranges, or outside every step
+        rows["correlation"].append(corr)
+        rows["start_ns"].append(int(np.rint(ts * 1000.0)) + base)
+        rows["name"].append(name)
+        rows["dur_ns"].append(int(np.rint(dur * 1000.0)))
+        rows["kind"].append(kind)
+        rows["graph"].append(graph)
+        rows["region"].append(region)
+        rows["gemm_op"].append(gemm)
+        rows["phase"].append(step[0] if step else None)
+        rows["accepted"].append(list(table.stages(region, gemm, kind)) if region else [])
+    return pa.table(
+        {
+            "correlation": pa.array(rows["correlation"], pa.int64()),
+            "start_ns": pa.array(rows["start_ns"], pa.int64()),
+            "name": pa.array(rows["name"], pa.string()),
+            "dur_ns": pa.array(rows["dur_ns"], pa.int64()),
+            "kind": pa.array(rows["kind"], pa.string()),
+            "graph": pa.array(rows["graph"], pa.bool_()),
+            "region": pa.array(rows["region"], pa.string()),
+            "gemm_op": pa.array(rows["gemm_op"], pa.bool_()),
+            "phase": pa.array(rows["phase"], pa.string()),
+            "accepted": pa.array(rows["accepted"], pa.list_(pa.string())),
+        }
+    )
+
+
+def has_truth_ranges(doc: Mapping[str, Any]) -> bool:
+    return any(
+        isinstance(e, dict) and str(e.get("name", "")).startswith(TRUTH_PREFIX) for e in doc["traceEvents"]
+    )
+
+
+def strip_annotations(annotations: pa.Table, keep_steps: bool = False) -> pa.Table:
+    """The annotations table without truth ranges (and without ``lkm::step`` ranges unless
+    ``keep_steps``), CPU and GPU copies alike."""
+    names = annotations["name"]
+    drop = pc.starts_with(names, TRUTH_PREFIX)
+    if not keep_steps:
+        drop = pc.or_(drop, pc.starts_with(names, STEP_PREFIX))
+    return annotations.filter(pc.invert(pc.fill_null(drop, False)))
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def _frac(num: float, den: float) -> float | None:
+    return round(num / den, 6) if den > 0 else None
+
+
+def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: int = 10) -> dict[str, Any]:
+    """Time-weighted agreement of an analysed kernels table with the truth rows of its trace.
+
+    ``kernels`` needs ``correlation``, ``start_ns``, ``dur_ns``, ``name``, ``stage``, ``category``
+    and ``phase``; rows are matched on (correlation, start_ns). Returns the report dict (its keys are
+    documented in docs/accuracy.md).
+    """
+    key = {
+        (c, s): i
+        for i, (c, s) in enumerate(
+            zip(truth["correlation"].to_pylist(), truth["start_ns"].to_pylist(), strict=True)
+        )
+    }
+    t_region = truth["region"].to_pylist()
+    t_phase = truth["phase"].to_pylist()
+    t_acc = truth["accepted"].to_pylist()
+    t_kind = truth["kind"].to_pylist()
+    cols = kernels.select(
+        ["correlation", "start_ns", "dur_ns", "name", "stage", "category", "phase"]
+    ).to_pydict()
+    n = len(cols["name"])
+    total = sum(d or 0 for d in cols["dur_ns"])
+    acc = {"stage": [0, 0, 0], "category": [0, 0, 0], "phase": [0, 0, 0]}  # ok time, time, kernels
+    regions: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    bad_stage: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+    bad_phase: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+    unmatched = 0
+    for i in range(n):
+        j = key.get((cols["correlation"][i], cols["start_ns"][i]))
+        if j is None:
+            unmatched += 1
+            continue
+        d = int(cols["dur_ns"][i] or 0)
+        accepted = t_acc[j]
+        if accepted:
+            stage = cols["stage"][i]
+            ok = stage in accepted
+            cat_ok = cols["category"][i] in table.categories(accepted)
+            for k, good in (("stage", ok), ("category", cat_ok)):
+                acc[k][0] += d if good else 0
+                acc[k][1] += d
+                acc[k][2] += 1
+            r = regions[f"{t_region[j]}" if t_kind[j] == "kernel" else f"{t_region[j]} ({t_kind[j]})"]
+            r[0] += d if ok else 0
+            r[1] += d
+            r[2] += 1
+            if not ok:
+                b = bad_stage[(cols["name"][i], str(stage), t_region[j], "|".join(accepted))]
+                b[0] += d
+                b[1] += 1
+        if t_phase[j] is not None:
+            good = cols["phase"][i] == t_phase[j]
+            acc["phase"][0] += d if good else 0
+            acc["phase"][1] += d
+            acc["phase"][2] += 1
+            if not good:
+                b = bad_phase[(cols["name"][i], str(cols["phase"][i]), t_phase[j])]
+                b[0] += d
+                b[1] += 1
+    report: dict[str, Any] = {
+        "format_version": REPORT_VERSION,
+        "kernels": n,
+        "kernel_ns": total,
+        "unmatched": unmatched,
+    }
+    for k, (ok_t, t, cnt) in acc.items():
+        report[k] = {"agreement": _frac(ok_t, t), "time_ns": t, "kernels": cnt, "coverage": _frac(t, total)}
+    report["regions"] = [
+        {"region": r, "time_ns": v[1], "kernels": v[2], "stage_agreement": _frac(v[0], v[1])}
+        for r, v in sorted(regions.items(), key=lambda kv: -kv[1][1])
+    ]
+    report["disagreements"] = {
+        "stage": [
+            {
+                "kernel": k[0],
+                "analyzer": k[1],
+                "region": k[2],
+                "accepted": k[3].split("|"),
+                "time_ns": v[0],
+                "count": v[1],
+                "share": _frac(v[0], acc["stage"][1]),
+            }
+            for k, v in sorted(bad_stage.items(), key=lambda kv: -kv[1][0])[:worst]
+        ],  # fmt: skip
+        "phase": [
+            {
+                "kernel": k[0],
+                "analyzer": k[1],
+                "truth": k[2],
+                "time_ns": v[0],
+                "count": v[1],
+                "share": _frac(v[0], acc["phase"][1]),
+            }
+            for k, v in sorted(bad_phase.items(), key=lambda kv: -kv[1][0])[:worst]
+        ],  # fmt: skip
+    }
+    return report

@@ -1,0 +1,39 @@
+"""The analysed kernels table as a pandas frame, and narrow views of it (no domain knowledge)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+
+# kernel columns no summary, finding, baseline or report reads from the frame: left out of it, they
+# would cost 8 bytes per kernel each (a 10 GB trace has millions of kernels)
+FRAME_SKIP = frozenset(
+    {
+        "correlation",
+        "registers",
+        "shared_mem",
+        "launch_op_id",
+        "bytes_recorded",
+        "launch_api",
+        "flops_source",
+        "block_y",
+        "block_z",
+        "tile_k",
+    }
+)
+
+
+def to_frame(kernels: pa.Table) -> pd.DataFrame:
+    """The kernels as pandas (string columns categorical), without the :data:`FRAME_SKIP` columns.
+
+    One block per column (no 2-D block per dtype to copy into): numeric columns stay views of the
+    Arrow buffers, which keeps the peak of the findings on big traces down."""
+    return kernels.select([c for c in kernels.column_names if c not in FRAME_SKIP]).to_pandas(
+        strings_to_categorical=True, split_blocks=True
+    )
+
+
+def only_columns(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
+    """The frame narrowed to ``columns`` (those it has): group-by loops then slice only these,
+    not every column of millions of kernels (no copy is made here: pandas copies on write)."""
+    return df[[c for c in dict.fromkeys(columns) if c in df]]

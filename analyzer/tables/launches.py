@@ -1,0 +1,63 @@
+"""Which host op launched each kernel: the innermost cpu_op of the kernel's external id (a table join).
+
+Classification (op hints), the GEMM roles from shapes and the roofline (op shapes) all ask for the
+same join; :func:`launching_op_rows` memoises the last one asked for, :func:`forget_launching_ops`
+drops it (the memo holds the host ops table of the input it was asked about).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzer.model import dict_isin
+from analyzer.tables import lookup
+
+__all__ = ["forget_launching_ops", "launching_op_rows"]
+
+_LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
+
+
+def launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
+    """The cpu_ops that launched kernels (innermost per external id) and, per kernel, the row
+    of its op in that table (null when none). Memoised for the last (host_ops, launch ids) pair:
+    classification and the roofline ask for the same join."""
+    if host_ops.num_rows == 0 or kernels["launch_op_id"].null_count == kernels.num_rows:
+        return None
+    launch = kernels["launch_op_id"]
+    for h, lid, result in _LAUNCH_MEMO:
+        if h is host_ops and lid.equals(launch):
+            return result
+    result = _launching_op_rows(kernels, host_ops)
+    _LAUNCH_MEMO[:] = [(host_ops, launch, result)]
+    return result
+
+
+def forget_launching_ops() -> None:
+    """Drop the memo of :func:`launching_op_rows` (it holds the host ops table it was asked about)."""
+    _LAUNCH_MEMO.clear()
+
+
+def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
+    wanted = lookup.unique(kernels["launch_op_id"])
+    mask = dict_isin(host_ops["category"], ["cpu_op"]) & lookup.isin(host_ops["external_id"], wanted)
+    rows = pa.array(np.flatnonzero(mask))
+    if len(rows) == 0:
+        return None
+    # several ops share an external id when nested: the innermost is the latest to start. Order and
+    # deduplicate on the key columns alone, then take the surviving rows of the full table once.
+    start = host_ops["start_ns"].take(rows)
+    order = pc.array_sort_indices(start.combine_chunks(), order="descending")
+    rows = rows.take(order)
+    op_keys = lookup.pair(host_ops["trace_id"].take(rows), host_ops["external_id"].take(rows))
+    first = lookup.index_in(op_keys, op_keys)  # first occurrence = latest start
+    keep = pc.equal(first, pa.array(np.arange(len(rows)), pa.int32()))
+    rows = rows.filter(keep)
+    # the key columns only (the shape lists stay in host_ops: ``row`` points there), so that the
+    # memo holds a few bytes per launching op
+    ops = host_ops.select(["trace_id", "name", "shape_id"]).take(rows).append_column("row", rows)
+    kkeys = lookup.pair(kernels["trace_id"], kernels["launch_op_id"])
+    return ops, lookup.index_in(kkeys, op_keys.filter(keep))

@@ -1,0 +1,120 @@
+"""Measure the analyzer on the zoo: ``check`` on every ``fixtures/zoo/<case>``, one table row each.
+
+    python benchmarks/accuracy.py            # print the table, rewrite its section of docs/accuracy.md
+    python benchmarks/accuracy.py --pin      # also write tests/data/zoo_accuracy.json (the pinned floors)
+    python benchmarks/accuracy.py --keep-steps --no-docs   # the annotated path, printed only
+
+The pinned numbers are floors: tests/test_accuracy.py fails when a case gets worse, so later work can
+only raise them (re-pin after an improvement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analyzer.cli.check_cmd import check_trace  # noqa: E402
+from analyzer.report.accuracy_text import short_name  # noqa: E402
+
+ZOO = ROOT / "fixtures" / "zoo"
+DOC = ROOT / "docs" / "accuracy.md"
+PINS = ROOT / "tests" / "data" / "zoo_accuracy.json"
+BEGIN, END = "<!-- zoo-table:begin (benchmarks/accuracy.py) -->", "<!-- zoo-table:end -->"
+
+
+def cases() -> list[Path]:
+    return sorted(p for p in ZOO.iterdir() if (p / "trace.json.gz").is_file())
+
+
+def measure(keep_steps: bool = False) -> list[dict[str, Any]]:
+    rows = []
+    for case in cases():
+        r = check_trace(str(case / "trace.json.gz"), keep_steps=keep_steps, worst=3)
+        meta = json.loads((case / "meta.json").read_text(encoding="utf-8"))
+        rows.append({"case": case.name, "meta": meta, "report": r})
+    return rows
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f}"
+
+
+def _worst(r: dict[str, Any]) -> str:
+    out = []
+    for d in r["disagreements"]["stage"][:2]:
+        out.append(
+            f"`{short_name(d['kernel'], 48)}` {d['analyzer']}→{'/'.join(d['accepted'])} ({_pct(d['share'])}%)"
+        )
+    for d in r["disagreements"]["phase"][:1]:
+        out.append(f"phase {d['analyzer']}→{d['truth']} ({_pct(d['share'])}%)")
+    return "; ".join(out).replace("|", "\\|")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| case | mode | attn / backend | dtype | shapes | stage % | category % | phase % | worst kernels |",
+        "|---|---|---|---|---|---:|---:|---:|---|",
+    ]
+    for row in sorted(rows, key=lambda x: x["report"]["stage"]["agreement"] or 0):
+        m, r = row["meta"], row["report"]
+        attn = m.get("attn", "").replace("|", "\\|") + (
+            f" / {m['sdpa_backend']}" if m.get("sdpa_backend") else ""
+        )
+        mode = (
+            m.get("mode", "")
+            + (" + draft" if m.get("assistant") else "")
+            + (" sampling" if m.get("sampling") else "")
+        )
+        lines.append(
+            f"| {row['case']} | {mode} | {attn} | {m.get('dtype', '')} | {'yes' if m.get('record_shapes') else 'no'} "
+            f"| {_pct(r['stage']['agreement'])} | {_pct(r['category']['agreement'])} | {_pct(r['phase']['agreement'])} "
+            f"| {_worst(r)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(text: str) -> None:
+    doc = DOC.read_text(encoding="utf-8")
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{DOC}: the markers {BEGIN} / {END} are missing")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{text}{END}{tail}", encoding="utf-8")
+
+
+def pins(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        row["case"]: {k: row["report"][k]["agreement"] for k in ("stage", "category", "phase")}
+        for row in sorted(rows, key=lambda x: x["case"])
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pin", action="store_true", help="write tests/data/zoo_accuracy.json")
+    p.add_argument("--keep-steps", action="store_true", help="keep the step annotations (annotated path)")
+    p.add_argument("--no-docs", action="store_true", help="print only; leave docs/accuracy.md as it is")
+    a = p.parse_args(argv)
+    rows = measure(a.keep_steps)
+    text = table(rows)
+    print(text)
+    if not a.no_docs and not a.keep_steps:
+        write_doc(text)
+        print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+    if a.pin:
+        if a.keep_steps:
+            raise SystemExit("--pin pins the stripped path: drop --keep-steps")
+        PINS.parent.mkdir(parents=True, exist_ok=True)
+        PINS.write_text(json.dumps(pins(rows), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {PINS.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""``analyzer.results.accuracy``, ``analyzer.knowledge.truth`` and ``check``: the truth table's schema, truth extraction from raw events,
+the zoo's pinned agreement (floors: a case may only get better), identical kernels tables with and
+without truth ranges, and the zoo's coverage of configurations.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analyzer.cli import main
+from analyzer.errors import InputError
+from analyzer.knowledge.truth import load_taxonomy, load_truth_table, truth_table_from
+from analyzer.results.accuracy import _Sweep, agreement, extract_truth, strip_annotations
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "fixtures" / "zoo"
+PINS = json.loads((ROOT / "tests" / "data" / "zoo_accuracy.json").read_text(encoding="utf-8"))
+CASES = sorted(p.name for p in ZOO.iterdir() if (p / "trace.json.gz").is_file())
+NO_TRUTH = ROOT / "fixtures" / "h200-capture-llama3-8b" / "trace.json.gz"
+
+
+@pytest.fixture(scope="module")
+def table():
+    return load_truth_table()
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def test_truth_table_covers_every_region_capture_writes(table) -> None:
+    truth = pytest.importorskip("analyzer.capture.truth", reason="capture needs torch")
+    assert set(truth.REGIONS) | {"outside_forward"} == set(table.regions)
+
+
+def test_truth_table_routes_gemm_and_kinds(table) -> None:
+    assert table.stages("moe_router", True, "kernel") == ("moe_gate_gemm",)
+    assert table.stages("moe_router", False, "kernel") == ("moe_topk",)
+    assert table.stages("qkv_proj", False, "kernel") == ("elementwise",)
+    assert table.stages("norm", True, "kernel") == ("norm",)  # no gemm list: same as other
+    assert table.stages("norm", False, "memcpy") == ("memcpy",)
+    assert "sampling" in table.stages("outside_forward", False, "kernel")
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"defaults": {"gemm_ops": ["aten::mm"]}, "region": [{"region": "norm", "other": ["nrm"]}]}, "unknown stage"),
+        ({"defaults": {"gemm_ops": ["aten::mm"]}, "region": [{"region": "norm", "other": ["norm"]}] * 2}, "twice"),
+        ({"defaults": {"gemm_ops": ["aten::mm"]}, "region": [{"region": "norm", "other": ["norm"]}]}, "outside_forward"),
+        ({"defaults": {}, "region": []}, "gemm_ops"),
+        ({"defaults": {"gemm_ops": ["aten::mm"]}, "region": [{"region": "norm", "other": ["norm"], "x": 1}]}, "unknown keys"),
+    ],
+)  # fmt: skip
+def test_bad_truth_table_is_one_input_error(doc, message) -> None:
+    with pytest.raises(InputError, match=message):
+        truth_table_from(doc, load_taxonomy())
+
+
+# ----------------------------------------------------------------------------- extraction
+
+
+def test_sweep_finds_the_innermost_range() -> None:
+    s = _Sweep([(0, 100, "model"), (10, 20, "q"), (30, 60, "attn"), (40, 50, "inner")])
+    assert s.innermost([5, 15, 25, 45, 55, 99, 101]) == [
+        "model",
+        "q",
+        "model",
+        "inner",
+        "attn",
+        "model",
+        None,
+    ]
+
+
+def _x(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def _doc():
+    """GIVEN a prefill step with a q_proj GEMM, a norm kernel and a sampling kernel, then a decode
+    step replayed from a CUDA graph, and a kernel on another thread outside every range."""
+    ev = [
+        _x("user_annotation", "lkm::step phase=prefill q=4 bs=1 kv=4", 0, 100),
+        _x("user_annotation", "lkm::truth region=model", 1, 80),
+        _x("user_annotation", "lkm::truth region=qkv_proj", 2, 10),
+        _x("cpu_op", "aten::linear", 2.5, 8),
+        _x("cpu_op", "aten::addmm", 3, 6),
+        _x("cuda_runtime", "cudaLaunchKernel", 4, 1, correlation=1),
+        _x("user_annotation", "lkm::truth region=norm", 20, 10),
+        _x("cuda_runtime", "cudaLaunchKernel", 21, 1, correlation=2),
+        _x("cuda_runtime", "cudaLaunchKernel", 90, 1, correlation=3),
+        _x("user_annotation", "lkm::step phase=decode q=1 bs=1 kv=5", 100, 50),
+        _x("cuda_runtime", "cudaGraphLaunch", 101, 1, correlation=4),
+        _x("cuda_runtime", "cudaMemcpyAsync", 5, 1, tid=2, correlation=5),
+    ]
+    gpu = [
+        _x("kernel", "sm90_gemm", 10, 2, tid=7, correlation=1),
+        _x("kernel", "rms", 30, 1, tid=7, correlation=2),
+        _x("kernel", "argmax", 95, 1, tid=7, correlation=3),
+        _x("kernel", "graph_a", 110, 1, tid=7, correlation=4),
+        _x("kernel", "graph_b", 112, 1, tid=7, correlation=4),
+        _x("gpu_memcpy", "Memcpy HtoD", 6, 1, tid=7, correlation=5),
+    ]
+    return {"traceEvents": ev + gpu, "baseTimeNanoseconds": 1000}
+
+
+def test_extract_truth_by_launch_thread_and_correlation(table) -> None:
+    t = extract_truth(_doc(), table).to_pydict()
+    assert t["region"] == ["qkv_proj", "norm", "outside_forward", None, None, "outside_forward"]
+    assert t["phase"] == ["prefill", "prefill", "prefill", "decode", "decode", None]
+    assert t["gemm_op"][0] and not t["gemm_op"][1]
+    assert t["accepted"][0] == ["qkv_gemm"] and t["accepted"][3] == []
+    assert t["graph"] == [False, False, False, True, True, False]
+    assert t["start_ns"][0] == 10_000 + 1000 and t["kind"][5] == "memcpy"
+
+
+def test_agreement_is_time_weighted(table) -> None:
+    import pyarrow as pa
+
+    truth = extract_truth(_doc(), table)
+    kernels = pa.table(
+        {
+            "correlation": [1, 2, 3, 4, 4, 5],
+            "start_ns": truth["start_ns"].to_pylist(),
+            "dur_ns": [2000, 1000, 1000, 1000, 1000, 1000],
+            "name": truth["name"].to_pylist(),
+            "stage": ["qkv_gemm", "elementwise", "sampling", "gemm", "gemm", "memcpy"],
+            "category": ["dense_gemm", "other", "sampling", "dense_gemm", "dense_gemm", "memory"],
+            "phase": ["prefill", "prefill", "decode", "decode", "decode", "prefill"],
+        }
+    )
+    r = agreement(kernels, truth, table)
+    assert r["stage"]["agreement"] == pytest.approx(4000 / 5000)  # the norm kernel is wrong
+    assert r["phase"]["agreement"] == pytest.approx(5000 / 6000)  # argmax was prefill
+    assert r["unmatched"] == 0
+    assert r["disagreements"]["stage"][0]["kernel"] == "rms"
+
+
+def test_strip_annotations_keeps_other_ranges() -> None:
+    import pyarrow as pa
+
+    names = [
+        "lkm::truth region=norm",
+        "lkm::step phase=decode q=1 bs=1",
+        "ProfilerStep#1",
+        "lkm::truth region=model",
+    ]
+    ann = pa.table({"name": names, "side": ["cpu", "gpu", "cpu", "gpu"]})
+    assert strip_annotations(ann)["name"].to_pylist() == ["ProfilerStep#1"]
+    assert strip_annotations(ann, keep_steps=True)["name"].to_pylist() == names[1:3]
+
+
+# ----------------------------------------------------------------------------- the zoo
+
+
+def test_zoo_covers_the_configurations() -> None:
+    metas = [json.loads((ZOO / c / "meta.json").read_text(encoding="utf-8")) for c in CASES]
+    assert len(CASES) >= 24
+    assert len({m["model_type"] for m in metas}) >= 10
+    assert sum(not m["record_shapes"] for m in metas) * 4 >= len(metas)
+    assert {"generate", "continuous-batching", "static-cache", "forward"} <= {m["mode"] for m in metas}
+    assert {"eager", "sdpa", "flex_attention", "paged|sdpa", "paged|eager"} <= {m["attn"] for m in metas}
+    assert {"flash", "efficient", "cudnn", "math"} <= {m["sdpa_backend"] for m in metas}
+    assert {"fp32", "fp16", "bf16"} <= {m["dtype"] for m in metas}
+    assert any(m["sampling"] for m in metas) and any(m["assistant"] for m in metas)
+    assert all(m["truth"] and m["gpu"] == "NVIDIA H200" for m in metas)
+    sizes = [(ZOO / c / "trace.json.gz").stat().st_size for c in CASES]
+    assert max(sizes) <= 1_500_000 and sum(sizes) <= 30_000_000
+    assert set(PINS) == set(CASES), "re-pin: python benchmarks/accuracy.py --pin"
+    assert json.loads((ZOO / "identity.json").read_text(encoding="utf-8"))["same_kernel_sequence"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_zoo_accuracy_holds_its_pinned_floor(case: str) -> None:
+    from analyzer.cli.check_cmd import check_trace
+
+    r = check_trace(str(ZOO / case / "trace.json.gz"))
+    assert r["unmatched"] == 0
+    for k in ("stage", "category", "phase"):
+        floor = PINS[case][k]
+        got = r[k]["agreement"]
+        assert floor is None or (got is not None and got >= floor - 1e-6), (
+            f"{case} {k}: {got} < pinned {floor}"
+        )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_annotated_path_follows_the_step_annotations_exactly(case: str) -> None:
+    # GIVEN a capture whose lkm::step ranges enclose nested truth ranges (the GPU copies of the step
+    # ranges then cover only the kernels outside every nested range)
+    from analyzer.cli.check_cmd import check_trace
+
+    # WHEN it is analysed with its step annotations kept
+    r = check_trace(str(ZOO / case / "trace.json.gz"), keep_steps=True)
+    # THEN every kernel with phase truth gets its step's phase
+    assert r["phase"]["agreement"] is not None and r["phase"]["agreement"] >= 0.999, r["phase"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_truth_ranges_do_not_change_the_analysis(case: str) -> None:
+    """GIVEN a zoo trace WHEN analysed with and without its truth ranges THEN the kernels tables are equal."""
+    from analyzer.cli.check_cmd import analyze_stripped
+
+    path = str(ZOO / case / "trace.json.gz")
+    with_truth = _analyze_plain(path)
+    without = analyze_stripped(path, True, (), None, None)
+    assert with_truth.kernels.equals(without.kernels)
+
+
+def _analyze_plain(path: str):
+    from analyzer.pipeline import Options, analyze_trace
+    from tests.runs import load_inputs
+
+    return analyze_trace(load_inputs([path]), Options())
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_check_prints_the_agreement_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    rc = main(["check", str(ZOO / "llama-sdpa-bf16" / "trace.json.gz"), "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "stage" in text and "category" in text and "phase" in text
+    r = json.loads(out.read_text(encoding="utf-8"))
+    assert r["format_version"] == 1 and r["keep_steps"] is False and r["stage"]["agreement"] > 0.5
+
+
+def test_check_keep_steps_measures_the_annotated_path(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["check", str(ZOO / "llama-forward-bf16" / "trace.json.gz"), "--keep-steps"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "(step annotations kept)" in out
+
+
+def test_check_without_truth_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["check", str(NO_TRUTH)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no lkm::truth ranges" in err and len(err.strip().splitlines()) == 1
+
+
+def test_check_stays_distinct_from_rules_check(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--help"]) == 0
+    assert "truth" in capsys.readouterr().out
+    assert main(["rules", "--help"]) == 0

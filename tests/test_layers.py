@@ -1,0 +1,312 @@
+"""Unit tests on hand-built sequences for the per-layer structure walk (analyzer/analyses/layers.py).
+
+They pin what must stay true of :func:`walk_sequence` and :func:`_role` (a Llama-like SDPA decoder, a
+MoE block, the boundary rules the code states), not their known failures: the generalization work may
+replace the heuristic together with these tests, saying so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analyzer.analyses.layers import _role, walk_sequence
+
+# (stage after the rule table, kernel name, launching host op) of one kernel
+Kernel = tuple[str, str, "str | None"]
+
+NORM: Kernel = ("norm", "rmsnorm_kernel", None)
+GEMM: Kernel = ("gemm", "nvjet_sm90_tst_128x64", None)
+ROPE: Kernel = ("rope", "rotary_embedding_kernel", None)
+KV: Kernel = ("kv_cache_store", "reshape_and_cache_flash_kernel", None)
+ATTN: Kernel = ("flash_attention", "flash_fwd_kernel", None)
+ADD: Kernel = ("residual_add", "vectorized_elementwise_kernel<add>", "aten::add")
+ACT: Kernel = ("activation", "act_and_mul_kernel", None)
+
+# one Llama-like SDPA decoder layer: norm, QKV GEMM, RoPE, KV store, attention, O GEMM, residual add,
+# norm, gate/up GEMM, activation, down GEMM, residual add
+LAYER = [NORM, GEMM, ROPE, KV, ATTN, GEMM, ADD, NORM, GEMM, ACT, GEMM, ADD]
+LAYER_STAGES = [
+    "norm",
+    "qkv_gemm",
+    "rope",
+    "kv_cache_store",
+    "flash_attention",
+    "o_gemm",
+    "residual_add",
+    "norm",
+    "gate_up_gemm",
+    "activation",
+    "down_gemm",
+    "residual_add",
+]
+HEAD = [("embedding", "indexSelectLargeIndex", None)]
+TAIL = [NORM, GEMM, ("sampling", "topk_kernel", None)]
+
+
+def walk(kernels: list[Kernel]) -> tuple[list[str], list[int]]:
+    """Run the walk over one device's kernels in time order; each kernel its own launching op."""
+    n = len(kernels)
+    stage = [k[0] for k in kernels]
+    layer = np.full(n, -1, np.int64)
+    walk_sequence(
+        np.arange(n),
+        stage,
+        [k[1] for k in kernels],
+        [k[2] for k in kernels],
+        np.arange(n, dtype=np.float64),  # distinct launch ids: no two GEMM kernels form one op
+        layer,
+    )
+    return stage, layer.tolist()
+
+
+@pytest.mark.parametrize("layers", [1, 2, 4])
+def test_llama_like_forward_gets_roles_and_layers(layers):
+    # GIVEN an embedding, N Llama-like SDPA layers, the final norm, the LM head and sampling
+    kernels = HEAD + LAYER * layers + TAIL
+    # WHEN the structure is walked
+    stage, layer = walk(kernels)
+    # THEN every GEMM has its role, the other kernels keep their stage
+    assert stage == ["embedding"] + LAYER_STAGES * layers + ["norm", "lm_head_gemm", "sampling"]
+    # AND the layers are numbered 0..N-1, each layer's input norm in its own layer; the embedding,
+    # the LM head and sampling belong to none, the final norm to the last layer
+    expect = [-1] + [i for i in range(layers) for _ in LAYER] + [layers - 1, -1, -1]
+    assert layer == expect
+
+
+def test_forward_without_embedding_kernel_starts_at_the_first_norm():
+    # GIVEN a forward whose embedding is not a kernel of its own (CUDA-graph replay without it)
+    stage, layer = walk(LAYER * 2 + TAIL)
+    # THEN the first layer's input norm still belongs to layer 0 and the roles are the same
+    assert stage == LAYER_STAGES * 2 + ["norm", "lm_head_gemm", "sampling"]
+    assert layer[: len(LAYER)] == [0] * len(LAYER)
+
+
+def test_an_embedding_kernel_starts_a_new_forward():
+    # GIVEN two forwards of two layers each on one device
+    stage, layer = walk((HEAD + LAYER * 2 + TAIL) * 2)
+    # THEN the second forward's layers are numbered from 0 again
+    one = [-1] + [0] * len(LAYER) + [1] * len(LAYER) + [1, -1, -1]
+    assert layer == one + one
+    assert stage.count("lm_head_gemm") == 2 and stage.count("qkv_gemm") == 4
+
+
+def test_unfused_q_k_v_projections_are_all_qkv():
+    # GIVEN separate q, k and v projections (three GEMMs before RoPE and attention)
+    layer = [NORM, GEMM, GEMM, GEMM, ROPE, ATTN, GEMM, ADD, NORM, GEMM, ACT, GEMM, ADD]
+    stage, _ = walk(HEAD + layer + TAIL)
+    # THEN all three are qkv_gemm, and the rest of the layer is as in a fused layer
+    assert stage[1:14] == [
+        "norm",
+        "qkv_gemm",
+        "qkv_gemm",
+        "qkv_gemm",
+        "rope",
+        "flash_attention",
+        "o_gemm",
+    ] + [
+        "residual_add",
+        "norm",
+        "gate_up_gemm",
+        "activation",
+        "down_gemm",
+        "residual_add",
+    ]
+
+
+def test_split_k_reduction_belongs_to_its_gemm():
+    # GIVEN a QKV GEMM followed by its split-K reduction (a GEMM-stage kernel of its own)
+    reduce: Kernel = ("gemm", "splitKreduce_kernel", None)
+    layer = [NORM, GEMM, reduce, ROPE, ATTN, GEMM, ADD, NORM, GEMM, ACT, GEMM, ADD]
+    stage, layer_no = walk(HEAD + layer + TAIL)
+    # THEN both are the QKV GEMM (one logical GEMM), and the O GEMM is still recognised after attention
+    assert stage[2:4] == ["qkv_gemm", "qkv_gemm"]
+    assert stage[6] == "o_gemm" and layer_no[2:4] == [0, 0]
+
+
+def test_moe_block_gets_router_expert_and_accumulate_stages():
+    # GIVEN a MoE decoder layer: attention half, norm, router GEMM, top-k, sort, expert GEMMs (one
+    # classified as generic gemm), an elementwise combine, the residual add, then the next layer
+    moe = [
+        NORM,
+        GEMM,
+        ROPE,
+        KV,
+        ATTN,
+        GEMM,
+        ADD,
+        NORM,
+        GEMM,  # router
+        ("moe_topk", "topkGatingSoftmax", None),
+        ("moe_sort", "moe_align_block_size_kernel", None),
+        ("elementwise", "vectorized_elementwise_kernel<copy>", None),  # dispatch
+        ("moe_expert_gemm", "fused_moe_kernel", None),
+        ("moe_expert_gemm", "fused_moe_kernel", None),
+        ("elementwise", "vectorized_elementwise_kernel<sum>", None),  # combine
+        ADD,
+    ]
+    stage, layer = walk(HEAD + moe * 2 + TAIL)
+    one = [
+        "norm",
+        "qkv_gemm",
+        "rope",
+        "kv_cache_store",
+        "flash_attention",
+        "o_gemm",
+        "residual_add",
+        "norm",
+        "moe_gate_gemm",
+        "moe_topk",
+        "moe_sort",
+        "moe_sort",
+        "moe_expert_gemm",
+        "moe_expert_gemm",
+        "moe_accumulate",
+    ]
+    # THEN the router is moe_gate_gemm, dispatch before the last expert GEMM is moe_sort, the combine
+    # after it moe_accumulate, and the next layer opens with its QKV GEMM
+    assert stage[1 : 1 + len(one)] == one
+    assert stage[1 + len(moe) : 1 + len(moe) + len(one)] == one
+    assert layer[1 : 1 + len(moe)] == [0] * len(moe)
+    assert layer[1 + len(moe) : 1 + 2 * len(moe)] == [1] * len(moe)
+
+
+def test_generic_gemm_after_routing_is_an_expert_gemm():
+    # GIVEN expert GEMMs that the rule table only knows as generic GEMMs, after the router's top-k
+    moe = [NORM, GEMM, ATTN, GEMM, ADD, NORM, GEMM, ("moe_topk", "topk", None), GEMM, GEMM, ADD]
+    stage, _ = walk(HEAD + moe + TAIL)
+    # THEN the router is moe_gate_gemm and both GEMMs after routing are expert GEMMs
+    assert stage[7:11] == ["moe_gate_gemm", "moe_topk", "moe_expert_gemm", "moe_expert_gemm"]
+
+
+def test_eager_generic_kernels_take_their_region_stage():
+    # GIVEN an eager layer after the op hints (rules/ops.toml: aten::pow/mean/rsqrt -> norm, aten::neg
+    # -> rope): RMSNorm as pow/mean/rsqrt + a generic mul, RoPE as neg + generic cat/mul/add, the KV
+    # update as a trailing generic copy_
+    ew = "elementwise"
+    eager_norm = [
+        ("norm", "vectorized_elementwise_kernel<pow>", "aten::pow"),
+        ("norm", "reduce_kernel<mean>", "aten::mean"),
+        ("norm", "vectorized_elementwise_kernel<rsqrt>", "aten::rsqrt"),
+        (ew, "vectorized_elementwise_kernel<mul>", "aten::mul"),
+    ]
+    eager_rope = [
+        ("rope", "neg_kernel", "aten::neg"),
+        (ew, "cat_kernel", "aten::cat"),
+        (ew, "mul_kernel", "aten::mul"),
+        (ew, "add_kernel", "aten::add"),
+    ]
+    kv_copy = (ew, "copy_kernel", "aten::copy_")
+    layer = [*eager_norm, GEMM, *eager_rope, kv_copy, ATTN, GEMM, ADD, *eager_norm, GEMM, ACT, GEMM, ADD]
+    stage, layer_no = walk(HEAD + layer * 2 + TAIL)
+    first = stage[1 : 1 + len(layer)]
+    # THEN the generic mul of the input norm before the first QKV GEMM is norm (input norm of layer 0),
+    # RoPE's generic kernels are rope, the trailing copy before attention is the KV-cache store, the
+    # post-attention norm's mul is norm
+    assert first[:5] == ["norm"] * 4 + ["qkv_gemm"]
+    assert first[5:10] == ["rope"] * 4 + ["kv_cache_store"]
+    assert first[10:13] == ["flash_attention", "o_gemm", "residual_add"]
+    assert first[13:17] == ["norm"] * 4
+    assert first[17:] == ["gate_up_gemm", "activation", "down_gemm", "residual_add"]
+    # AND the next layer's eager input norm (after the residual add) is norm, in the next layer
+    second = stage[1 + len(layer) : 1 + 2 * len(layer)]
+    assert second[:5] == ["norm"] * 4 + ["qkv_gemm"]
+    assert layer_no[1 + len(layer) : 1 + len(layer) + 5] == [1] * 5
+
+
+# --- _role: one GEMM from the region it is in and what follows it -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("region", "follow", "gemm_ahead", "norm_seen", "routing_next", "expect"),
+    [
+        # after attention: the O projection
+        ("attn", "", False, False, False, ("o_gemm", "attn_out", 3)),
+        # a second GEMM after the input norm's QKV GEMM: still QKV (unfused q/k/v)
+        ("attn_in", "flash_attention", False, False, False, ("qkv_gemm", "attn_in", 3)),
+        # after the O GEMM, a GEMM with another before the next norm: gate/up; without: down
+        ("attn_out", "", True, True, False, ("gate_up_gemm", "mlp_in", 3)),
+        ("mlp_in", "", False, False, False, ("down_gemm", "mlp_out", 3)),
+        # after the O GEMM, routing next: the MoE router
+        ("attn_out", "moe_topk", False, True, True, ("moe_gate_gemm", "moe", 3)),
+        # after routing, and between expert GEMMs before a norm: experts
+        ("moe", "", False, False, False, ("moe_expert_gemm", "moe_experts", 3)),
+        ("moe_experts", "", False, False, False, ("moe_expert_gemm", "moe_experts", 3)),
+        # after a norm, attention next: the next layer's QKV GEMM
+        ("mlp_out", "flash_attention", False, True, False, ("qkv_gemm", "attn_in", 4)),
+        ("moe_experts", "paged_attention", False, True, False, ("qkv_gemm", "attn_in", 4)),
+        ("pre", "mla_attention", False, True, False, ("qkv_gemm", "attn_in", 4)),
+        # after a norm, sampling / a new forward / nothing next: the LM head
+        ("mlp_out", "sampling", False, True, False, ("lm_head_gemm", "tail", 3)),
+        ("mlp_out", "embedding", False, True, False, ("lm_head_gemm", "tail", 3)),
+        ("mlp_out", "", False, True, False, ("lm_head_gemm", "tail", 3)),
+        # no norm before it: a GEMM the structure cannot name stays generic, the region unchanged
+        ("mlp_out", "flash_attention", False, False, False, ("gemm", "mlp_out", 3)),
+        ("pre", "sampling", False, False, False, ("gemm", "pre", 3)),
+    ],
+)
+def test_role_from_region_and_what_follows(region, follow, gemm_ahead, norm_seen, routing_next, expect):
+    # GIVEN the walk's state at a GEMM (in layer 3) WHEN its role is decided THEN (role, region, layer)
+    assert _role(region, follow, gemm_ahead, norm_seen, 3, routing_next) == expect
+
+
+# --- attention by composition, norms inside the attention input, the self-check (issue 21) -------
+
+EW = "vectorized_elementwise_kernel<mul>"
+SOFTMAX: Kernel = ("sampling", "softmax_warp_forward<float>", "aten::_softmax")
+# HF eager attention: repeat_kv copy, QK^T bmm, scale, mask add, softmax, PV bmm, output transpose copy
+EAGER_ATTN = [
+    ("elementwise", "elementwise_kernel<copy>", "aten::copy_"),
+    ("gemm", "nvjet_sm90_tst_8x64", "aten::bmm"),
+    ("elementwise", EW, "aten::mul"),
+    ("elementwise", "elementwise_kernel<add>", "aten::add"),
+    SOFTMAX,
+    ("gemm", "nvjet_sm90_tst_64x8", "aten::bmm"),
+    ("elementwise", "elementwise_kernel<copy>", "aten::copy_"),
+]
+EAGER_LAYER = [NORM, GEMM, ROPE, KV, *EAGER_ATTN, GEMM, ADD, NORM, GEMM, ACT, GEMM, ADD]
+
+
+def walk_composed(kernels: list[Kernel]) -> tuple[list[str], list[int]]:
+    from analyzer.analyses.layers import compose_attention
+
+    n = len(kernels)
+    stage = [k[0] for k in kernels]
+    args = ([k[1] for k in kernels], [k[2] for k in kernels], np.arange(n, dtype=np.float64))
+    compose_attention(np.arange(n), stage, *args)
+    layer = np.full(n, -1, np.int64)
+    walk_sequence(np.arange(n), stage, *args, layer)
+    return stage, layer.tolist()
+
+
+def test_eager_attention_is_attention_and_its_bmms_are_never_projections():
+    # GIVEN Llama-like layers whose attention is composed (matmul -> scale / mask -> softmax -> matmul)
+    stage, layer = walk_composed(HEAD + EAGER_LAYER * 2 + TAIL)
+    # THEN the composed stretch is attention and the projections around it keep their roles
+    one = ["norm", "qkv_gemm", "rope", "kv_cache_store", *["flash_attention"] * len(EAGER_ATTN)]
+    one += ["o_gemm", "residual_add", "norm", "gate_up_gemm", "activation", "down_gemm", "residual_add"]
+    assert stage == ["embedding", *one, *one, "norm", "lm_head_gemm", "sampling"]
+    assert max(layer) == 1
+
+
+def test_softmax_after_the_lm_head_stays_sampling():
+    # GIVEN sampling with a softmax (logits -> probabilities) after the LM head, then the next forward
+    tail = [NORM, GEMM, SOFTMAX, ("sampling", "multinomial_kernel", None)]
+    stage, _ = walk_composed((HEAD + LAYER + tail) * 2)
+    # THEN that softmax is the sampler's: no GEMM follows it before the next norm / embedding
+    assert stage.count("sampling") == 4 and "flash_attention" in stage
+
+
+def test_a_gemm_with_no_attention_anywhere_is_reported():
+    from analyzer.analyses.layers import structure_problem
+
+    # GIVEN GEMMs and generic kernels only (the attention could not be located)
+    kernels = [NORM, GEMM, ("elementwise", EW, None), GEMM] * 3
+    stage, layer = walk(kernels)
+    # THEN the self-check says why the structure cannot be trusted
+    why = structure_problem(np.arange(len(kernels)), stage, np.array(layer))
+    assert why is not None and "no attention located" in why
+    # AND a well-formed forward passes it
+    ok = HEAD + LAYER * 3 + TAIL
+    stage, layer = walk(ok)
+    assert structure_problem(np.arange(len(ok)), stage, np.array(layer)) is None

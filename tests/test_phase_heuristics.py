@@ -1,0 +1,187 @@
+"""Unit tests on hand-built values for the step heuristics of analyzer/analyses/phases.py.
+
+They pin what must stay true of each heuristic (a Llama-like SDPA run, the nesting rules of engine
+annotations), not its known failures: the generalization work may replace a heuristic together with
+its tests, saying so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyzer.analyses.phases import (
+    PREFILL_WORK_RATIO,
+    StepAnnotation,
+    _label_from_signature,
+    forward_starts,
+    merge_nested,
+    phase_from_shape,
+)
+
+LAYER = ["norm", "qkv_gemm", "rope", "kv_cache_store", "flash_attention", "o_gemm", "residual_add"]
+LAYER += ["norm", "gate_up_gemm", "activation", "down_gemm", "residual_add"]
+
+
+def forward(layers: int, embedding: bool = True) -> list[str]:
+    head = ["embedding"] if embedding else []
+    return head + LAYER * layers + ["norm", "lm_head_gemm", "sampling"]
+
+
+def ann(
+    start: int, end: int, phase: str = "unknown", tokens: int | None = None, name: str = "s"
+) -> StepAnnotation:
+    return StepAnnotation(start, end, "cpu", phase, tokens, name, 0, 0)
+
+
+# --------------------------------------------------------------------------- forward_starts
+
+
+def test_each_embedding_starts_a_forward() -> None:
+    # GIVEN three forwards of a two-layer model, each opening with an embedding lookup
+    stages = np.array(forward(2) * 3)
+    # WHEN the forward starts are found
+    got = forward_starts(stages)
+    # THEN there is one per forward, at its embedding
+    n = len(forward(2))
+    assert got.tolist() == [0, n, 2 * n]
+
+
+def test_consecutive_embedding_kernels_start_one_forward() -> None:
+    # a gather followed by a scale kernel, both embedding: one forward, not two
+    one = ["embedding", *forward(1)]
+    stages = np.array(one * 2)
+    assert forward_starts(stages).tolist() == [0, len(one)]
+
+
+def test_without_embedding_a_forward_starts_after_lm_head() -> None:
+    # GIVEN forwards without an embedding kernel (e.g. a graph that starts at the first norm)
+    stages = np.array(forward(2, embedding=False) * 3)
+    # WHEN the forward starts are found
+    got = forward_starts(stages)
+    # THEN the first kernel and the first norm/QKV/attention after every lm_head GEMM start one
+    n = len(forward(2, embedding=False))
+    assert got.tolist() == [0, n, 2 * n]
+
+
+def test_no_attention_no_embedding_means_no_forward() -> None:
+    stages = np.array(["gemm", "elementwise", "gemm"])
+    assert forward_starts(stages).tolist() == []
+
+
+def test_an_lm_head_at_the_very_end_starts_nothing() -> None:
+    stages = np.array(forward(1, embedding=False))
+    assert forward_starts(stages).tolist() == [0]
+
+
+# --------------------------------------------------------------------------- merge_nested
+
+
+def test_an_annotation_inside_another_is_one_step() -> None:
+    # GIVEN an engine's outer range and its inner step range, the inner one knowing the phase
+    outer = ann(0, 1000, "unknown", None, "execute_model")
+    inner = ann(10, 990, "decode", 8, "step[decode]")
+    # WHEN merged
+    (got,) = merge_nested([outer, inner])
+    # THEN one step: the outer range, the known phase and tokens, the shorter name
+    assert (got.start_ns, got.end_ns, got.phase, got.tokens, got.name) == (
+        0,
+        1000,
+        "decode",
+        8,
+        "step[decode]",
+    )
+
+
+def test_disagreeing_phases_of_one_step_are_mixed() -> None:
+    (got,) = merge_nested([ann(0, 100, "prefill", 40), ann(0, 100, "decode", 8)])
+    assert got.phase == "mixed"
+    assert got.tokens == 40  # the first known count wins
+
+
+def test_annotations_that_barely_overlap_stay_apart() -> None:
+    # overlap below half of the shorter range: consecutive steps, not one step
+    got = merge_nested([ann(0, 100, "prefill"), ann(90, 200, "decode")])
+    assert [(a.start_ns, a.end_ns, a.phase) for a in got] == [(0, 100, "prefill"), (90, 200, "decode")]
+
+
+def test_back_to_back_steps_stay_apart() -> None:
+    steps = [ann(i * 100, i * 100 + 100, "decode", 1) for i in range(5)]
+    assert merge_nested(steps) == steps
+
+
+def test_merge_is_empty_on_empty() -> None:
+    assert merge_nested([]) == []
+
+
+# --------------------------------------------------------------------------- signature labeller
+
+
+def signature_frame(durations: list[list[float]]) -> tuple[list[np.ndarray], pd.DataFrame]:
+    """Segments of kernels, each kernel heavy (a GEMM/attention) with the given duration."""
+    dur, segments, at = [], [], 0
+    for seg in durations:
+        dur.extend(seg)
+        segments.append(np.arange(at, at + len(seg)))
+        at += len(seg)
+    df = pd.DataFrame({"dur": np.asarray(dur, float), "is_heavy": np.ones(len(dur), bool)})
+    return segments, df
+
+
+def test_one_long_step_before_short_ones_is_prefill() -> None:
+    # GIVEN a prompt step whose heavy kernels run 20x longer than those of the steps after it
+    segments, df = signature_frame([[200.0] * 4] + [[10.0] * 4] * 6)
+    # WHEN labelled by signature
+    got = _label_from_signature(segments, df)
+    # THEN that step is prefill and the rest decode
+    assert got == ["prefill"] + ["decode"] * 6
+
+
+def test_steps_of_similar_work_are_all_decode() -> None:
+    segments, df = signature_frame([[10.0, 11.0]] * 5)
+    assert _label_from_signature(segments, df) == ["decode"] * 5
+
+
+def test_work_just_below_the_ratio_is_not_prefill() -> None:
+    base = 10.0
+    segments, df = signature_frame([[base * PREFILL_WORK_RATIO * 0.99]] + [[base]] * 4)
+    assert _label_from_signature(segments, df) == ["decode"] * 5
+
+
+def test_a_single_step_is_one_forward_over_the_prompt() -> None:
+    # replaces "a single step cannot be told apart": one forward pass runs over its whole input
+    segments, df = signature_frame([[50.0, 60.0]])
+    assert _label_from_signature(segments, df) == ["prefill"]
+
+
+def test_a_step_under_names_the_other_steps_never_run_is_prefill() -> None:
+    # GIVEN a small model whose prompt step is hardly slower but picks other GEMM tiles
+    segments, df = signature_frame([[11.0] * 4] + [[10.0] * 4] * 5)
+    df["name"] = np.where(np.arange(len(df)) < 4, 1, 0)
+    # THEN the step with novel kernel names is prefill, the repeated ones decode
+    assert _label_from_signature(segments, df) == ["prefill"] + ["decode"] * 5
+
+
+def test_a_rare_kernel_name_in_a_decode_step_does_not_make_it_prefill() -> None:
+    segments, df = signature_frame([[10.0] * 10] * 5)
+    df["name"] = 0
+    df.loc[25, "name"] = 7  # one kernel of ten in step 2 under another name
+    assert _label_from_signature(segments, df) == ["decode"] * 5
+
+
+def test_query_layouts_decide_decode_verify_and_prefill() -> None:
+    assert phase_from_shape(2, 1, 49) == "decode"
+    assert phase_from_shape(1, 2, 50) == "decode"  # a speculation being verified
+    assert phase_from_shape(2, 48, 48) == "prefill"
+    assert phase_from_shape(1, 48, 96) == "prefill"  # a long chunk appended to the cache
+    assert phase_from_shape(1, 2, -1) == "prefill"  # no key length: not a continuation
+
+
+def test_light_kernels_do_not_decide_when_heavy_ones_exist() -> None:
+    # GIVEN steps whose heavy kernels agree but one step also ran a long light kernel
+    segments, df = signature_frame([[10.0, 500.0]] + [[10.0, 1.0]] * 4)
+    df.loc[1, "is_heavy"] = False
+    for seg in segments[1:]:
+        df.loc[seg[1], "is_heavy"] = False
+    # THEN the light kernel's time does not make it prefill
+    assert _label_from_signature(segments, df) == ["decode"] * 5
