@@ -117,3 +117,20 @@ def analyzer_cli(argv: list[str]) -> int:
     from analyzer.cli import main
 
     return main(argv)
+
+
+def test_a_big_trace_read_off_the_main_thread_forks_no_chunk_worker(monkeypatch) -> None:
+    from analyzer.runtime import chunked_kineto
+
+    # GIVEN chunk workers that would start for any file size
+    monkeypatch.setattr(chunked_kineto, "MIN_BYTES", 0)
+    monkeypatch.delenv(chunked_kineto.ENV_JOBS, raising=False)
+    on_main = chunked_kineto.jobs_for(1 << 30)
+    got: list[int] = []
+    # WHEN asked from another thread
+    t = threading.Thread(target=lambda: got.append(chunked_kineto.jobs_for(1 << 30)))
+    t.start()
+    t.join()
+    # THEN that thread reads the file itself
+    assert got == [1]
+    assert on_main >= 1

@@ -62,9 +62,15 @@ def jobs_for(size: int) -> int:
         want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if size < MIN_BYTES:
             return 1
-    if want < 2 or multiprocessing.current_process().daemon or not can_fork():
+    if want < 2 or multiprocessing.current_process().daemon or not can_fork() or not _on_main_thread():
         return 1
     return want
+
+
+def _on_main_thread() -> bool:
+    # the chunk workers are forked; a process is forked only from its main thread (a notebook or an
+    # engine calling the API from a thread of its own reads the file in that thread instead)
+    return threading.current_thread() is threading.main_thread()
 
 
 # --------------------------------------------------------------------------------------- this process
