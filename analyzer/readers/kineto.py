@@ -42,7 +42,7 @@ from analyzer.model import (
     table_from_columns,
 )
 from analyzer.readers import gz
-from analyzer.readers.kineto_events import TableBuilder
+from analyzer.readers.kineto_events import EventValueError, TableBuilder
 from analyzer.readers.kineto_scan import stream_events, top_level
 from analyzer.readers.policy import ReadPolicy
 from analyzer.tables import lookup
@@ -82,7 +82,10 @@ def read(
         builder = _parallel_read(path, progress, policy)
         if builder is None:
             builder = TableBuilder()
-            meta_obj = stream_events(path, builder.add, progress)
+            try:
+                meta_obj = stream_events(path, builder.add, progress)
+            except EventValueError as e:
+                raise InputError(f"{path}: {e}") from None
         else:
             meta_obj = builder.meta
     meta = _input_meta(path, meta_obj, any(_uses_hip(h) for h in builder.host))
@@ -297,6 +300,10 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
         raise InputError(f"{meta.path}: GPU event without ts or dur")
     if pc.any(pc.less(k["dur"], 0)).as_py():
         raise InputError(f"{meta.path}: GPU event with negative duration")
+    for col in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+        if col in k.column_names and pc.any(pc.less(k[col], 0)).as_py():
+            low = pc.min(k[col]).as_py()
+            raise InputError(f"{meta.path}: GPU event with negative {col.replace('_', ' ')} ({low})")
     # device ids: CUDA writes 0-based ids; ROCm writes HSA node ids (2, 5, 9 ...) -> rank them
     dev_raw = _np(k["device"]) if k["device"].null_count == 0 else None
     if dev_raw is None:

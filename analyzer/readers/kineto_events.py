@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analyzer.errors import InputError
 from analyzer.model import dict_strings
 from analyzer.readers.kineto_scan import CompleteEvent, Event, EventArgs
 
@@ -176,15 +177,43 @@ def _num(v: Any) -> float:
     return np.nan
 
 
-def _us_to_ns(values: list[Any]) -> pa.Array:
+class EventValueError(InputError):
+    """A GPU event's ts or dur that is not a usable number (the reader adds the file's path)."""
+
+
+MAX_US = 9e15  # int64 nanoseconds hold about ±9.2e15 microseconds
+
+
+def _us_to_ns(values: list[Any], field: str | None = None) -> pa.Array:
+    """Microseconds as int64 nanoseconds; null where a value is missing or unusable. With ``field``
+    (a GPU event's required ts or dur) a present but unusable value is an :class:`EventValueError`."""
     try:
         arr = pa.array(values, pa.float64()).to_numpy(zero_copy_only=False)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
         arr = np.array([_num(v) for v in values], dtype=np.float64)
-    mask = ~np.isfinite(arr) | (np.abs(arr) > 9e15)
+    mask = ~np.isfinite(arr) | (np.abs(arr) > MAX_US)
+    if field is not None and mask.any():
+        _raise_unusable(values, np.flatnonzero(mask), field)
     ns = np.rint(arr * 1000.0)
     ns[mask] = 0
     return pa.array(ns.astype(np.int64), mask=mask)
+
+
+def _raise_unusable(values: list[Any], rows: np.ndarray, field: str) -> None:
+    for i in rows.tolist():
+        v = values[i]
+        if v is None:
+            continue  # missing: reported as such once the tables are joined
+        try:
+            number = float(v)
+        except (TypeError, ValueError, OverflowError):
+            raise EventValueError(f"GPU event {field} {v!r} is not a number") from None
+        if number != number:  # NaN
+            raise EventValueError(f"GPU event {field} {v!r} is not a number")
+        raise EventValueError(
+            f"GPU event {field} {number:g} us is out of range (times are int64 nanoseconds: "
+            f"at most ±{MAX_US:g} us)"
+        )
 
 
 def _gpu_table(evs: list[Event]) -> pa.Table:
@@ -212,8 +241,8 @@ def _gpu_table(evs: list[Event]) -> pa.Table:
     cols: dict[str, Any] = {
         "name": dict_strings(name),
         "cat": dict_strings(cat),
-        "ts": _us_to_ns(ts),
-        "dur": _us_to_ns(dur),
+        "ts": _us_to_ns(ts, "ts"),
+        "dur": _us_to_ns(dur, "dur"),
         "pid": _ints(pid),
         "tid": _ints(tid),
         "device": _ints(dev),
