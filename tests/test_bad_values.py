@@ -48,3 +48,23 @@ def test_negative_launch_dimensions_are_an_error(tmp_path, capsys, dims) -> None
     assert main(["analyze", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "negative" in err[0] and str(path) in err[0], err
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_corrupt_byte_is_reported_at_its_offset_in_the_file(tmp_path, capsys, monkeypatch, jobs) -> None:
+    import gzip
+    import re
+
+    from tests.conftest import H200_DENSE
+
+    # GIVEN a real trace with one byte broken far past the first chunk
+    raw = gzip.decompress(H200_DENSE.read_bytes())
+    at = raw.index(b'"name"', len(raw) * 2 // 3)
+    bad = tmp_path / "corrupt.json"
+    bad.write_bytes(raw[:at] + b"\x01" + raw[at + 1 :])
+    monkeypatch.setenv("LKM_READ_JOBS", jobs)
+    # WHEN it is analysed (read here, or by chunk workers that hand it back to the exact reader)
+    assert main(["analyze", str(bad), "--no-cache"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # THEN the one line names the byte where the file breaks
+    assert len(err) == 1 and re.search(rf"\(byte {at}\)", err[0]), err

@@ -72,3 +72,13 @@ def test_the_whole_shared_folder_is_not_one_run(capsys) -> None:
     # 18 inputs of 8 GPU types: refused, not joined into one run labelled with the first GPU
     assert main(["analyze", str(shared(""))]) == 2
     assert "not one run" in capsys.readouterr().err
+
+
+def test_compare_of_a_folder_compares_each_trace_in_it(capsys) -> None:
+    # GIVEN the folder that is refused as one run
+    folder = shared(B300_VS_MI300)
+    # WHEN it is compared instead
+    assert main(["analyze", "--compare", str(folder)]) == 0
+    out = capsys.readouterr().out
+    # THEN each of its traces is one side of the comparison
+    assert "B300" in out and "MI300X" in out

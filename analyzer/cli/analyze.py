@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from analyzer.cli.common import make_options, run_analysis, shared_options
+from analyzer.cli.common import compared_inputs, make_options, run_analysis, shared_options
 from analyzer.output import write_json, write_report
 from analyzer.report.text import CompareTextReporter, TextReporter
 from analyzer.results.compare import compare_summaries
@@ -47,7 +47,7 @@ def analyze(
 
     options = make_options(rules, gpu, model, settings)
     if compare:
-        summaries = [build_summary(run_analysis((t,), options)) for t in traces]
+        summaries = [build_summary(run_analysis((t,), options)) for t in compared_inputs(traces)]
         result: dict[str, Any] = compare_summaries(summaries)
         CompareTextReporter().render(result, sys.stdout)
         if json_path:

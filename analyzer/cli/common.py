@@ -153,3 +153,10 @@ def run_analysis(traces: tuple[str, ...], options: Options) -> Analysis:
 
     policy = RunPolicy(progress=_progress_printer(), byte_progress=_byte_progress(), **scale_settings())
     return analyze(list(traces), options, policy)
+
+
+def compared_inputs(traces: tuple[str, ...]) -> list[str]:
+    """``--compare``'s inputs: every trace named, a folder meaning each trace inside it."""
+    from analyzer.readers import expand_inputs  # pyarrow: loads after memory.configure
+
+    return [str(f) for t in traces for f in expand_inputs([t])]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from analyzer.cli.common import make_options, run_analysis, shared_options
+from analyzer.cli.common import compared_inputs, make_options, run_analysis, shared_options
 from analyzer.output import write_report
 from analyzer.results.compare import compare_summaries
 
@@ -71,7 +71,7 @@ def command(
     options = make_options(rules, gpu, model, settings)
     path = output or default_output(traces, compare)
     if compare:
-        summaries = [build_summary(run_analysis((t,), options)) for t in traces]
+        summaries = [build_summary(run_analysis((t,), options)) for t in compared_inputs(traces)]
         write_report(CompareHtmlReporter(summaries, cdn=cdn), compare_summaries(summaries), path)
     else:
         analysis = run_analysis(traces, options)

@@ -197,7 +197,7 @@ def stream_events(
                 buf += block
             if eof:
                 break
-            found = _decode_at_boundary(buf, CHUNK_BYTES // 2, path)
+            found = _decode_at_boundary(buf, CHUNK_BYTES // 2, path, total - len(buf))
             if found is None:
                 # no boundary yet: read more (a single huge event)
                 block = _read_block(f, path)
@@ -213,7 +213,7 @@ def stream_events(
             m = _SEPARATOR.match(buf, cut)
             del buf[: (m.end() if m else cut) - 1]
         # 3. the rest: last events, "]", then the tail of the top-level object
-        events, tail = decode_last(buf, path)
+        events, tail = decode_last(buf, path, total - len(buf))
         add(events)
         while hashing.readinto(bytearray(1 << 20)):  # bytes after the gzip stream, if any
             pass
@@ -237,16 +237,18 @@ def top_level(path: Path, prefix: bytes | None, tail: bytes) -> dict[str, Any]:
     return meta
 
 
-def _decode_at_boundary(buf: bytearray, start: int, path: Path) -> tuple[list[Event], int] | None:
+def _decode_at_boundary(
+    buf: bytearray, start: int, path: Path, offset: int = 0
+) -> tuple[list[Event], int] | None:
     """Decode the events before the first whole-event boundary (``}`` ``,`` ``{``) after ``start``;
     return them and the index just after their last ``}``, or None when no boundary is found.
     ``buf[0]`` is a spare byte, the events start after it (see :func:`_decode_through`)."""
-    found = _decode_through(buf, BOUNDARY, max(start, 1), path)
+    found = _decode_through(buf, BOUNDARY, max(start, 1), path, offset)
     return None if found is None else (found[0], found[1].start() + 1)
 
 
 def _decode_through(
-    buf: bytearray, end: re.Pattern[bytes], pos: int, path: Path | str
+    buf: bytearray, end: re.Pattern[bytes], pos: int, path: Path | str, offset: int = 0
 ) -> tuple[list[Any], re.Match[bytes]] | None:
     """Decode the events from ``buf[1]`` to the first match of ``end`` at or after ``pos`` that
     closes them (its ``}`` ends the last event); return them and that match, or None when there is
@@ -272,7 +274,9 @@ def _decode_through(
             raise InputError(f"{path}: event with unexpected field type ({e})") from None
         except msgspec.DecodeError as e:
             if not _error_at_end(str(e), cut + 1):
-                raise InputError(f"{path}: not valid JSON in traceEvents ({e})") from None
+                raise InputError(
+                    f"{path}: not valid JSON in traceEvents ({_at_file_byte(str(e), offset)})"
+                ) from None
         finally:
             buf[cut] = keep
         pos = m.end() - 1
@@ -288,7 +292,13 @@ def _error_at_end(msg: str, size: int) -> bool:
     return m is not None and int(m.group(1)) >= size - 2
 
 
-def decode_last(buf: bytearray, path: Path | str = "trace") -> tuple[list[Any], bytes]:
+def _at_file_byte(message: str, offset: int) -> str:
+    """The decoder's message with its ``(byte N)`` counted from the start of the file's (JSON) text:
+    ``buf[i]`` holds byte ``offset + i`` of it."""
+    return _ERR_BYTE.sub(lambda m: m.group(0).replace(m.group(1), str(int(m.group(1)) + offset)), message)
+
+
+def decode_last(buf: bytearray, path: Path | str = "trace", offset: int = 0) -> tuple[list[Any], bytes]:
     """Decode the final events; return them and what follows the array (the rest of the top object).
 
     ``buf[0]`` is a spare byte, the text starts at ``buf[1]``; the events are decoded in place
@@ -297,7 +307,7 @@ def decode_last(buf: bytearray, path: Path | str = "trace") -> tuple[list[Any], 
     first = _first_text(buf)
     if buf[first : first + 1] == b"]":
         return [], bytes(memoryview(buf)[first + 1 :])
-    found = _decode_through(buf, _ARRAY_END, first, path)
+    found = _decode_through(buf, _ARRAY_END, first, path, offset)
     if found is None:
         raise InputError(f"{path}: truncated trace (traceEvents array never ends)")
     events, m = found
