@@ -26,18 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gzip
-import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from analyzer.capture.profile import export_trace
 from analyzer.capture.truth import Instrumentation, step_name
 
 MODES = ("generate", "continuous-batching", "static-cache", "forward")
@@ -271,21 +267,6 @@ def _cb_prompts(spec: CaptureSpec, ids: torch.Tensor) -> list[list[int]]:
     return out
 
 
-def export(prof: torch.profiler.profile, path: str | os.PathLike[str]) -> Path:
-    """Write the profile as a Chrome trace; gzip it when the name ends in ``.gz``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        if path.suffix == ".gz":
-            with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=9) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        else:
-            shutil.move(raw, path)
-    return path
-
-
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     import logging
@@ -360,7 +341,7 @@ def capture(spec: CaptureSpec) -> dict[str, Any]:
             inst.close()
             if cb_steps is not None:
                 cb_steps.remove()
-        export(prof, spec.output)
+        export_trace(prof, spec.output, compresslevel=9)  # the zoo's fixtures stay small
     meta: dict[str, Any] = {
         "model_type": spec.config.get("model_type"),
         "config": {k: v for k, v in spec.config.items() if k not in _DROP_KEYS},
@@ -409,5 +390,4 @@ __all__ = [
     "attention_implementations",
     "build",
     "capture",
-    "export",
 ]

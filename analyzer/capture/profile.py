@@ -201,15 +201,15 @@ class profile_steps(contextlib.ContextDecorator):  # noqa: N801 - reads as a fun
         return False
 
 
-def export_trace(prof: torch.profiler.profile, path: str | os.PathLike[str]) -> Path:
-    """Write the profile as a Chrome trace; gzip it when the name ends in ``.gz``."""
+def export_trace(prof: torch.profiler.profile, path: str | os.PathLike[str], compresslevel: int = 6) -> Path:
+    """Write the profile as a Chrome trace; gzip it (at ``compresslevel``) when the name ends in ``.gz``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(raw))
         if path.suffix == ".gz":
-            with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+            with open(raw, "rb") as src, gzip.open(path, "wb", compresslevel=compresslevel) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
         else:
             shutil.move(raw, path)

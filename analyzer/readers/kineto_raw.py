@@ -30,18 +30,14 @@ import pyarrow as pa
 
 from analyzer.errors import InputError
 from analyzer.readers import gz
+from analyzer.readers.kineto_scan import _ARRAY_END, _ERR_BYTE, _EVENTS_KEY, _NON_SPACE, BOUNDARY
 
 CHUNK_BYTES = 4 << 20  # small: the writer's memory is a few chunks beside the analysis
 READ_BYTES = 1 << 20
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
-_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
-_ARRAY_END = re.compile(rb"\}\s*\]")
-_NON_SPACE = re.compile(rb"[^ \t\n\r]")
 _ARGS_KEY = re.compile(rb'"args"\s*:\s*')
-_ERR_BYTE = re.compile(r"\(byte (\d+)\)")
 
 
 class _X(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
@@ -152,7 +148,7 @@ class KinetoEvents:
                 buf += self._read()
             if self._eof:
                 break
-            found = self._decode_until(_BOUNDARY, CHUNK_BYTES // 2)
+            found = self._decode_until(BOUNDARY, CHUNK_BYTES // 2)
             if found is None:  # one huge event: read on
                 buf += self._read()
                 continue
