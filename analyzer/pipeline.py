@@ -3,7 +3,8 @@
 Contract:
 
 * :func:`resolve_context` is the only place a run's knowledge is looked up: the rule set (with the
-  user's rule files), op hints, annotation patterns, finding settings, the ``--gpu`` override and the
+  user's rule files), op hints, annotation patterns, finding settings, the providers of shared kernel
+  names (``rules/providers.toml``), the ``--gpu`` override and the
   ``--model`` architecture, each read and validated by :mod:`analyzer.knowledge` (which caches them).
 * The analyses are pure functions of tables and the :class:`Context` (:mod:`analyzer.analyses`);
   this module holds their order, as two lists of steps, and is the only place that sequences them:
@@ -36,6 +37,7 @@ from analyzer.knowledge.annotations import load_annotation_patterns
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.finding_settings import load_finding_settings
 from analyzer.knowledge.op_hints import load_op_hints
+from analyzer.knowledge.provider_ops import ProviderFacts, load_provider_facts
 from analyzer.model import Trace
 from analyzer.options import Options
 from analyzer.tables import launches
@@ -52,6 +54,7 @@ class Context:
     annotation_patterns: Sequence[Mapping[str, Any]]
     attention_ops: AttentionOps  # where each attention op keeps its query length (rules/attention_ops.toml)
     finding_settings: Mapping[str, Mapping[str, Any]]
+    provider_facts: ProviderFacts  # host op -> provider for shared kernel names (rules/providers.toml)
     gpu: tuple[hardware.GpuSpec, str] | None  # the ``--gpu`` override and its name; None: detect it
     gpu_table: Mapping[str, hardware.GpuSpec]  # rules/hardware.toml: the GPUs detection chooses from
     model: architectures.ModelArch | None
@@ -77,6 +80,7 @@ def resolve_context(options: Options | None = None) -> Context:
         annotation_patterns=load_annotation_patterns(),
         attention_ops=load_attention_ops(),
         finding_settings=load_finding_settings(dict(options.settings)),
+        provider_facts=load_provider_facts(),
         gpu=gpu,
         gpu_table=hardware.default_table(),
         model=model,
@@ -116,7 +120,9 @@ Step = Callable[[Analysis, Context], Analysis]
 
 
 def classify_step(a: Analysis, ctx: Context) -> Analysis:
-    kernels, warnings = classify.classify_and_check(a.kernels, a.trace.host_ops, ctx.ruleset, ctx.op_hints)
+    kernels, warnings = classify.classify_and_check(
+        a.kernels, a.trace.host_ops, ctx.ruleset, ctx.op_hints, ctx.provider_facts
+    )
     return dataclasses.replace(
         a, kernels=kernels, rules_sha256=ctx.ruleset.sha256, warnings=[*a.warnings, *warnings]
     )

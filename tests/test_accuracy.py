@@ -32,7 +32,37 @@ def table():
 
 def test_truth_table_covers_every_region_capture_writes(table) -> None:
     truth = pytest.importorskip("analyzer.capture.truth", reason="capture needs torch")
-    assert set(truth.REGIONS) | {"outside_forward"} == set(table.regions)
+    # two places are not ranges capture writes: outside_forward, and attention_inline (an
+    # attention_module range that entered no attention-interface function)
+    assert set(truth.REGIONS) | {"outside_forward", "attention_inline"} == set(table.regions)
+
+
+def test_attention_module_without_an_attention_range_is_inline_attention(table) -> None:
+    def ev(name, ts, dur, cat="user_annotation", corr=None):
+        e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+        if corr is not None:
+            e["args"] = {"correlation": corr}
+        return e
+
+    events = [
+        # module A: its own code computes attention (no attention range inside)
+        ev("lkm::truth region=attention_module", 0, 10),
+        ev("cudaLaunchKernel", 2, 1, "cuda_runtime", 1),
+        ev("softmax_warp_forward", 20, 1, "kernel", 1),
+        # module B: calls the attention interface; its own copy kernel stays attention_module
+        ev("lkm::truth region=attention_module", 30, 10),
+        ev("lkm::truth region=attention", 33, 3),
+        ev("cudaLaunchKernel", 31, 1, "cuda_runtime", 2),
+        ev("direct_copy_kernel", 50, 1, "kernel", 2),
+    ]
+    for e in events[2::]:
+        if e["cat"] == "kernel":
+            e["pid"], e["tid"] = 0, 7
+    got = extract_truth({"traceEvents": events}, table).to_pydict()
+    regions = dict(zip(got["correlation"], got["region"], strict=True))
+    assert regions == {1: "attention_inline", 2: "attention_module"}
+    accepted = dict(zip(got["correlation"], got["accepted"], strict=True))
+    assert "flash_attention" in accepted[1] and "flash_attention" not in accepted[2]
 
 
 def test_truth_table_routes_gemm_and_kinds(table) -> None:

@@ -55,7 +55,9 @@ def test_library_names_get_their_provider() -> None:
         r"^Cijk_\w*_UserArgs": "hipblaslt",
         r"^(?:void )?aiter::": "aiter",
         r"^(?:void )?ck_tile::": "ck",
-        r"^(?:void )?paged_attention_ll4mi": "vllm",
+        # aiter's copy of vLLM's ROCm paged attention: a leading int VERSION_ID and ck_tile's
+        # ComposedAttention (ROCm/aiter csrc/kernels/attention_ragged.cu); vLLM's copy has neither
+        r"^(?:void )?paged_attention_ll4mi\w*<\d.*ComposedAttention": "aiter",
     }
     seen = 0
     for param in ALL_KINETO:

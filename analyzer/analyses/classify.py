@@ -24,14 +24,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.analyses import layers
+from analyzer.analyses import layers, providers
 from analyzer.analyses.layers import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
-from analyzer.model import dict_strings, dict_take, pylist
+from analyzer.model import dict_isin, dict_strings, dict_take, pylist
 from analyzer.tables import launches
 
 # --------------------------------------------------------------------------- entry point
@@ -46,12 +47,17 @@ def classify_kernels(
 
 
 def classify_and_check(
-    kernels: pa.Table, host_ops: pa.Table, ruleset: Any, op_hints: Mapping[str, str]
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    ruleset: Any,
+    op_hints: Mapping[str, str],
+    provider_facts: Any = None,
 ) -> tuple[pa.Table, list[str]]:
     """:func:`classify_kernels` and its self-check: the table (with ``stage_source``, how each
     kernel's stage was decided: :data:`SOURCES`) and the warnings for what could not be decided."""
     cols = classify_by_name(kernels, ruleset)
     op_names, op_dims = launching_ops(kernels, host_ops)
+    cols["provider"] = providers.attribute_providers(kernels, cols, op_names, host_ops, provider_facts)
     stage = cols["stage"]
     by_rule = list(stage)
     apply_op_hints(stage, op_names, op_hints, op_dims)
@@ -221,20 +227,51 @@ def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | Non
         pc.is_in(names.dictionary, pa.array(list(_GATHER_OPS))).take(names.indices), False
     )
     rows = np.flatnonzero(is_gather.to_numpy(zero_copy_only=False))
-    dims = {}
+    dims: dict[int, Any] = {}
     if len(rows):
-        got = host_ops["input_dims"].take(ops["row"].take(pos.take(pa.array(rows)))).to_pylist()
+        op_rows = ops["row"].take(pos.take(pa.array(rows)))
+        got = host_ops["input_dims"].take(op_rows).to_pylist()
         dims = dict(zip(rows.tolist(), got, strict=True))
+        inside = _inside_embedding_op(host_ops, op_rows.to_numpy(zero_copy_only=False))
+        for r in rows[inside].tolist():
+            dims[r] = EMBEDDING_OP  # launched inside nn.Embedding's op: a lookup, whatever the table size
     return pylist(names), dims
 
 
 _GATHER_OPS = ("aten::gather", "aten::take_along_dim", "aten::index_select", "aten::embedding")
+_EMBEDDING_OPS = ("aten::embedding", "aten::embedding_bag")
+EMBEDDING_OP = "inside aten::embedding"  # an op_dims value: the gather runs inside an embedding op
+
+
+def _inside_embedding_op(host_ops: pa.Table, op_rows: np.ndarray) -> np.ndarray:
+    """Per op row: whether an ``aten::embedding`` cpu_op of the same thread encloses it (or it is one).
+
+    ``F.embedding`` dispatches to ``aten::index_select`` on CUDA; the op around it says the gather
+    is an embedding lookup, with or without recorded shapes."""
+    emb = np.flatnonzero(
+        dict_isin(host_ops["name"], list(_EMBEDDING_OPS)) & dict_isin(host_ops["category"], ["cpu_op"])
+    )
+    if not len(emb) or not len(op_rows):
+        return np.zeros(len(op_rows), bool)
+    cols = ("trace_id", "tid", "start_ns", "dur_ns")
+    e = pd.DataFrame({c: host_ops[c].take(pa.array(emb)).to_numpy(zero_copy_only=False) for c in cols})
+    o = pd.DataFrame({c: host_ops[c].take(pa.array(op_rows)).to_numpy(zero_copy_only=False) for c in cols})
+    o["pos"] = np.arange(len(o))
+    e["emb_end"] = e["start_ns"] + e["dur_ns"]
+    e = e.drop(columns="dur_ns").sort_values("start_ns")
+    got = pd.merge_asof(
+        o.sort_values("start_ns"), e, on="start_ns", by=["trace_id", "tid"], direction="backward"
+    ).sort_values("pos")
+    end = (got["start_ns"] + got["dur_ns"]).to_numpy()
+    return (got["emb_end"].to_numpy() >= end) & got["emb_end"].notna().to_numpy()
 
 
 def _is_embedding_lookup(op: str, dims: Any) -> bool:
     """A gather from a [vocab, hidden] table: many more rows than columns, and a vocabulary's rows."""
     if op not in _GATHER_OPS or dims is None or len(dims) == 0:
         return False
+    if dims == EMBEDDING_OP:
+        return True
     table = dims[0]
     return table is not None and len(table) == 2 and table[0] >= 8192 and table[0] >= 4 * table[1]
 

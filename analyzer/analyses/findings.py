@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_STAGES, LABELLED_PHASES
 from analyzer.tables import intervals
 from analyzer.tables.frames import only_columns
@@ -44,8 +45,16 @@ def find(
     df: pd.DataFrame, steps: pd.DataFrame | None, settings: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """Every finding of the run: ``df`` the analysed kernels (:func:`analyzer.tables.frames.to_frame`),
-    ``steps`` the steps table, ``settings`` the thresholds (``rules/findings.toml`` + ``--set``)."""
-    return check_all(RunFrame(df=df, steps=steps, total_ns=int(df["dur_ns"].sum())), settings)
+    ``steps`` the steps table, ``settings`` the thresholds (``rules/findings.toml`` + ``--set``).
+
+    rocprof's ``<barrier packet>`` pseudo-dispatches are queue waits, not kernels: no check sees
+    them (shares stay shares of the run's whole kernel time)."""
+    total = int(df["dur_ns"].sum())
+    if "rule_id" in df:
+        barrier = (df["rule_id"] == BARRIER_RULE_ID).to_numpy(bool, na_value=False)
+        if barrier.any():
+            df = df[~barrier]
+    return check_all(RunFrame(df=df, steps=steps, total_ns=total), settings)
 
 
 def check_all(ctx: RunFrame, cfg: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:

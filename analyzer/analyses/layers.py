@@ -191,9 +191,16 @@ def walk_sequence(
     def stages(*sets: Any) -> np.ndarray:
         return np.array([any(s in x for x in sets) for s in kinds], bool)[code]
 
-    anchor = stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm"))
     gemm = stages(GEMM_STAGES)
     ops = _gemm_ops(seq, gemm, norm, launch)
+    hard = normish | stages(ATTENTION, ("embedding",))
+    if _mark_routers(rows, st, stage, norm, op_names, ops, hard, stages(("moe_expert_gemm",))):
+        st = list(map(stage.__getitem__, rows))
+        kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
+        code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
+    blocker = normish | stages(ATTENTION, _MOE_ROUTING, ("embedding",))
+    router = stages(("moe_gate_gemm",))
+    anchor = stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm"))
     # what follows each GEMM op, seen from the position after it: the next anchor kernel; the next
     # anchor or GEMM ("gemm" for a GEMM); whether a GEMM comes before the next norm / attention /
     # routing / embedding kernel
@@ -202,9 +209,9 @@ def walk_sequence(
     follow = [st[q] if q < n else "" for q in at]
     at = _next_where(anchor | gemm, after).tolist()
     lead = [("gemm" if not anchor[q] else st[q]) if q < n else "" for q in at]
-    blocker = normish | stages(ATTENTION, _MOE_ROUTING, ("embedding",))
-    at = _next_where(gemm | blocker, after).tolist()
-    gemm_ahead = [q < n and bool(gemm[q]) for q in at]
+    # a router GEMM ends the MLP before it (Qwen2-MoE runs its shared expert first)
+    at = _next_where(gemm | blocker | router, after).tolist()
+    gemm_ahead = [q < n and bool(gemm[q]) and not router[q] for q in at]
     op_at = {a: k for k, (a, _) in enumerate(ops)}
     # only these positions change the walk's state; the runs between them take the region as it is
     events = np.zeros(n, bool)
@@ -229,10 +236,13 @@ def walk_sequence(
         k = op_at.get(p)
         if k is not None:
             b = ops[k][1]
-            routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
-            role, region, layer_no = _role(
-                region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next
-            )
+            if router[p]:  # found by _mark_routers
+                role, region = "moe_gate_gemm", "moe"
+            else:
+                routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
+                role, region, layer_no = _role(
+                    region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next
+                )
             norm_seen = False
             for q in range(p, b + 1):
                 if stage[rows[q]] in GEMM_STAGES:
@@ -262,6 +272,80 @@ def walk_sequence(
     _label_inner_norms(seq, stage, region_of, normish, was_generic, shape, norm)
     layer[seq] = layer_of
     _shift_prologue_to_next_layer(seq, stage, layer)
+
+
+# what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
+_ROUTING_TAIL_OPS = frozenset({"aten::gather", "aten::sum", "aten::div", "aten::div_", "aten::mul",
+    "aten::mul_", "aten::to", "aten::_to_copy", "aten::copy_", "aten::softmax", "aten::_softmax"})  # fmt: skip
+_ROUTING_PARTS = GENERIC | SAMPLING_LIKE | {"activation", "moe_sort"}
+
+
+def _is_topk(stage: str, name: str, op: str | None) -> bool:
+    """A router's ``torch.topk`` (a sort or argsort is dispatch, or sampling)."""
+    if op is not None:
+        return op == "aten::topk"
+    return stage in SAMPLING_LIKE and "topk" in name.lower()
+
+
+def _mark_routers(
+    rows: list[int],
+    st: list[str],
+    stage: list[str],
+    norm: list[str],
+    op_names: Sequence[str | None],
+    ops: list[tuple[int, int]],
+    hard: np.ndarray,
+    experts: np.ndarray,
+) -> bool:
+    """MoE routers: a GEMM whose output goes to a top-k that more GEMMs follow within the block.
+
+    A router GEMM is followed, before any other GEMM, norm, attention or embedding kernel, by a
+    top-k (``aten::topk`` / a top-k or sort kernel); after the top-k another GEMM (the experts) comes
+    before any norm, attention or embedding kernel. The LM head's top-k sampling fails the second
+    test: the next forward's embedding or input norm comes first. The router GEMM becomes
+    ``moe_gate_gemm``; its softmax / sigmoid, top-k and the routing-weight arithmetic right after
+    the last top-k become ``moe_topk``. Returns whether any router was found.
+    """
+    n = len(rows)
+    topk = [q for q in range(n) if st[q] in _ROUTING_PARTS and _is_topk(st[q], norm[rows[q]], op_names[rows[q]])]
+    if not topk or not ops:
+        return False
+    firsts = np.array([a for a, _ in ops], np.int64)
+    expert_at = np.flatnonzero(experts)  # expert GEMMs a rule named (fused MoE kernels)
+    blocks = np.flatnonzero(hard)
+    found = False
+    done = -1
+    for t in topk:
+        if t <= done:
+            continue
+        k = int(np.searchsorted(firsts, t)) - 1  # the last GEMM op before t
+        if k < 0:
+            continue
+        a, b = ops[k]
+        if b >= t:
+            continue  # inside a GEMM op
+        e = int(np.searchsorted(expert_at, t))
+        nxt = min(ops[k + 1][0] if k + 1 < len(ops) else n, int(expert_at[e]) if e < len(expert_at) else n)
+        if nxt >= n:
+            continue
+        j = int(np.searchsorted(blocks, b + 1))
+        if j < len(blocks) and blocks[j] < nxt:
+            continue  # a norm / attention / embedding between the GEMM and the next: not a router
+        if any(st[q] not in _ROUTING_PARTS and st[q] not in ("memcpy", "memset") for q in range(b + 1, t)):
+            continue
+        for q in range(a, b + 1):
+            if st[q] in GEMM_STAGES:
+                stage[rows[q]] = "moe_gate_gemm"
+        last = max(x for x in topk if x < nxt)
+        end = last + 1
+        while end < nxt and op_names[rows[end]] in _ROUTING_TAIL_OPS and st[end] in _ROUTING_PARTS:
+            end += 1
+        for q in range(b + 1, end):
+            if st[q] in _ROUTING_PARTS:
+                stage[rows[q]] = "moe_topk"
+        done = nxt
+        found = True
+    return found
 
 
 _REDUCE_OPS = frozenset({"aten::mean", "aten::var_mean", "aten::sum", "aten::var", "aten::norm"})
@@ -546,8 +630,22 @@ def _label_moe_block(
     """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm."""
     gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
     last = gemms[-1] if gemms else lo - 1
-    after = [i for i in run if i > last]
-    add = next((i for i in after if _is_add(rows[i], op_names) and _has_norm_after(rows, i, hi, stage)), None)
+    # the residual add is the last add before the next norm (an earlier one combines the routed
+    # and shared experts' outputs); an activation after the last expert GEMM (Qwen2-MoE's sigmoid of
+    # the shared-expert gate) weighs the combination
+    first_norm = next((i for i in range(last + 1, hi) if stage[rows[i]] == "norm"), None)
+    adds = [i for i in run if last < i < (first_norm if first_norm is not None else -1) and _is_add(rows[i], op_names)]
+    add = adds[-1] if adds else None
+    gate = False
+    for i in range(last + 1, first_norm if first_norm is not None else hi):
+        if stage[rows[i]] == "activation":
+            stage[rows[i]] = "moe_accumulate"
+            gate = True
+    if gate:  # the GEMM before that activation is the gate's (hidden -> 1), not an expert's
+        g = last
+        while g >= lo and stage[rows[g]] == "moe_expert_gemm":
+            stage[rows[g]] = "moe_gate_gemm"
+            g -= 1
     for i in run:
         if i < last:
             stage[rows[i]] = "moe_sort"
@@ -561,10 +659,6 @@ def _label_moe_block(
 
 def _is_add(r: int, op_names: Sequence[str | None]) -> bool:
     return op_names[r] in ("aten::add", "aten::add_")
-
-
-def _has_norm_after(rows: list[int], add: int, end: int, stage: list[str]) -> bool:
-    return any(stage[rows[i]] == "norm" for i in range(add + 1, end))
 
 
 def _has_norm_signal(

@@ -484,24 +484,23 @@ def _step_row(
 
 
 def forward_starts(stages: np.ndarray) -> np.ndarray:
-    """Positions (in time order) where a forward begins: embedding, else first layer input norm."""
+    """Positions (in time order) where a forward begins: its embedding lookup; for a forward without
+    an embedding kernel (compiled into a fused kernel, replayed from a graph, run on the host), the
+    first norm / QKV GEMM / attention kernel after the previous forward's LM head."""
     emb = np.flatnonzero(stages == "embedding")
-    if len(emb):
-        # consecutive embedding kernels (e.g. a gather + a scale) start one forward
-        keep = np.concatenate([[True], np.diff(emb) > 1])
-        return emb[keep]
+    # consecutive embedding kernels (e.g. a gather + a scale) start one forward
+    starts = emb[np.concatenate([[True], np.diff(emb) > 1])].tolist() if len(emb) else []
     attn = np.isin(stages, ATTENTION_KERNEL_STAGES)
     if not attn.any():
-        return np.empty(0, np.int64)
-    # a forward starts after an lm_head GEMM (or at the first kernel)
+        return np.asarray(starts, np.int64)
+    opens = np.flatnonzero(np.isin(stages, ("norm", "qkv_gemm", "embedding", *ATTENTION_KERNEL_STAGES)))
     lm = np.flatnonzero(stages == "lm_head_gemm")
-    starts = [0]
+    if not starts:
+        starts = [0]
     for p in lm.tolist():
-        nxt = p + 1
-        while nxt < len(stages) and stages[nxt] not in ("norm", "qkv_gemm") + ATTENTION_KERNEL_STAGES:
-            nxt += 1
-        if nxt < len(stages):
-            starts.append(nxt)
+        k = int(np.searchsorted(opens, p + 1))
+        if k < len(opens) and stages[opens[k]] != "embedding":
+            starts.append(int(opens[k]))
     return np.unique(np.asarray(starts, np.int64))
 
 

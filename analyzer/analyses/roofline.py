@@ -20,7 +20,8 @@ Contract (pure over the analysed tables, the GPU spec and an optional model arch
   achieved TB/s over peak BW when there are no FLOPs. ``bound``: ``compute`` / ``memory`` by the
   ridge point, ``latency`` when a short kernel reaches under 10% of its roof, ``invalid`` when a
   rate exceeds a peak (a data error: warned, never printed as fact), ``unknown`` without numbers
-  or without a known GPU.
+  or without a known GPU. rocprof's ``<barrier packet>`` pseudo-dispatches (rule ``MEM600``) are
+  queue waits, not work: they never get numbers.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.knowledge import architectures, hardware
+from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.model import DICT_STRING, dict_isin, dict_strings, objects
 from analyzer.tables import launches
 
@@ -359,7 +361,8 @@ def kernel_work(
     if found is not None:
         ops, pos = found
         p = pc.fill_null(pos, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        is_kernel = (kdf["kind"] == "kernel").to_numpy()
+        # rocprof's barrier packets are queue waits, not kernels: never an op's lead kernel
+        is_kernel = (kdf["kind"] == "kernel").to_numpy() & ~barrier_rows(kernels)
         cand = np.flatnonzero((p >= 0) & is_kernel)
         order = cand[np.argsort(-kdf["dur"].to_numpy()[cand], kind="stable")]
         _, first = np.unique(p[order], return_index=True)
@@ -431,6 +434,13 @@ def kernel_work(
     if model is not None:
         _model_work(kernels, model, world_size, flops, nbytes, source, skip=covered)
     return flops, nbytes, source, dtype
+
+
+def barrier_rows(kernels: pa.Table) -> np.ndarray:
+    """The rows that are rocprof ``<barrier packet>`` pseudo-dispatches (their own rule id)."""
+    if "rule_id" not in kernels.column_names:
+        return np.zeros(kernels.num_rows, bool)
+    return dict_isin(kernels["rule_id"], [BARRIER_RULE_ID])
 
 
 def splitk_reduce_mask(kernels: pa.Table) -> np.ndarray:

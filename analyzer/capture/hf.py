@@ -18,8 +18,9 @@ Modes (``--mode``):
   thread is recorded (``profile_all_threads``);
 * ``forward`` — one forward over the prompt (a prefill step).
 
-Imports only torch, transformers and :mod:`analyzer.capture.truth`, so it runs where the analyzer's
-own dependencies are not installed (``python -m analyzer.capture.zoo`` on a GPU machine).
+Imports only torch, transformers, :mod:`analyzer.capture.truth` and (for ``experts="triton_fused"``)
+:mod:`analyzer.capture.fused_experts` with Triton, so it runs where the analyzer's own dependencies
+are not installed (``python -m analyzer.capture.zoo`` on a GPU machine).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ SDPA_BACKENDS = {
     "cudnn": "CUDNN_ATTENTION",
     "math": "MATH",
 }
+FUSED_EXPERTS = "triton_fused"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _DROP_KEYS = (
     "architectures", "auto_map", "quantization_config", "torch_dtype", "dtype", "_name_or_path",
@@ -64,7 +66,7 @@ class CaptureSpec:
     dtype: str = "bf16"
     attn: str = "sdpa"
     sdpa_backend: str | None = None
-    experts: str | None = None  # config's experts_implementation: eager | batched_mm | grouped_mm ...
+    experts: str | None = None  # experts_implementation: eager | batched_mm | grouped_mm | triton_fused ...
     mode: str = "generate"
     sampling: bool = False
     assistant: dict[str, Any] | None = None  # the draft model's config (same vocabulary)
@@ -100,6 +102,10 @@ def build(
         raise CaptureError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
     if experts:
         d["experts_implementation"] = experts
+    if experts == FUSED_EXPERTS:  # our own Triton fused-MoE kernel, through transformers' experts interface
+        from analyzer.capture.fused_experts import register
+
+        register()
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **d)
     except (ValueError, KeyError) as exc:
@@ -383,6 +389,7 @@ def _tf_version() -> str:
 
 __all__ = [
     "DTYPES",
+    "FUSED_EXPERTS",
     "MODES",
     "SDPA_BACKENDS",
     "CaptureError",

@@ -6,8 +6,9 @@ truth ranges (``docs/accuracy.md``). Together the cases cover the block layouts 
 handle and every option of ``capture`` at least once (not the cross product).
 
 ``python -m analyzer.capture.zoo OUT_DIR [--jobs N] [--only NAME,...] [--device cuda]`` captures
-every case into ``OUT_DIR/<case>/trace.json.gz`` + ``meta.json`` (several processes share the GPU;
-kernels do not depend on timing). It imports torch and transformers only.
+every case (or the ``--only`` ones) into ``OUT_DIR/<case>/trace.json.gz`` + ``meta.json`` (several
+processes share the GPU; kernels do not depend on timing). It imports torch and transformers only
+(and Triton for the ``triton_fused`` experts case: :mod:`analyzer.capture.fused_experts`).
 """
 
 from __future__ import annotations
@@ -162,6 +163,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"experts": "grouped_mm"},
         "MoE routed only, experts as grouped_mm",
     ),  # fmt: skip
+    "qwen3-moe-fused-bf16": (
+        {"model_type": "qwen3_moe", **_GQA, **MOE, "head_dim": 32},
+        {"experts": "triton_fused"},
+        "MoE routed only, experts as our own Triton fused-MoE kernel (fused_moe_kernel)",
+    ),  # fmt: skip
     "olmoe-sdpa-bf16": (
         {"model_type": "olmoe", **_GQA, **MOE, "intermediate_size": 64},
         {"shapes": False},
@@ -282,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m analyzer.capture.zoo", description=__doc__.splitlines()[0])
     p.add_argument("out_dir")
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--only", default="")
+    p.add_argument("--only", "--cases", default="", metavar="NAME[,NAME]", help="capture only these cases")
     p.add_argument("--device", default="cuda")
     p.add_argument("--set", action="append", default=[], help="override a capture option, KEY=JSON")
     p.add_argument("--identity", action="store_true", help="also check kernels with/without truth ranges")

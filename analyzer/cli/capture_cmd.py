@@ -75,7 +75,9 @@ from analyzer.errors import UsageError
     help="Force one SDPA backend.",
 )
 @click.option(
-    "--experts", metavar="IMPL", help="MoE experts implementation: eager, batched_mm, grouped_mm ..."
+    "--experts",
+    metavar="IMPL",
+    help="MoE experts implementation: eager, batched_mm, grouped_mm, triton_fused (ours) ...",
 )
 @click.option("--sampling", is_flag=True, help="Sample (temperature, top-k, top-p) instead of greedy.")
 @click.option("--assistant", metavar="CONFIG", help="Draft model's config.json: assisted generation.")

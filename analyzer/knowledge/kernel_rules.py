@@ -14,6 +14,18 @@ Contract (spec: rules/README.md):
   and the rule id: unknown keys, bad ids, duplicate ids, unknown stage/provider, patterns that do not
   compile, are too long or may backtrack catastrophically (nested quantifiers, ambiguous alternation under
   a repeat, backreferences), examples that miss their own rule and not_examples that hit it.
+* A truncated name (:func:`analyzer.knowledge.names.is_truncated`: it ends with ``…``) is matched the
+  same way, but the answer only keeps what the visible prefix decides. A *rival* is an earlier rule
+  that the lost tail could still have completed: one of its own examples, grafted onto the prefix at
+  the cut, makes it match from inside the visible text, or makes it match at all when the example
+  repeats the visible text through what made the matching rule match (a kernel of the same family
+  whose deciding words the cut took;
+  :meth:`RuleSet.tail_rivals`). Rivals that
+  disagree on the provider make it ``unknown``; rivals that disagree on the stage make the result the
+  unclassified stage with rule id :data:`TRUNCATED_RULE_ID`, unless the rule that matched is the
+  generic ``elementwise`` fallback (which claims no role anyway).
+* :data:`BARRIER_RULE_ID` (``MEM600``) is rocprof's ``<barrier packet>`` pseudo-dispatch: not a
+  kernel, the one rule of stage ``other``; the roofline, the findings and the unclassified share skip it.
 
 Classification is pure: :func:`classify_names` maps unique names to their classification; callers map the
 result back onto the (much longer) kernel table.
@@ -31,7 +43,7 @@ from typing import Any
 
 from analyzer.errors import InputError
 from analyzer.knowledge import loader
-from analyzer.knowledge.names import decode_name, group_key, normalize_name
+from analyzer.knowledge.names import ELLIPSIS, decode_name, group_key, is_truncated, normalize_name
 from analyzer.knowledge.taxonomy import TAXONOMY, TAXONOMY_TOML, Taxonomy, load_taxonomy, parse_taxonomy
 
 try:  # Python >= 3.11 moved the regex parser to re._parser
@@ -42,7 +54,9 @@ except ImportError:  # pragma: no cover - Python < 3.11
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
 __all__ = [
+    "BARRIER_RULE_ID",
     "MAX_PATTERN_LENGTH",
+    "TRUNCATED_RULE_ID",
     "Match",
     "Rule",
     "RuleSet",
@@ -60,6 +74,12 @@ from analyzer.paths import RULES_DIR  # noqa: E402
 KERNELS_TOML = RULES_DIR / "kernels.toml"
 
 MAX_PATTERN_LENGTH = 600
+#: rocprof's ``<barrier packet>`` pseudo-dispatches (a queue wait, not a kernel): their own rule
+BARRIER_RULE_ID = "MEM600"
+#: a truncated name whose visible prefix does not decide the stage
+TRUNCATED_RULE_ID = "TRUNCATED"
+# the stage a truncated name may keep although an earlier rule could still have claimed its tail
+_GENERIC_FALLBACK = "elementwise"
 _ID_RE = re.compile(r"^[A-Z]{3}\d{3}$")
 _RULE_KEYS = {"id", "pattern", "flags", "stage", "provider", "examples", "not_examples", "note"}
 _REQUIRED_KEYS = ("id", "pattern", "stage", "provider", "examples", "note")
@@ -119,10 +139,51 @@ class RuleSet:
     sources: tuple[str, ...]
 
     def match(self, norm_name: str, raw_name: str = "") -> Match:
-        """First rule that hits ``norm_name`` (or ``raw_name``) wins; none -> the unclassified result."""
+        """First rule that hits ``norm_name`` (or ``raw_name``) wins; none -> the unclassified result.
+        A truncated name keeps only what its visible prefix decides (module docstring)."""
         rule = self.first_rule(norm_name, raw_name)
+        if rule is not None and is_truncated(norm_name):
+            return self._match_truncated(rule, norm_name)
         if rule is not None:
             return Match(rule.stage, self.taxonomy.stage_category[rule.stage], rule.provider, rule.id)
+        return self._unclassified()
+
+    def _match_truncated(self, rule: Rule, norm_name: str) -> Match:
+        rivals = self.tail_rivals(rule, norm_name)
+        tx = self.taxonomy
+        same_provider = all(r.provider == rule.provider for r in rivals)
+        provider = rule.provider if same_provider else tx.unclassified_provider
+        if all(r.stage == rule.stage for r in rivals) or rule.stage == _GENERIC_FALLBACK:
+            return Match(rule.stage, tx.stage_category[rule.stage], provider, rule.id)
+        return Match(
+            tx.unclassified_stage, tx.stage_category[tx.unclassified_stage], provider, TRUNCATED_RULE_ID
+        )
+
+    def tail_rivals(self, rule: Rule, norm_name: str) -> list[Rule]:
+        """The rules before ``rule`` that the cut tail of the truncated ``norm_name`` could still have
+        made match: grafting one of their examples onto the visible prefix (the example's text from
+        the cut on) gives a match that starts inside the prefix (the visible text began it), or any
+        match when the example begins as the prefix does (the same family: the same text through the
+        end of ``rule``'s own match, and at least :data:`_FAMILY_PREFIX` characters). Other rules whose
+        words would lie wholly in the lost tail are no rivals: the prefix decides."""
+        prefix = norm_name.removesuffix(ELLIPSIS)
+        cut = len(prefix)
+        own = rule.regex.search(norm_name)
+        # same family: the example repeats the visible text at least through what made ``rule`` match
+        family = max(own.end() if own is not None else cut, min(cut, _FAMILY_PREFIX))
+        out = []
+        for r in self.rules:
+            if r is rule:
+                break
+            for e in _example_texts(r.examples):
+                if len(e) > cut:
+                    m = r.regex.search(prefix + e[cut:])
+                    if m is not None and (m.start() < cut or e[:family] == prefix[:family]):
+                        out.append(r)
+                        break
+        return out
+
+    def _unclassified(self) -> Match:
         tx = self.taxonomy
         return Match(
             tx.unclassified_stage,
@@ -157,6 +218,16 @@ class RuleSet:
             if r.id == rule_id:
                 return r
         return None
+
+
+# an example "of the same family" as a truncated name repeats at least this much of its visible text
+_FAMILY_PREFIX = 24
+
+
+@functools.lru_cache(maxsize=4096)
+def _example_texts(examples: tuple[str, ...]) -> tuple[str, ...]:
+    """A rule's examples as written and normalized (each text once)."""
+    return tuple(dict.fromkeys(t for ex in examples for t in (normalize_name(ex), ex)))
 
 
 # --- ReDoS guard ----------------------------------------------------------------------------------------

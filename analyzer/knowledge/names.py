@@ -8,6 +8,13 @@ Contract (DESIGN §1-§2, FORMATS §4):
   also matches the raw name), strips rocprof's ``.kd`` / `` [clone .kd]`` suffixes and surrounding double
   quotes, maps nsys' demangler spellings (``<unnamed>``, ``[lambda() (instance 1)]``) onto the cxxabi ones
   (``(anonymous namespace)``, ``{lambda()#1}``) and collapses whitespace.
+* **Truncated names.** A name cut by its profiler (``nsys stats`` / table printers cut long names at a
+  column width, often ending them with ``…`` or ``...``) keeps its visible text and ends in exactly one
+  ``…`` (:data:`ELLIPSIS`): a trailing ``...`` / ``…`` becomes ``…``, and a name without one whose
+  ``<`` / ``(`` outnumber their closers (a cut inside the template arguments or the parameter list)
+  gets one. The ellipsis keeps ``$``-anchored patterns and tile decoders from matching at the cut;
+  :func:`is_truncated` tells such a name (the rule table then refuses to be confident about what only
+  the tail could decide: ``analyzer/knowledge/kernel_rules.py``).
 * :func:`decode_name` reads the tile and split-K that a library spells into its kernel names. Unknown
   stays ``None``. ``split_k`` encoding: ``None`` = the name does not say; ``1`` = the naming scheme says
   "no split-K"; ``N > 1`` = split-K by N; ``-1`` = split-K with a factor the name does not give
@@ -27,7 +34,7 @@ try:  # the project depends on it; the fallback only keeps normalization total w
 except ImportError:  # pragma: no cover - exercised only in broken environments
     _cpp_demangle = None
 
-__all__ = ["DECODED_KEYS", "decode_name", "group_key", "normalize_name"]
+__all__ = ["DECODED_KEYS", "ELLIPSIS", "decode_name", "group_key", "is_truncated", "normalize_name"]
 
 DECODED_KEYS = ("tile_m", "tile_n", "tile_k", "split_k", "mi")
 
@@ -36,6 +43,11 @@ _WS = re.compile(r"\s+")
 _NSYS_LAMBDA = re.compile(r"\[lambda\(([^()\[\]]*)\) \(instance (\d+)\)\]")
 # mangled names in real traces stay far below this; longer input is kept raw rather than demangled
 _MAX_DEMANGLE_INPUT = 20_000
+#: the mark a truncated name ends with once normalized
+ELLIPSIS = "\u2026"
+_CUT_MARK = re.compile(r"\s*(?:\.\.\.|\u2026)$")
+# spellings whose angle brackets / parentheses are no bracket pair (operator<<, operator(), ->)
+_NOT_BRACKETS = re.compile(r"operator\s*(?:<<=?|>>=?|<=>|<=?|>=?|->\*?|\(\s*\))|->")
 
 
 def normalize_name(name: str) -> str:
@@ -63,7 +75,22 @@ def normalize_name(name: str) -> str:
         s = _NSYS_LAMBDA.sub(r"{lambda(\1)#\2}", s)
     if "operator ()" in s:  # nsys spells the call operator with a space
         s = s.replace("operator ()", "operator()")
+    if s.endswith(("...", ELLIPSIS)):
+        s = _CUT_MARK.sub("", s) + ELLIPSIS
+    elif ("<" in s or "(" in s) and _cut_inside_brackets(s):
+        s += ELLIPSIS
     return s
+
+
+def _cut_inside_brackets(s: str) -> bool:
+    """Whether more ``<`` or ``(`` open than close: the name was cut inside them."""
+    t = _NOT_BRACKETS.sub("", s) if "operator" in s or "->" in s else s
+    return t.count("<") > t.count(">") or t.count("(") > t.count(")")
+
+
+def is_truncated(norm_name: str) -> bool:
+    """Whether a normalized name is a truncated one (it ends with :data:`ELLIPSIS`)."""
+    return norm_name.endswith(ELLIPSIS)
 
 
 # --- decoding -------------------------------------------------------------------------------------------

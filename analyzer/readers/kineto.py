@@ -197,9 +197,14 @@ def _post_process(
     return kernels, host, ann, []
 
 
+#: cpu_ops kept although no GPU activity names them: they launch through ops nested in them and say
+#: what those ops do (``F.embedding`` dispatches to ``aten::index_select`` / ``aten::gather``)
+CONTEXT_OPS = ("aten::embedding", "aten::embedding_bag")
+
+
 def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: int) -> pa.Table:
-    """Launch calls and the cpu_ops some GPU activity names (``wanted`` external ids); the rest is
-    never used. Consumes ``parts``: each chunk is freed once converted."""
+    """Launch calls, the cpu_ops some GPU activity names (``wanted`` external ids) and the
+    :data:`CONTEXT_OPS`; the rest is never used. Consumes ``parts``: each chunk is freed once converted."""
     if not parts:
         return HOST_OP_SCHEMA.empty_table()
     # one dictionary per column across chunks: shape codes, hence shape ids, are global
@@ -217,7 +222,7 @@ def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: i
     out: list[pa.Table] = []
     while batches:
         b = batches.pop()
-        keep = ~dict_isin(b["category"], ["cpu_op"])
+        keep = ~dict_isin(b["category"], ["cpu_op"]) | dict_isin(b["name"], CONTEXT_OPS)
         if wanted is not None:
             keep |= lookup.isin(b["external_id"], wanted)
         b = b.filter(pa.array(keep))

@@ -525,6 +525,12 @@ def _unclassified(page: Page, s: dict[str, Any]) -> None:
     page.add(
         f"<p>{fmt_pct(share)} of kernel time in {len(rows)} kernel names matched no rule (stage other).</p>"
     )
+    bp = s.get("barrier_packets") or {}
+    if bp.get("count"):
+        page.add(
+            f"<p>Barrier packets: {fmt_pct(bp['share'])} of kernel time in {bp['count']:,} rocprof "
+            "&lt;barrier packet&gt; dispatches (queue waits, not kernels; not counted as unclassified).</p>"
+        )
     if rows:
         page.add(table(["share", "time", "count", "kernel"],
                        [[fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", name_cell(r["norm_name"])]

@@ -240,6 +240,12 @@ def _unclassified(summary: dict[str, Any], out: TextIO) -> None:
     out.write(f"\nUnclassified: {fmt_pct(share)} of kernel time in {len(rows)} kernel names\n")
     for r in rows[:5]:
         out.write(f"  {fmt_pct(r['share']):>6}  {shorten(r['norm_name'], 90)}\n")
+    bp = summary.get("barrier_packets") or {}
+    if bp.get("count"):
+        out.write(
+            f"Barrier packets: {fmt_pct(bp['share'])} of kernel time in {bp['count']:,} rocprof "
+            "<barrier packet> dispatches (queue waits, not kernels; not counted as unclassified)\n"
+        )
 
 
 def _findings(summary: dict[str, Any], out: TextIO) -> None:

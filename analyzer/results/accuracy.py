@@ -104,6 +104,15 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
         elif cat in _GPU_CATS:
             corr = (e.get("args") or {}).get("correlation")
             gpu.append((corr if isinstance(corr, int) else None, ts, dur, name, _GPU_CATS[cat]))
+    # an attention module that entered no attention-interface function computes attention in its own
+    # code (Falcon, GPT-2's older paths): its own kernels are the place `attention_inline`
+    for thread, rs in ranges.items():
+        inner = sorted(r[0] for r in rs if r[2] == "attention")
+        for i, (s, end, region) in enumerate(rs):
+            if region == "attention_module":
+                k = bisect.bisect_left(inner, s)
+                if not (k < len(inner) and inner[k] <= end):
+                    rs[i] = (s, end, "attention_inline")
     # a step "ran a forward with ranges" when a truth range starts inside it on its thread
     for thread, st in steps.items():
         starts = sorted(r[0] for r in ranges.get(thread, ()))

@@ -16,6 +16,7 @@ import pandas as pd
 
 from analyzer.analyses.classify import classification_shares
 from analyzer.analyses.ranks import rank_summary
+from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.knowledge.taxonomy import PHASES
 from analyzer.pipeline import Analysis
 from analyzer.tables import intervals
@@ -77,6 +78,7 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
             gpu=analysis.gpu,
         ),
         "unclassified": unclassified(df, total),
+        "barrier_packets": barrier_packets(df, total),
         "classification": classification_shares(df["stage_source"], df["dur_ns"]),
         "steps": step_rows(analysis),
         "findings": analysis.findings,
@@ -490,8 +492,24 @@ def _tile(row: pd.Series) -> str | None:
     return "x".join("?" if v is None or pd.isna(v) else str(int(v)) for v in vals)
 
 
+def _barrier_mask(df: pd.DataFrame) -> np.ndarray:
+    """The rows that are rocprof ``<barrier packet>`` pseudo-dispatches (rule ``MEM600``)."""
+    if "rule_id" not in df:
+        return np.zeros(len(df), bool)
+    return (df["rule_id"] == BARRIER_RULE_ID).to_numpy(bool, na_value=False)
+
+
+def barrier_packets(df: pd.DataFrame, total: int) -> dict[str, Any]:
+    """rocprof's ``<barrier packet>`` pseudo-dispatches: queue waits, not kernels, reported on their
+    own (``time_ns``, ``share`` of the kernel time, ``count``); zeros when the trace has none."""
+    sub = df[_barrier_mask(df)]
+    t = int(sub["dur_ns"].sum())
+    return {"time_ns": t, "share": t / total if total else 0.0, "count": int(sub["count"].sum())}
+
+
 def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
-    sub = df[df["stage"] == "other"]
+    """Kernel names of stage ``other``, largest first; barrier packets are no kernels and not listed."""
+    sub = df[(df["stage"] == "other").to_numpy(bool, na_value=False) & ~_barrier_mask(df)]
     rows = []
     for name, g in sub.groupby("norm_name", sort=False, observed=True):
         t = int(g["dur_ns"].sum())
