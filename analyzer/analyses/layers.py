@@ -14,6 +14,7 @@ Contract (pure over lists and arrays that :mod:`analyzer.analyses.classify` hand
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -454,18 +455,80 @@ def _label_generic(
                 if reg == "mlp_out":
                     target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
             if reg == "attn_in":
-                tail = []
-                for i in reversed(run):  # trailing cat/copy before attention = KV-cache update
-                    if _is_kv_update(rows[i], op_names):
-                        tail.append(i)
-                    else:
-                        break
-                for i in tail:
+                # a GEMM inside the region (MLA's kv decompression) splits it: the part before
+                # it ends at a GEMM, the last part at attention
+                cuts = [i for i in range(p, q) if stage[rows[i]] in GEMM_STAGES]
+                parts, kv_rows = [], set()
+                # the writes the op hints named already (index_copy_ ...) count among the update's
+                named = {i for i in range(p, q) if stage[rows[i]] == "kv_cache_store"}
+                pool = sorted(set(run) | named)
+                for lo_i, hi_i in zip([p, *[c + 1 for c in cuts]], [*cuts, q], strict=True):
+                    parts.append(([i for i in pool if lo_i <= i < hi_i], hi_i == q))
+                for part, last in parts:
+                    tokens = tuple((norm[rows[i]] if norm else "", op_names[rows[i]]) for i in part)
+                    writes = tuple(i in named or _is_kv_update(rows[i], op_names) for i in part)
+                    kv_rows.update(part[j] for j in _kv_update_positions(tokens, writes, last))
+                kv_rows -= named
+                for i in kv_rows:
                     stage[rows[i]] = "kv_cache_store"
-                run = [i for i in run if i not in set(tail)]
+                run = [i for i in run if i not in kv_rows]
             for i in run:
                 stage[rows[i]] = target
         p = q
+
+
+KV_WRITES = 2  # a KV-cache update writes two tensors per layer: the keys and the values
+
+
+@functools.lru_cache(maxsize=4096)
+def _kv_update_positions(
+    tokens: tuple[tuple[str, str | None], ...], writes: tuple[bool, ...], before_attention: bool = True
+) -> frozenset[int]:
+    """Which generic kernels between the QKV GEMMs and attention are the KV-cache update.
+
+    ``tokens`` (kernel name, launching op) and ``writes`` (a cat / copy / index_copy_ ... op) per
+    generic kernel of the region, in order. The update ends the region with the last two write ops
+    (keys and values). RoPE applies one kernel sequence to q and then to k: the last such repeated
+    sequence (its unit holds more than write ops) ends RoPE; the generic work between it and the
+    two writes (a static cache's lazy fills, its index arithmetic) is the update's, except further
+    write ops there (partial rotary concatenates the rotated and the passed-through halves): RoPE's.
+    Without a repeated sequence only the trailing writes (at most two) are the update. Where a GEMM,
+    not attention, follows (MLA caches the latent before decompressing it; the query's cat may come
+    after the update), the update is the first two writes after RoPE. Memoised: the same region
+    repeats in every layer and step."""
+    n = len(tokens)
+    if not before_attention:
+        end = _last_square_end(tokens, writes, n)
+        if end < n:
+            first_writes = [j for j in range(end, n) if writes[j]][:KV_WRITES]
+            return frozenset(first_writes)
+    tail: list[int] = []
+    for j in range(n - 1, -1, -1):
+        if not writes[j] or len(tail) == KV_WRITES:
+            break
+        tail.append(j)
+    if not tail:
+        return frozenset()
+    first = min(tail)
+    end = _last_square_end(tokens, writes, first)
+    out = set(tail)
+    out.update(j for j in range(end, first) if not writes[j])
+    return frozenset(out)
+
+
+def _last_square_end(tokens: tuple[Any, ...], writes: tuple[bool, ...], limit: int) -> int:
+    """End of the last back-to-back repeated block (unit of >= 2 kernels, not only writes) found
+    greedily from the start of ``tokens[:limit]``; ``limit`` when there is none."""
+    s, end = 0, None
+    while s < limit:
+        for size in range((limit - s) // 2, 1, -1):
+            if tokens[s : s + size] == tokens[s + size : s + 2 * size] and not all(writes[s : s + size]):
+                s += 2 * size
+                end = s
+                break
+        else:
+            s += 1
+    return limit if end is None else end
 
 
 def _norm_clusters(pos: np.ndarray, gap: int = 3) -> list[tuple[int, int]]:
