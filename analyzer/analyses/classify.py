@@ -61,6 +61,7 @@ def classify_and_check(
     stage = cols["stage"]
     by_rule = list(stage)
     apply_op_hints(stage, op_names, op_hints, op_dims)
+    front = in_attention_front_end(kernels, host_ops, stage)
     by_names = list(stage)
     order = np.lexsort(
         (
@@ -82,6 +83,8 @@ def classify_and_check(
     for seg in np.split(ordered, bounds):
         if len(seg):
             layers.compose_attention(seg, stage, norm, op_names, launch)
+            for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
+                stage[r] = layers.COMPOSED_ATTENTION
             layers.walk_sequence(seg, stage, norm, op_names, launch, layer)
             why = layers.structure_problem(seg, stage, layer)
             if why:
@@ -232,24 +235,49 @@ def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | Non
         op_rows = ops["row"].take(pos.take(pa.array(rows)))
         got = host_ops["input_dims"].take(op_rows).to_pylist()
         dims = dict(zip(rows.tolist(), got, strict=True))
-        inside = _inside_embedding_op(host_ops, op_rows.to_numpy(zero_copy_only=False))
+        inside = inside_ops(host_ops, op_rows.to_numpy(zero_copy_only=False), _EMBEDDING_OPS)
         for r in rows[inside].tolist():
             dims[r] = EMBEDDING_OP  # launched inside nn.Embedding's op: a lookup, whatever the table size
     return pylist(names), dims
 
 
+def in_attention_front_end(kernels: pa.Table, host_ops: pa.Table, stage: list[str]) -> np.ndarray:
+    """Per kernel: a generic, GEMM or softmax kernel launched inside ``aten::scaled_dot_product_attention``.
+
+    The SDPA front end prepares its inputs (contiguous copies, the boolean mask turned into an
+    additive one) and, on the math backend, computes attention from matmuls and a softmax: all of
+    it is attention, whatever the launching op's own name says."""
+    n = kernels.num_rows
+    found = launches.launching_op_rows(kernels, host_ops)
+    if found is None or not dict_isin(host_ops["name"], list(_ATTENTION_FRONT_ENDS)).any():
+        return np.zeros(n, bool)
+    ops, pos = found
+    kinds = {k: k in _FRONT_END_PARTS for k in set(stage)}
+    wanted = np.fromiter(map(kinds.__getitem__, stage), bool, n)
+    rows = np.flatnonzero(wanted & pos.is_valid().to_numpy(zero_copy_only=False))
+    out = np.zeros(n, bool)
+    if len(rows):
+        op_rows = ops["row"].take(pos.take(pa.array(rows))).to_numpy(zero_copy_only=False)
+        out[rows] = inside_ops(host_ops, op_rows, _ATTENTION_FRONT_ENDS)
+    return out
+
+
 _GATHER_OPS = ("aten::gather", "aten::take_along_dim", "aten::index_select", "aten::embedding")
 _EMBEDDING_OPS = ("aten::embedding", "aten::embedding_bag")
+_ATTENTION_FRONT_ENDS = ("aten::scaled_dot_product_attention",)
+# what a kernel launched inside the SDPA front end may have been called by its name or op: generic
+# work, a GEMM (the math backend's matmuls), its softmax (an op hint says sampling)
+_FRONT_END_PARTS = GENERIC | layers.GEMM_STAGES | {"sampling", "activation"}
 EMBEDDING_OP = "inside aten::embedding"  # an op_dims value: the gather runs inside an embedding op
 
 
-def _inside_embedding_op(host_ops: pa.Table, op_rows: np.ndarray) -> np.ndarray:
-    """Per op row: whether an ``aten::embedding`` cpu_op of the same thread encloses it (or it is one).
+def inside_ops(host_ops: pa.Table, op_rows: np.ndarray, outer: Sequence[str]) -> np.ndarray:
+    """Per op row: whether a cpu_op named in ``outer`` on the same thread encloses it (or it is one).
 
     ``F.embedding`` dispatches to ``aten::index_select`` on CUDA; the op around it says the gather
-    is an embedding lookup, with or without recorded shapes."""
+    is an embedding lookup, with or without recorded shapes (the Kineto reader keeps these ops)."""
     emb = np.flatnonzero(
-        dict_isin(host_ops["name"], list(_EMBEDDING_OPS)) & dict_isin(host_ops["category"], ["cpu_op"])
+        dict_isin(host_ops["name"], list(outer)) & dict_isin(host_ops["category"], ["cpu_op"])
     )
     if not len(emb) or not len(op_rows):
         return np.zeros(len(op_rows), bool)

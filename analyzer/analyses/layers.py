@@ -267,6 +267,9 @@ def walk_sequence(
         region_of[p] = region
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
+    _demote_sampling_before_layers(rows, stage, region_of)
+    for q in [q for q, r in enumerate(rows) if stage[r] == "rope" and region_of[q] == "tail"]:
+        stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
     was_generic = np.fromiter((x in GENERIC for x in st), bool, n)
     shape = _norm_shape(rows, stage, norm, op_names, normish, was_generic)
     _label_generic(seq, stage, op_names, region_of, norm, normish, shape)
@@ -347,6 +350,22 @@ def _mark_routers(
         done = nxt
         found = True
     return found
+
+
+def _demote_sampling_before_layers(rows: list[int], stage: list[str], region_of: list[str]) -> None:
+    """Between a forward's embedding and its first layer nothing samples a token: a cumsum of the
+    position ids, the sort of a flex block mask there is generic work (its name or op says
+    ``sampling`` only because samplers use the same kernels)."""
+    marks = [q for q, r in enumerate(rows) if stage[r] in ("sampling", "embedding")]
+    last_emb = -1
+    for q in marks:
+        r = rows[q]
+        if stage[r] == "embedding":
+            last_emb = q
+        elif region_of[q] == "pre" and last_emb >= 0 and "pre" == region_of[last_emb]:
+            # the same "pre" run: no other region between the embedding and here
+            if all(x == "pre" for x in region_of[last_emb:q]):
+                stage[r] = "elementwise"
 
 
 _REDUCE_OPS = frozenset({"aten::mean", "aten::var_mean", "aten::sum", "aten::var", "aten::norm"})

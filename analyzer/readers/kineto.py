@@ -198,8 +198,9 @@ def _post_process(
 
 
 #: cpu_ops kept although no GPU activity names them: they launch through ops nested in them and say
-#: what those ops do (``F.embedding`` dispatches to ``aten::index_select`` / ``aten::gather``)
-CONTEXT_OPS = ("aten::embedding", "aten::embedding_bag")
+#: what those ops do (``F.embedding`` dispatches to ``aten::index_select`` / ``aten::gather``; the
+#: SDPA front end's copies and mask work run inside it)
+CONTEXT_OPS = ("aten::embedding", "aten::embedding_bag", "aten::scaled_dot_product_attention")
 
 
 def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: int) -> pa.Table:
