@@ -59,10 +59,11 @@ def classify_and_check(
     op_names, op_dims = launching_ops(kernels, host_ops)
     cols["provider"] = providers.attribute_providers(kernels, cols, op_names, host_ops, provider_facts)
     stage = cols["stage"]
-    by_rule = list(stage)
+    vocab: dict[str, int] = {}  # stage -> code: per-kernel copies of the stage as int16, not lists
     apply_op_hints(stage, op_names, op_hints, op_dims)
     front = in_attention_front_end(kernels, host_ops, stage)
-    by_names = list(stage)
+    softmax = layers.softmax_rows(cols["norm_name"], op_names, stage)
+    by_names = _stage_codes(stage, vocab)
     order = np.lexsort(
         (
             kernels["start_ns"].to_numpy(zero_copy_only=False),
@@ -75,25 +76,27 @@ def classify_and_check(
     tid = kernels["trace_id"].to_numpy(zero_copy_only=False)
     dev = kernels["device"].to_numpy(zero_copy_only=False)
     norm = pylist(cols["norm_name"])
+    topk = layers.topk_candidates(norm, op_names, kernels.num_rows)
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     ordered = order[timed[order]]
     segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
     bounds = np.flatnonzero(np.diff(segment)) + 1
     undecided: list[str] = []
+    names_of = list(vocab)
     for seg in np.split(ordered, bounds):
         if len(seg):
-            layers.compose_attention(seg, stage, norm, op_names, launch)
+            layers.compose_attention(seg, stage, norm, op_names, launch, softmax)
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
                 stage[r] = layers.COMPOSED_ATTENTION
-            layers.walk_sequence(seg, stage, norm, op_names, launch, layer)
+            layers.walk_sequence(seg, stage, norm, op_names, launch, layer, topk)
             why = layers.structure_problem(seg, stage, layer)
             if why:
                 # not found with confidence: keep what the names said (role-free GEMMs, generic kernels)
                 for r in seg.tolist():
-                    stage[r] = by_names[r]
+                    stage[r] = names_of[by_names[r]]
                 layer[seg] = -1
                 undecided.append(why)
-    source = _stage_sources(by_rule, by_names, stage)
+    source = _stage_sources(by_names, stage, vocab)
     categories = ruleset.taxonomy.stage_category
     category = [categories.get(s, "other") for s in stage]
     out = kernels
@@ -128,16 +131,21 @@ ROLE_FREE = frozenset({"gemm", "elementwise", "other"})
 TRAINING_WARNING = "training, not inference: no phases or inference findings"
 
 
-def _stage_sources(by_rule: list[str], by_names: list[str], stage: list[str]) -> list[str]:
+def _stage_codes(stage: list[str], vocab: dict[str, int]) -> np.ndarray:
+    """``stage`` as int16 codes of ``vocab`` (grown with any stage not in it yet)."""
+    for x in set(stage):
+        vocab.setdefault(x, len(vocab))
+    return np.fromiter(map(vocab.__getitem__, stage), np.int16, len(stage))
+
+
+def _stage_sources(by_names: np.ndarray, stage: list[str], vocab: dict[str, int]) -> pa.DictionaryArray:
     """Per kernel: role_free (a stage that names no role), by_structure (the layer walk changed it),
-    else by_name_rule (the kernel rule table or the launching host op's name). Roles from recorded
-    shapes are not applied yet (``by_shapes`` stays empty)."""
-    codes = {s: i for i, s in enumerate(dict.fromkeys([*by_rule, *by_names, *stage]))}
-    fin = np.fromiter(map(codes.__getitem__, stage), np.int32, len(stage))
-    named = np.fromiter(map(codes.__getitem__, by_names), np.int32, len(stage))
-    free = np.array([s in ROLE_FREE for s in codes], bool)[fin] if codes else np.zeros(0, bool)
-    out = np.where(free, 3, np.where(fin != named, 2, 0))
-    return [SOURCES[i] for i in out.tolist()]
+    else by_name_rule (the kernel rule table or the launching host op's name; ``by_names``: its
+    codes). Roles from recorded shapes are not applied yet (``by_shapes`` stays empty)."""
+    fin = _stage_codes(stage, vocab)
+    free = np.array([x in ROLE_FREE for x in vocab], bool)[fin] if vocab else np.zeros(0, bool)
+    out = np.where(free, 3, np.where(fin != by_names, 2, 0)).astype(np.int8)
+    return pa.DictionaryArray.from_arrays(pa.array(out), pa.array(list(SOURCES)))
 
 
 def classification_shares(stage_source: Any, dur_ns: Any) -> dict[str, float]:
@@ -276,22 +284,32 @@ def inside_ops(host_ops: pa.Table, op_rows: np.ndarray, outer: Sequence[str]) ->
 
     ``F.embedding`` dispatches to ``aten::index_select`` on CUDA; the op around it says the gather
     is an embedding lookup, with or without recorded shapes (the Kineto reader keeps these ops)."""
-    emb = np.flatnonzero(
+    outer_rows = np.flatnonzero(
         dict_isin(host_ops["name"], list(outer)) & dict_isin(host_ops["category"], ["cpu_op"])
     )
-    if not len(emb) or not len(op_rows):
+    if not len(outer_rows) or not len(op_rows):
         return np.zeros(len(op_rows), bool)
-    cols = ("trace_id", "tid", "start_ns", "dur_ns")
-    e = pd.DataFrame({c: host_ops[c].take(pa.array(emb)).to_numpy(zero_copy_only=False) for c in cols})
-    o = pd.DataFrame({c: host_ops[c].take(pa.array(op_rows)).to_numpy(zero_copy_only=False) for c in cols})
-    o["pos"] = np.arange(len(o))
-    e["emb_end"] = e["start_ns"] + e["dur_ns"]
-    e = e.drop(columns="dur_ns").sort_values("start_ns")
-    got = pd.merge_asof(
-        o.sort_values("start_ns"), e, on="start_ns", by=["trace_id", "tid"], direction="backward"
-    ).sort_values("pos")
-    end = (got["start_ns"] + got["dur_ns"]).to_numpy()
-    return (got["emb_end"].to_numpy() >= end) & got["emb_end"].notna().to_numpy()
+
+    def cols(rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        take = pa.array(rows)
+        return tuple(host_ops[c].take(take).to_numpy(zero_copy_only=False).astype(np.int64)
+                     for c in ("trace_id", "tid", "start_ns", "dur_ns"))  # fmt: skip
+
+    ot, oh, os_, od = cols(outer_rows)
+    qt, qh, qs, qd = cols(op_rows)
+    # one sorted key per (input, thread) and start: group number * span + start offset
+    thread = np.concatenate([ot, qt]) * (1 << 32) + (np.concatenate([oh, qh]) & 0xFFFFFFFF)
+    inv = pd.factorize(thread)[0].astype(np.int64)
+    base = min(int(os_.min()), int(qs.min()))
+    span = max(int(os_.max()), int(qs.max())) - base + 1
+    okey = inv[: len(outer_rows)] * span + (os_ - base)
+    qkey = inv[len(outer_rows) :] * span + (qs - base)
+    order = np.argsort(okey, kind="stable")
+    okey, oend, ogroup = okey[order], (os_ + od)[order], inv[: len(outer_rows)][order]
+    j = np.searchsorted(okey, qkey, side="right") - 1  # the latest outer op starting at or before
+    hit = j >= 0
+    jj = np.where(hit, j, 0)
+    return hit & (ogroup[jj] == inv[len(outer_rows) :]) & (oend[jj] >= qs + qd)
 
 
 def _is_embedding_lookup(op: str, dims: Any) -> bool:

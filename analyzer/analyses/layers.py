@@ -55,7 +55,12 @@ def _is_softmax(stage: str, name: str) -> bool:
 
 
 def compose_attention(
-    seq: np.ndarray, stage: list[str], norm: list[str], op_names: Sequence[str | None], launch: np.ndarray
+    seq: np.ndarray,
+    stage: list[str],
+    norm: list[str],
+    op_names: Sequence[str | None],
+    launch: np.ndarray,
+    softmax: np.ndarray | None = None,
 ) -> int:
     """Attention that the framework composes from GEMMs and generic kernels is attention.
 
@@ -66,61 +71,98 @@ def compose_attention(
     (the output transpose) take the attention stage; its GEMMs are never projections. A softmax after
     the LM head (no GEMM follows before a norm or an embedding) stays the sampler's. Returns how many
     attentions were found.
+
+    ``softmax`` (optional, per kernel row): the softmax kernels, found once per distinct name and op
+    by the caller. Only the stretches around them are looked at, so a trace without composed
+    attention costs one pass over those rows.
     """
     rows = seq.tolist()
     n = len(rows)
-    ops = list(map(op_names.__getitem__, rows))
-    nm = list(map(norm.__getitem__, rows))
-    if not (_SOFTMAX_OPS & set(ops)) and not any("softmax" in x.lower() for x in set(nm)):
-        return 0  # no softmax: nothing composed (the common case, checked per distinct name)
-    st = list(map(stage.__getitem__, rows))
-    pairs = list(zip(st, nm, strict=True))
-    kinds = {k: i for i, k in enumerate(dict.fromkeys(pairs))}
-    code = np.fromiter(map(kinds.__getitem__, pairs), np.int32, n)
-    per = list(kinds)
-    soft_k = np.array([_is_softmax(s, m) for s, m in per], bool)
-    gemm_k = np.array([s in GEMM_STAGES for s, _ in per], bool)
-    generic_k = np.array([s in _COMPOSED_PARTS for s, _ in per], bool)
-    normish_k = np.array([_norm_like(s, m) for s, m in per], bool)
-    stop_k = np.array([any(w in m for w in _KV_WRITE_WORDS) for _, m in per], bool)
-    soft = soft_k[code] | np.fromiter((o in _SOFTMAX_OPS for o in ops), bool, n)
-    if not soft.any():
+    if softmax is None:
+        softmax = np.zeros(max(rows, default=-1) + 1, bool)
+        for r in rows:
+            softmax[r] = _is_softmax(stage[r], norm[r]) or op_names[r] in _SOFTMAX_OPS
+    soft = np.flatnonzero(softmax[seq]).tolist()
+    if not soft:
         return 0
-    gemm = gemm_k[code]
-    spans = _gemm_ops(seq, gemm, norm, launch)
-    if not spans:
-        return 0
-    first = np.array([a for a, _ in spans], np.int64)
-    clean = (generic_k[code] | soft) & ~normish_k[code]
-    dirty = np.concatenate(([0], np.cumsum(~clean & ~gemm)))  # dirty[i]: unclean kernels before i
+    memo: dict[tuple[str, str], tuple[bool, bool, bool, bool]] = {}
+
+    def kind(q: int) -> tuple[bool, bool, bool, bool]:
+        """(GEMM, generic part, norm-like, KV-write name) of position q."""
+        r = rows[q]
+        key = (stage[r], norm[r])
+        got = memo.get(key)
+        if got is None:
+            st, nm = key
+            got = memo[key] = (st in GEMM_STAGES, st in _COMPOSED_PARTS, _norm_like(st, nm),
+                               any(w in nm for w in _KV_WRITE_WORDS))  # fmt: skip
+        return got
+
+    def is_soft(q: int) -> bool:
+        return bool(softmax[rows[q]])
+
+    def clean(q: int) -> bool:
+        g = kind(q)
+        return (g[1] or is_soft(q)) and not g[2]
+
+    def joins(q: int) -> bool:
+        """Position q continues the GEMM op at q - 1 (same launching op, or a split-K reduce)."""
+        lv, pv = launch[rows[q]], launch[rows[q - 1]]
+        return bool(lv == pv) or _is_reduce(norm[rows[q]])
+
     found = 0
     done = -1
-    for s in np.flatnonzero(soft).tolist():
-        if s <= done:
+    for s in soft:
+        if s <= done or not clean(s):
             continue
-        k = int(np.searchsorted(first, s))  # spans[k] is the first GEMM op after s
-        if k == 0 or k >= len(spans):
+        a1 = s - 1  # the GEMM op before: only clean kernels between it and the softmax
+        while a1 >= 0 and not kind(a1)[0] and clean(a1):
+            a1 -= 1
+        if a1 < 0 or not kind(a1)[0]:
             continue
-        a, b = spans[k - 1], spans[k]
-        if dirty[b[0]] - dirty[a[1] + 1] > 0 or dirty[s] != dirty[s + 1]:
-            continue  # a norm, an embedding, a routing kernel ... in between: not one attention
-        lo, hi = a[0], b[1]
-        while lo - 1 > done and generic_k[code[lo - 1]] and not normish_k[code[lo - 1]]:
-            op = ops[lo - 1]
-            if (op in _BEFORE_ATTENTION_STOP) if op is not None else stop_k[code[lo - 1]]:
+        b0 = s + 1  # the GEMM op after, the same way
+        while b0 < n and not kind(b0)[0] and clean(b0):
+            b0 += 1
+        if b0 >= n or not kind(b0)[0]:
+            continue  # a norm, an embedding, a routing kernel ... first: not one attention
+        a0 = a1
+        while a0 - 1 >= 0 and kind(a0 - 1)[0] and joins(a0):
+            a0 -= 1
+        b1 = b0
+        while b1 + 1 < n and kind(b1 + 1)[0] and joins(b1 + 1):
+            b1 += 1
+        lo, hi = a0, b1
+        while lo - 1 > done and kind(lo - 1)[1] and not kind(lo - 1)[2]:
+            op = op_names[rows[lo - 1]]
+            if (op in _BEFORE_ATTENTION_STOP) if op is not None else kind(lo - 1)[3]:
                 break
             lo -= 1
-        nxt = first[k + 1] if k + 1 < len(spans) else n
-        while hi + 1 < nxt and clean[hi + 1] and ops[hi + 1] not in ("aten::add", "aten::add_"):
-            if ops[hi + 1] is None and stop_k[code[hi + 1]]:
+        while hi + 1 < n and clean(hi + 1) and op_names[rows[hi + 1]] not in ("aten::add", "aten::add_"):
+            if op_names[rows[hi + 1]] is None and kind(hi + 1)[3]:
                 break
             hi += 1
         for q in range(lo, hi + 1):
-            if st[q] not in ("memcpy", "memset"):
+            if stage[rows[q]] not in ("memcpy", "memset"):
                 stage[rows[q]] = COMPOSED_ATTENTION
         done = hi
         found += 1
     return found
+
+
+def softmax_rows(norm_names: Any, op_names: Sequence[str | None], stage: list[str]) -> np.ndarray:
+    """Per kernel row: a softmax kernel (by its name, once per distinct name) or one launched by a
+    softmax op; the candidates :func:`compose_attention` looks around."""
+    if isinstance(norm_names, pa.ChunkedArray):
+        norm_names = norm_names.combine_chunks()
+    codes = norm_names if isinstance(norm_names, pa.DictionaryArray) else pa.array(norm_names).dictionary_encode()
+    names = codes.dictionary.to_pylist()
+    by_name = np.array(["softmax" in x.lower() and "backward" not in x for x in names] + [False], bool)
+    idx = codes.indices.fill_null(len(names)).to_numpy(zero_copy_only=False)
+    out = by_name[idx]
+    for r in np.flatnonzero(out).tolist():
+        out[r] = stage[r] in ("sampling", "elementwise")
+    soft_ops = {o: o in _SOFTMAX_OPS for o in set(op_names)}
+    return out | np.fromiter(map(soft_ops.__getitem__, op_names), bool, len(op_names))
 
 
 def _gemm_ops(
@@ -170,6 +212,7 @@ def walk_sequence(
     op_names: Sequence[str | None],
     launch: np.ndarray,
     layer: np.ndarray,
+    topk_rows: np.ndarray | None = None,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels.
 
@@ -195,7 +238,7 @@ def walk_sequence(
     gemm = stages(GEMM_STAGES)
     ops = _gemm_ops(seq, gemm, norm, launch)
     hard = normish | stages(ATTENTION, ("embedding",))
-    if _mark_routers(rows, st, stage, norm, op_names, ops, hard, stages(("moe_expert_gemm",))):
+    if _mark_routers(rows, st, stage, norm, op_names, ops, hard, stages(("moe_expert_gemm",)), topk_rows):
         st = list(map(stage.__getitem__, rows))
         kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
         code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
@@ -284,6 +327,23 @@ _ROUTING_TAIL_OPS = frozenset({"aten::gather", "aten::sum", "aten::div", "aten::
 _ROUTING_PARTS = GENERIC | SAMPLING_LIKE | {"activation", "moe_sort"}
 
 
+def topk_candidates(norm: Any, op_names: Sequence[str | None], n: int) -> np.ndarray:
+    """Per kernel row: launched by ``aten::topk``, or without a launching op and named like a top-k
+    (tested once per distinct op and name); :func:`_mark_routers` looks at these only."""
+    by_op = {o: o == "aten::topk" for o in set(op_names)}
+    out = np.fromiter(map(by_op.__getitem__, op_names), bool, n)
+    names = norm if isinstance(norm, list) else list(norm)
+    none = np.flatnonzero(np.fromiter((o is None for o in op_names), bool, n))
+    memo: dict[str, bool] = {}
+    for r in none.tolist():
+        nm = names[r]
+        hit = memo.get(nm)
+        if hit is None:
+            hit = memo[nm] = "topk" in nm.lower()
+        out[r] = hit
+    return out
+
+
 def _is_topk(stage: str, name: str, op: str | None) -> bool:
     """A router's ``torch.topk`` (a sort or argsort is dispatch, or sampling)."""
     if op is not None:
@@ -300,6 +360,7 @@ def _mark_routers(
     ops: list[tuple[int, int]],
     hard: np.ndarray,
     experts: np.ndarray,
+    topk_rows: np.ndarray | None = None,
 ) -> bool:
     """MoE routers: a GEMM whose output goes to a top-k that more GEMMs follow within the block.
 
@@ -311,7 +372,10 @@ def _mark_routers(
     the last top-k become ``moe_topk``. Returns whether any router was found.
     """
     n = len(rows)
-    topk = [q for q in range(n) if st[q] in _ROUTING_PARTS and _is_topk(st[q], norm[rows[q]], op_names[rows[q]])]
+    if topk_rows is None:
+        topk_rows = topk_candidates(norm, op_names, len(stage))
+    topk = [q for q in np.flatnonzero(topk_rows[np.asarray(rows, np.int64)]).tolist() if st[q] in _ROUTING_PARTS]
+    topk = [q for q in topk if _is_topk(st[q], norm[rows[q]], op_names[rows[q]])]
     if not topk or not ops:
         return False
     firsts = np.array([a for a, _ in ops], np.int64)

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
 from analyzer.model import dict_isin, dict_strings, launch_calls, objects
-from analyzer.tables import intervals, lookup
+from analyzer.tables import intervals, launches, lookup
 
 # the GEMM and attention kernels: their run time says how much work a step did
 HEAVY_STAGES = ALL_GEMM_STAGES + ATTENTION_KERNEL_STAGES
@@ -291,6 +291,7 @@ def split_phases(
         "corr": kernels["correlation"].to_numpy(zero_copy_only=False),
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
         "name": _name_codes(kernels),
+        "lm_rows": _lm_head_rows(kernels, host_ops),
     }
     launch_ts, launched = _launch_times(kernels, host_ops)
     df["launch"], df["launched"] = launch_ts, launched
@@ -561,7 +562,12 @@ def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarra
     the model (``draft`` where a second, smaller model's steps interleave with the target's, told by
     the attention ops' count and head size) and the verify width of multi-token decode steps."""
     hits = [_step_shapes(seg, df, shapes) for seg in segments]
-    phases: list[str | None] = [None if h is None else phase_from_shape(*h[:3]) for h in hits]
+    rows_out = [int(df["lm_rows"][seg].max()) if len(seg) else -1 for seg in segments]
+    packed = [h is not None and _is_packed(h[0], r) for h, r in zip(hits, rows_out, strict=True)]
+    phases: list[str | None] = [
+        None if h is None else phase_of_packed(h[1], h[2], r) if pk else phase_from_shape(*h[:3])
+        for h, r, pk in zip(hits, rows_out, packed, strict=True)
+    ]
     if any(p is None for p in phases):
         sig = _label_from_signature(segments, df)
         phases = [p if p is not None else sig[i] for i, p in enumerate(phases)]
@@ -571,12 +577,12 @@ def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarra
     batches = {h[0] for h, p in zip(hits, phases, strict=True) if h is not None and p == "prefill"}
     batch = batches.pop() if len(batches) == 1 else None
     out = []
-    for h, ph, model in zip(hits, phases, models, strict=True):
+    for h, ph, model, pk in zip(hits, phases, models, packed, strict=True):
         tok = verify = None
         if h is not None:
             b, q = h[0], h[1]
             tok = q * (b if b > 0 else 1)
-            if ph == "decode" and q > 1 and model == "target":
+            if ph == "decode" and q > 1 and model == "target" and not pk:
                 verify = q
         elif ph == "decode" and batch:
             tok = batch
@@ -601,6 +607,58 @@ def phase_from_shape(batch: int, q: int, kv: int) -> str:
     if 0 < q < kv and q <= MAX_VERIFY_TOKENS:
         return "decode"
     return "prefill"
+
+
+def _is_packed(batch: int, rows_out: int) -> bool:
+    """Several sequences packed into one attention call (continuous batching: HF's paged attention,
+    varlen kernels): the LM head scores more rows than the attention op has sequences."""
+    return rows_out > 1 and rows_out > max(batch, 1)
+
+
+def phase_of_packed(q: int, kv: int, rows_out: int) -> str:
+    """Phase of a packed step from its total query tokens ``q``, total keys ``kv`` (-1: unknown) and
+    the rows the LM head scores (one per sequence): no cached context is a prefill of new prompts;
+    at most one token per sequence is decode; otherwise the step appends prompt chunks to cached
+    sequences beside other sequences, which a continuous batcher schedules with decodes: mixed
+    (``docs/accuracy.md`` names the case it gets wrong: several prompt chunks and no decode)."""
+    if 0 < kv <= q:
+        return "prefill"
+    if q <= rows_out:
+        return "decode"
+    return "mixed"
+
+
+def _lm_head_rows(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
+    """Per kernel: the rows an LM-head GEMM multiplies (its op's input rows), -1 elsewhere."""
+    out = np.full(kernels.num_rows, -1, np.int32)
+    lm = np.flatnonzero(dict_isin(kernels["stage"], ["lm_head_gemm"]))
+    if not len(lm) or host_ops.num_rows == 0:
+        return out
+    found = launches.launching_op_rows(kernels, host_ops)
+    if found is None:
+        return out
+    ops, pos = found
+    at = pos.take(pa.array(lm))
+    valid = at.is_valid().to_numpy(zero_copy_only=False)
+    lm, at = lm[valid], at.filter(pa.array(valid))
+    if not len(lm):
+        return out
+    op_rows = ops["row"].take(at)
+    names = host_ops["name"].take(op_rows).to_pylist()
+    dims = host_ops["input_dims"].take(op_rows).to_pylist()
+    for r, nm, d in zip(lm.tolist(), names, dims, strict=True):
+        out[r] = _gemm_rows(nm, d)
+    return out
+
+
+def _gemm_rows(op: str | None, dims: Any) -> int:
+    """Rows (M) of a recorded GEMM op's activation input, -1 when the shapes do not say."""
+    if not dims:
+        return -1
+    a = dims[1] if op == "aten::addmm" and len(dims) > 1 else dims[0]
+    if op not in ("aten::linear", "aten::mm", "aten::matmul", "aten::addmm") or not a or len(a) < 2:
+        return -1
+    return int(np.prod(a[:-1]))
 
 
 def _models(hits: list[tuple[int, int, int, tuple[int, int]] | None], phases: list[str | None]) -> list[str]:
@@ -663,46 +721,57 @@ def attention_shapes(host_ops: pa.Table, table: AttentionOps) -> dict[int, dict[
     rows = np.flatnonzero(known[codes])
     if len(rows) == 0:
         return {}
-    sel = host_ops.take(pa.array(rows)).select(["trace_id", "external_id", "start_ns", "input_dims"])
-    cols: dict[int, list[tuple[int, int, int, int, int, tuple[str, int]]]] = {}
-    # one Python step per attention op (a few per layer and step), never per kernel
-    for t, e, st, dims, c in zip(
-        sel["trace_id"].to_pylist(),
-        sel["external_id"].to_pylist(),
-        sel["start_ns"].to_pylist(),
-        sel["input_dims"].to_pylist(),
-        codes[rows].tolist(),
-        strict=True,
-    ):
-        lay = layouts[c]
-        if lay is None or not dims or len(dims) <= lay.query or st is None:
-            continue
-        qd = dims[lay.query]
-        if qd is None or len(qd) != lay.rank:
-            continue
-        b = int(qd[lay.batch_dim]) if lay.batch_dim is not None else -1
-        kv = -1
-        if lay.key is not None and lay.kv_dim is not None and len(dims) > lay.key:
-            kd = dims[lay.key]
-            if kd is not None and len(kd) > lay.kv_dim:
-                kv = int(kd[lay.kv_dim])
-        head = int(qd[lay.head_dim]) if lay.head_dim is not None else -1
-        cols.setdefault(int(t), []).append(
-            (int(st), -1 if e is None else int(e), b, int(qd[lay.q_dim]), kv, (lay.id, head))
-        )
+    sel = host_ops.take(pa.array(rows)).select(["trace_id", "external_id", "start_ns", "input_dims", "shape_id"])
+    # ops of one name and one recorded shape read the same: read each distinct pair once
+    sid = sel["shape_id"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    code = codes[rows].astype(np.int64)
+    trace = sel["trace_id"].to_numpy(zero_copy_only=False)
+    # shape ids are those of one input: the trace is part of the key
+    keys = np.stack([code, sid, trace.astype(np.int64)])
+    pairs, first, inverse = np.unique(keys, axis=1, return_index=True, return_inverse=True)
+    dims_of = sel["input_dims"].take(pa.array(first)).to_pylist()
+    read = [_read_layout(layouts[int(c)], d) for c, d in zip(pairs[0].tolist(), dims_of, strict=True)]
+    ok = np.array([r is not None for r in read], bool)[inverse.ravel()]
+    start = sel["start_ns"].to_numpy(zero_copy_only=False)
+    ok &= ~pd.isna(start)
+    if not ok.any():
+        return {}
+    vals = np.array([r if r is not None else (0, 0, 0, 0) for r in read], np.int64)[inverse.ravel()]
+    lay_id = np.array([layouts[int(c)].id if layouts[int(c)] else "" for c in pairs[0].tolist()], object)
+    lay_id = lay_id[inverse.ravel()]
+    ext = sel["external_id"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     out = {}
-    for t, recs in cols.items():
-        recs.sort(key=lambda r: r[0])
-        out[t] = {
-            "start": np.asarray([r[0] for r in recs], np.int64),
-            "ext": np.asarray([r[1] for r in recs], np.int64),
-            "batch": np.asarray([r[2] for r in recs], np.int64),
-            "q": np.asarray([r[3] for r in recs], np.int64),
-            "kv": np.asarray([r[4] for r in recs], np.int64),
-            "layout": np.asarray([r[5][0] for r in recs], object),
-            "head": np.asarray([r[5][1] for r in recs], np.int64),
+    for t in np.unique(trace[ok]).tolist():
+        m = np.flatnonzero(ok & (trace == t))
+        m = m[np.argsort(start[m].astype(np.int64), kind="stable")]
+        out[int(t)] = {
+            "start": start[m].astype(np.int64),
+            "ext": ext[m],
+            "batch": vals[m, 0],
+            "q": vals[m, 1],
+            "kv": vals[m, 2],
+            "layout": lay_id[m],
+            "head": vals[m, 3],
         }
     return out
+
+
+def _read_layout(lay: Any, dims: Any) -> tuple[int, int, int, int] | None:
+    """(batch, query length, key length, head size) of one attention op's input shapes by its
+    layout (-1: not given), or None when the shapes do not fit the layout."""
+    if lay is None or not dims or len(dims) <= lay.query:
+        return None
+    qd = dims[lay.query]
+    if qd is None or len(qd) != lay.rank:
+        return None
+    b = int(qd[lay.batch_dim]) if lay.batch_dim is not None else -1
+    kv = -1
+    if lay.key is not None and lay.kv_dim is not None and len(dims) > lay.key:
+        kd = dims[lay.key]
+        if kd is not None and len(kd) > lay.kv_dim:
+            kv = int(kd[lay.kv_dim])
+    head = int(qd[lay.head_dim]) if lay.head_dim is not None else -1
+    return b, int(qd[lay.q_dim]), kv, head
 
 
 def _step_shapes(

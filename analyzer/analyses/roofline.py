@@ -503,13 +503,22 @@ def _helpers_of_measured_ops(
         at = ops["row"].take(pa.array(p[red]))
         names = host_ops["name"].take(at).to_pylist()
         dims = host_ops["input_dims"].take(at).to_pylist()
+        memo: dict[tuple[Any, ...], Any] = {}  # the same GEMM shape and split repeat every layer
         for i, nm, d, sp, j in zip(red.tolist(), names, dims, split.tolist(), partner.tolist(), strict=True):
-            g = _gemm(str(nm), [x for x in (d or []) if x]) if nm in GEMM_OPS else None
-            if g is None:
-                continue
-            batch, m, _, nn = g
             out_bytes = 4.0 if j >= 0 and dtype[j] == "fp32" else 2.0  # C in the GEMM's dtype
-            flops[i], nbytes[i] = reduce_work(batch * m * nn, _split(np.array([sp])), out_bytes)
+            key = (nm, repr(d), sp, out_bytes)
+            work = memo.get(key, False)
+            if work is False:
+                g = _gemm(str(nm), [x for x in (d or []) if x]) if nm in GEMM_OPS else None
+                if g is None:
+                    work = None
+                else:
+                    batch, m, _, nn = g
+                    work = reduce_work(batch * m * nn, _split(np.array([sp])), out_bytes)
+                memo[key] = work
+            if work is None:
+                continue
+            flops[i], nbytes[i] = work
             dtype[i], source[i] = "fp32", "shapes"
     return covered
 
