@@ -28,7 +28,9 @@ def _tables() -> list[Path]:
 def _read(path: Path) -> list[dict[str, str]]:
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames or ())[: len(COLUMNS)] == COLUMNS, f"{path.name}: header must start {COLUMNS}"
+        assert tuple(reader.fieldnames or ())[: len(COLUMNS)] == COLUMNS, (
+            f"{path.name}: header must start {COLUMNS}"
+        )
         return list(reader)
 
 
@@ -72,10 +74,14 @@ def test_rule_table_agrees_with_labels(path):
             other += t
     worst = "; ".join(f"{100 * t / total:.2f}% {w}" for t, w in sorted(wrong, reverse=True)[:6])
     assert stage_ok / total >= MIN_STAGE, f"{path.name}: stage {100 * stage_ok / total:.2f}%: {worst}"
-    assert provider_ok / total >= MIN_PROVIDER, f"{path.name}: provider {100 * provider_ok / total:.2f}%: {worst}"
+    assert provider_ok / total >= MIN_PROVIDER, (
+        f"{path.name}: provider {100 * provider_ok / total:.2f}%: {worst}"
+    )
     assert other / total < MAX_OTHER, f"{path.name}: unclassified {100 * other / total:.2f}%: {worst}"
 
 
 def test_enough_public_profiles():
     outside = [p for p in _tables() if not p.stem.startswith("shared-")]
-    assert len(outside) >= 5, f"{len(outside)} public profiles beyond ../shared/traces have kernel tables (need 5)"
+    assert len(outside) >= 5, (
+        f"{len(outside)} public profiles beyond ../shared/traces have kernel tables (need 5)"
+    )

@@ -154,7 +154,9 @@ def softmax_rows(norm_names: Any, op_names: Sequence[str | None], stage: list[st
     softmax op; the candidates :func:`compose_attention` looks around."""
     if isinstance(norm_names, pa.ChunkedArray):
         norm_names = norm_names.combine_chunks()
-    codes = norm_names if isinstance(norm_names, pa.DictionaryArray) else pa.array(norm_names).dictionary_encode()
+    codes = (
+        norm_names if isinstance(norm_names, pa.DictionaryArray) else pa.array(norm_names).dictionary_encode()
+    )
     names = codes.dictionary.to_pylist()
     by_name = np.array(["softmax" in x.lower() and "backward" not in x for x in names] + [False], bool)
     idx = codes.indices.fill_null(len(names)).to_numpy(zero_copy_only=False)
@@ -167,12 +169,13 @@ def softmax_rows(norm_names: Any, op_names: Sequence[str | None], stage: list[st
 
 def _gemm_ops(
     seq: np.ndarray, gemm: np.ndarray, norm: list[str], launch: np.ndarray
-) -> list[tuple[int, int]]:
-    """(first, last) positions in ``seq`` of each logical GEMM: adjacent GEMM kernels of one launching
-    op, or a split-K reduction right after its GEMM (``gemm``: a GEMM stage at each position)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first and the last positions in ``seq`` of each logical GEMM (two arrays): adjacent GEMM
+    kernels of one launching op, or a split-K reduction right after its GEMM (``gemm``: a GEMM
+    stage at each position)."""
     pos = np.flatnonzero(gemm)
     if not len(pos):
-        return []
+        return np.empty(0, np.int64), np.empty(0, np.int64)
     rows = seq[pos]
     names = [norm[r] for r in rows.tolist()]
     reduce = {n: _is_reduce(n) for n in set(names)}
@@ -183,7 +186,7 @@ def _gemm_ops(
     )  # NaN (no op) never equals
     first = np.flatnonzero(~joins)
     last = np.append(first[1:] - 1, len(pos) - 1)
-    return list(zip(pos[first].tolist(), pos[last].tolist(), strict=True))
+    return pos[first], pos[last]
 
 
 def _next_where(mask: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -226,9 +229,13 @@ def walk_sequence(
     n = len(rows)
     _demote_lone_pow(rows, stage, norm, op_names)
     st = list(map(stage.__getitem__, rows))
-    pairs = list(zip(st, map(norm.__getitem__, rows), strict=True))
-    memo = {k: _norm_like(*k) for k in set(pairs)}
-    normish = np.fromiter(map(memo.__getitem__, pairs), bool, n)
+    # norm-like: a norm stage, or a name with a norm's word (tested once per distinct name; no
+    # per-kernel tuples: millions of them would dominate the memory of a 10 GB trace)
+    names = list(map(norm.__getitem__, rows))
+    by_name = {x: _norm_like("", x) for x in set(names)}
+    normish = np.fromiter(map(by_name.__getitem__, names), bool, n)
+    del names
+    normish |= np.fromiter((x == "norm" for x in st), bool, n)
     kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
     code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
 
@@ -236,9 +243,11 @@ def walk_sequence(
         return np.array([any(s in x for x in sets) for s in kinds], bool)[code]
 
     gemm = stages(GEMM_STAGES)
-    ops = _gemm_ops(seq, gemm, norm, launch)
+    op_first, op_last = _gemm_ops(seq, gemm, norm, launch)
     hard = normish | stages(ATTENTION, ("embedding",))
-    if _mark_routers(rows, st, stage, norm, op_names, ops, hard, stages(("moe_expert_gemm",)), topk_rows):
+    if _mark_routers(
+        rows, st, stage, norm, op_names, (op_first, op_last), hard, stages(("moe_expert_gemm",)), topk_rows
+    ):
         st = list(map(stage.__getitem__, rows))
         kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
         code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
@@ -248,7 +257,7 @@ def walk_sequence(
     # what follows each GEMM op, seen from the position after it: the next anchor kernel; the next
     # anchor or GEMM ("gemm" for a GEMM); whether a GEMM comes before the next norm / attention /
     # routing / embedding kernel
-    after = np.array([b + 1 for _, b in ops], np.int64)
+    after = op_last + 1
     at = _next_where(anchor, after).tolist()
     follow = [st[q] if q < n else "" for q in at]
     at = _next_where(anchor | gemm, after).tolist()
@@ -256,10 +265,11 @@ def walk_sequence(
     # a router GEMM ends the MLP before it (Qwen2-MoE runs its shared expert first)
     at = _next_where(gemm | blocker | router, after).tolist()
     gemm_ahead = [q < n and bool(gemm[q]) and not router[q] for q in at]
-    op_at = {a: k for k, (a, _) in enumerate(ops)}
+    op_index = np.full(n + 1, -1, np.int64)  # position -> the GEMM op starting there
+    op_index[op_first] = np.arange(len(op_first))
     # only these positions change the walk's state; the runs between them take the region as it is
     events = np.zeros(n, bool)
-    events[[a for a, _ in ops]] = True
+    events[op_first] = True
     events |= normish | stages(ATTENTION, _MOE_ROUTING, ("embedding", "sampling", "moe_expert_gemm"))
     region = "pre"
     layer_no = -1
@@ -277,9 +287,9 @@ def walk_sequence(
         if p == n:
             break
         s = st[p]
-        k = op_at.get(p)
-        if k is not None:
-            b = ops[k][1]
+        k = int(op_index[p])
+        if k >= 0:
+            b = int(op_last[k])
             if router[p]:  # found by _mark_routers
                 role, region = "moe_gate_gemm", "moe"
             else:
@@ -357,7 +367,7 @@ def _mark_routers(
     stage: list[str],
     norm: list[str],
     op_names: Sequence[str | None],
-    ops: list[tuple[int, int]],
+    ops: tuple[np.ndarray, np.ndarray],
     hard: np.ndarray,
     experts: np.ndarray,
     topk_rows: np.ndarray | None = None,
@@ -374,11 +384,14 @@ def _mark_routers(
     n = len(rows)
     if topk_rows is None:
         topk_rows = topk_candidates(norm, op_names, len(stage))
-    topk = [q for q in np.flatnonzero(topk_rows[np.asarray(rows, np.int64)]).tolist() if st[q] in _ROUTING_PARTS]
+    topk = [
+        q for q in np.flatnonzero(topk_rows[np.asarray(rows, np.int64)]).tolist() if st[q] in _ROUTING_PARTS
+    ]
     topk = [q for q in topk if _is_topk(st[q], norm[rows[q]], op_names[rows[q]])]
-    if not topk or not ops:
+    op_first, op_last = ops
+    if not topk or not len(op_first):
         return False
-    firsts = np.array([a for a, _ in ops], np.int64)
+    firsts = op_first
     expert_at = np.flatnonzero(experts)  # expert GEMMs a rule named (fused MoE kernels)
     blocks = np.flatnonzero(hard)
     found = False
@@ -389,11 +402,14 @@ def _mark_routers(
         k = int(np.searchsorted(firsts, t)) - 1  # the last GEMM op before t
         if k < 0:
             continue
-        a, b = ops[k]
+        a, b = int(op_first[k]), int(op_last[k])
         if b >= t:
             continue  # inside a GEMM op
         e = int(np.searchsorted(expert_at, t))
-        nxt = min(ops[k + 1][0] if k + 1 < len(ops) else n, int(expert_at[e]) if e < len(expert_at) else n)
+        nxt = min(
+            int(op_first[k + 1]) if k + 1 < len(op_first) else n,
+            int(expert_at[e]) if e < len(expert_at) else n,
+        )
         if nxt >= n:
             continue
         j = int(np.searchsorted(blocks, b + 1))
@@ -780,7 +796,11 @@ def _label_moe_block(
     # and shared experts' outputs); an activation after the last expert GEMM (Qwen2-MoE's sigmoid of
     # the shared-expert gate) weighs the combination
     first_norm = next((i for i in range(last + 1, hi) if stage[rows[i]] == "norm"), None)
-    adds = [i for i in run if last < i < (first_norm if first_norm is not None else -1) and _is_add(rows[i], op_names)]
+    adds = [
+        i
+        for i in run
+        if last < i < (first_norm if first_norm is not None else -1) and _is_add(rows[i], op_names)
+    ]
     add = adds[-1] if adds else None
     gate = False
     for i in range(last + 1, first_norm if first_norm is not None else hi):

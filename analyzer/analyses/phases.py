@@ -721,7 +721,9 @@ def attention_shapes(host_ops: pa.Table, table: AttentionOps) -> dict[int, dict[
     rows = np.flatnonzero(known[codes])
     if len(rows) == 0:
         return {}
-    sel = host_ops.take(pa.array(rows)).select(["trace_id", "external_id", "start_ns", "input_dims", "shape_id"])
+    sel = host_ops.take(pa.array(rows)).select(
+        ["trace_id", "external_id", "start_ns", "input_dims", "shape_id"]
+    )
     # ops of one name and one recorded shape read the same: read each distinct pair once
     sid = sel["shape_id"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     code = codes[rows].astype(np.int64)

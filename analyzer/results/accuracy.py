@@ -106,7 +106,7 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
             gpu.append((corr if isinstance(corr, int) else None, ts, dur, name, _GPU_CATS[cat]))
     # an attention module that entered no attention-interface function computes attention in its own
     # code (Falcon, GPT-2's older paths): its own kernels are the place `attention_inline`
-    for thread, rs in ranges.items():
+    for rs in ranges.values():
         inner = sorted(r[0] for r in rs if r[2] == "attention")
         for i, (s, end, region) in enumerate(rs):
             if region == "attention_module":
