@@ -121,7 +121,7 @@ Step = Callable[[Analysis, Context], Analysis]
 
 def classify_step(a: Analysis, ctx: Context) -> Analysis:
     kernels, warnings = classify.classify_and_check(
-        a.kernels, a.trace.host_ops, ctx.ruleset, ctx.op_hints, ctx.provider_facts
+        a.kernels, a.trace.host_ops, ctx.ruleset, ctx.op_hints, ctx.provider_facts, ctx.model
     )
     return dataclasses.replace(
         a, kernels=kernels, rules_sha256=ctx.ruleset.sha256, warnings=[*a.warnings, *warnings]

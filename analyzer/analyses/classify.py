@@ -20,6 +20,7 @@ Contract (pure over the kernels and host_ops tables):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.analyses import layers, providers
+from analyzer.analyses import layers, providers, shape_roles
 from analyzer.analyses.layers import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
@@ -52,6 +53,7 @@ def classify_and_check(
     ruleset: Any,
     op_hints: Mapping[str, str],
     provider_facts: Any = None,
+    model: Any = None,
 ) -> tuple[pa.Table, list[str]]:
     """:func:`classify_kernels` and its self-check: the table (with ``stage_source``, how each
     kernel's stage was decided: :data:`SOURCES`) and the warnings for what could not be decided."""
@@ -96,7 +98,8 @@ def classify_and_check(
                     stage[r] = names_of[by_names[r]]
                 layer[seg] = -1
                 undecided.append(why)
-    source = _stage_sources(by_names, stage, vocab)
+    shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model)
+    source = _stage_sources(by_names, stage, vocab, shaped)
     categories = ruleset.taxonomy.stage_category
     category = [categories.get(s, "other") for s in stage]
     out = kernels
@@ -120,7 +123,7 @@ def classify_and_check(
             out = out.set_column(out.schema.get_field_index(name), name, arr)
         else:
             out = out.append_column(name, arr)
-    return out, _check_warnings(out, undecided)
+    return out, [*_check_warnings(out, undecided), *([disagree] if disagree else [])]
 
 
 # --------------------------------------------------------------------------- self-check
@@ -131,6 +134,46 @@ ROLE_FREE = frozenset({"gemm", "elementwise", "other"})
 TRAINING_WARNING = "training, not inference: no phases or inference findings"
 
 
+SHAPE_DISAGREEMENT = 0.01  # share of shape-decided GEMM time where a disagreement is reported
+
+
+def _apply_shape_roles(
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], model: Any
+) -> tuple[np.ndarray, str | None]:
+    """GEMM roles from recorded shapes (:mod:`analyzer.analyses.shape_roles`): taken where the
+    layer walk gave none (``gemm``) or the same one; where the two disagree the walk's role stays
+    and, above :data:`SHAPE_DISAGREEMENT` of the time shapes decide, the reason is reported.
+    Returns the kernels whose role shapes decided, and that reason (or None)."""
+    n = kernels.num_rows
+    shaped = np.zeros(n, bool)
+    if host_ops.num_rows == 0 or n == 0:
+        return shaped, None
+    dims = shape_roles.model_dims(kernels, host_ops, stage, model)
+    if dims is None:
+        return shaped, None
+    roles = shape_roles.roles_from_shapes(kernels, host_ops, stage, dims)
+    dur = kernels["dur_ns"].to_numpy(zero_copy_only=False)
+    decided = other = 0
+    said: Counter = Counter()
+    for r in [r for r, x in enumerate(roles) if x is not None]:
+        role = roles[r]
+        decided += int(dur[r])
+        if stage[r] == role or stage[r] == "gemm":
+            stage[r] = role
+            shaped[r] = True
+        else:
+            other += int(dur[r])
+            said[(stage[r], role)] += int(dur[r])
+    if decided and other > SHAPE_DISAGREEMENT * decided:
+        (walk, shape), _ = said.most_common(1)[0]
+        return shaped, (
+            f"GEMM roles from shapes (hidden {dims.hidden}, vocab {dims.vocab}) and from the layer "
+            f"structure disagree on {100 * other / decided:.1f}% of the GEMM time shapes decide "
+            f"(mostly {walk} by structure, {shape} by shape): the structure's roles are kept"
+        )
+    return shaped, None
+
+
 def _stage_codes(stage: list[str], vocab: dict[str, int]) -> np.ndarray:
     """``stage`` as int16 codes of ``vocab`` (grown with any stage not in it yet)."""
     for x in set(stage):
@@ -138,13 +181,17 @@ def _stage_codes(stage: list[str], vocab: dict[str, int]) -> np.ndarray:
     return np.fromiter(map(vocab.__getitem__, stage), np.int16, len(stage))
 
 
-def _stage_sources(by_names: np.ndarray, stage: list[str], vocab: dict[str, int]) -> pa.DictionaryArray:
-    """Per kernel: role_free (a stage that names no role), by_structure (the layer walk changed it),
-    else by_name_rule (the kernel rule table or the launching host op's name; ``by_names``: its
-    codes). Roles from recorded shapes are not applied yet (``by_shapes`` stays empty)."""
+def _stage_sources(
+    by_names: np.ndarray, stage: list[str], vocab: dict[str, int], shaped: np.ndarray | None = None
+) -> pa.DictionaryArray:
+    """Per kernel: role_free (a stage that names no role), by_shapes (a GEMM role its recorded
+    shape decided), by_structure (the layer walk changed it), else by_name_rule (the kernel rule
+    table or the launching host op's name; ``by_names``: its codes)."""
     fin = _stage_codes(stage, vocab)
     free = np.array([x in ROLE_FREE for x in vocab], bool)[fin] if vocab else np.zeros(0, bool)
     out = np.where(free, 3, np.where(fin != by_names, 2, 0)).astype(np.int8)
+    if shaped is not None:
+        out[shaped & ~free] = 1
     return pa.DictionaryArray.from_arrays(pa.array(out), pa.array(list(SOURCES)))
 
 

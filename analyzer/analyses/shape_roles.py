@@ -1,0 +1,164 @@
+"""GEMM roles from recorded shapes: a projection's weight dimensions against the model's sizes.
+
+Contract (pure over the kernels and host_ops tables):
+
+* :func:`model_dims` finds the sizes from the trace alone: the hidden size ``H`` and the vocabulary
+  ``V`` from the embedding table (the ``[V, H]`` input of ``aten::embedding``), kept only where the
+  ``H -> V`` GEMM runs once per forward (embedding lookup); the MLP's intermediate size ``I``: a width
+  ``c`` that one GEMM per layer projects back to ``H`` (down) while ``H -> c`` runs twice as often
+  (gate and up) or ``H -> 2c`` as often (fused gate_up). Shapes whose op counts fit no role stay
+  undecided (a tiny model whose vocabulary equals its MLP width). With ``--model`` the architecture
+  gives the sizes, the attention's query width too.
+* :func:`roles_from_shapes` gives each dense GEMM kernel the role its op's ``(K, N)`` names uniquely
+  (``H -> V`` the LM head, ``I -> H`` down, ``H -> I`` / ``H -> 2I`` gate/up, ``q -> H`` o, ...), None
+  where the shapes name no role or several (Llama's q and o are both ``H x H``).
+
+The classification takes a role from shapes where the layer walk gave none or the same one
+(``stage_source`` ``by_shapes``), and reports where the two disagree instead of guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from analyzer.analyses.layers import GEMM_STAGES, gemm_shape
+from analyzer.model import dict_isin
+from analyzer.tables.launches import launching_op_rows
+
+__all__ = ["ModelDims", "model_dims", "roles_from_shapes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDims:
+    hidden: int
+    vocab: int | None  # None: the LM head's shape is not told apart in this trace
+    intermediate: int | None = None
+    query: int | None = None  # the attention's query width (heads x head size); only from --model
+    fused_mlp: bool | None = None  # gate and up in one GEMM (H -> 2I); None: either
+
+
+def _embedding_table(host_ops: pa.Table) -> tuple[int, int, int] | None:
+    """(V, H, lookups) of the token embedding table: its ``[V, H]`` shape and how many forwards
+    looked it up."""
+    rows = np.flatnonzero(dict_isin(host_ops["name"], ["aten::embedding"]))
+    if not len(rows) or "input_dims" not in host_ops.column_names:
+        return None
+    tables: Counter = Counter()
+    for dims in host_ops["input_dims"].take(pa.array(rows)).to_pylist():
+        if dims and dims[0] and len(dims[0]) == 2:
+            tables[tuple(dims[0])] += 1
+    if not tables:
+        return None
+    (v, h), k = max(tables.items(), key=lambda kv: kv[0][0])  # the token table: the most rows
+    return (int(v), int(h), int(k)) if v > h > 0 else None
+
+
+def _gemm_op_shapes(
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str]
+) -> tuple[np.ndarray, list[Any], np.ndarray, np.ndarray]:
+    """Dense GEMM kernels with a launching op: their rows, the distinct (K, N) shapes (None: not
+    readable), each kernel's index into them and its op's row. Each distinct op name and recorded
+    shape is read once (the same projection repeats in every layer and step)."""
+    empty = np.empty(0, np.int64)
+    found = launching_op_rows(kernels, host_ops)
+    if found is None or "input_dims" not in host_ops.column_names:
+        return empty, [], empty, empty
+    ops, pos = found
+    is_gemm = {x: x in GEMM_STAGES for x in set(stage)}
+    rows = np.flatnonzero(np.fromiter(map(is_gemm.__getitem__, stage), bool, len(stage)))
+    if not len(rows):
+        return empty, [], empty, empty
+    at = pos.take(pa.array(rows))
+    valid = at.is_valid().to_numpy(zero_copy_only=False)
+    rows = rows[valid]
+    if not len(rows):
+        return empty, [], empty, empty
+    op_rows = ops["row"].take(at.filter(pa.array(valid))).to_numpy(zero_copy_only=False).astype(np.int64)
+    take = pa.array(op_rows)
+    names = host_ops["name"].take(take).combine_chunks()
+    codes = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    sid = host_ops["shape_id"].take(take).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    sid = np.where(sid < 0, -2 - np.arange(len(sid)), sid)  # no shape id: each op read on its own
+    keys, first, inverse = np.unique(np.stack([codes, sid]), axis=1, return_index=True, return_inverse=True)
+    op_names = names.dictionary.to_pylist()
+    dims = host_ops["input_dims"].take(pa.array(op_rows[first])).to_pylist()
+    shapes = [
+        gemm_shape(op_names[int(c)], [list(x) for x in d] if d else None)
+        for c, d in zip(keys[0].tolist(), dims, strict=True)
+    ]
+    return rows, shapes, inverse.ravel(), op_rows
+
+
+def model_dims(kernels: pa.Table, host_ops: pa.Table, stage: list[str], arch: Any = None) -> ModelDims | None:
+    """The model's sizes, from ``arch`` (``--model``) or from the trace; None when neither tells."""
+    if arch is not None:
+        return ModelDims(arch.hidden_size, arch.vocab_size, arch.intermediate_size, arch.q_dim)
+    table = _embedding_table(host_ops)
+    if table is None:
+        return None
+    vocab, hidden, forwards = table
+    _, shapes, inverse, op_rows = _gemm_op_shapes(kernels, host_ops, stage)
+    # count GEMM ops (not kernels: a split-K op launches two) per weight shape
+    per_shape: Counter = Counter()
+    if len(op_rows):
+        _, one = np.unique(op_rows, return_index=True)
+        for k, c in zip(*np.unique(inverse[one], return_counts=True), strict=True):
+            if shapes[int(k)] is not None:
+                per_shape[shapes[int(k)]] += int(c)
+    # the trace fixes a role's shape only where the op counts fit it: the LM head runs once per
+    # forward; an MLP's down once per layer, its gate and up twice as often (or fused, as often)
+    lm = vocab if per_shape.get((hidden, vocab), 0) == forwards else None
+    inter = fused = None
+    for c in sorted({k for k, n in per_shape if n == hidden and k not in (hidden, vocab)}):
+        down = per_shape[(c, hidden)]
+        if down % forwards:
+            continue
+        up, both = per_shape.get((hidden, c), 0), per_shape.get((hidden, 2 * c), 0)
+        if both == down and up != 2 * down:
+            inter, fused = c, True
+        elif up == 2 * down and both != down:
+            inter, fused = c, False
+        else:
+            continue
+        break
+    return ModelDims(hidden, lm, inter, None, fused)
+
+
+def roles_from_shapes(
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], dims: ModelDims
+) -> list[str | None]:
+    """Per kernel row: the role a dense GEMM's recorded (K, N) names uniquely, else None."""
+    h = dims.hidden
+    table: dict[tuple[int, int], set[str]] = {}
+
+    def add(k_in: int, n_out: int, role: str) -> None:
+        table.setdefault((k_in, n_out), set()).add(role)
+
+    if dims.vocab:
+        add(h, dims.vocab, "lm_head_gemm")
+    if dims.intermediate:
+        i = dims.intermediate
+        if dims.fused_mlp is not True:
+            add(h, i, "gate_up_gemm")
+        if dims.fused_mlp is not False:
+            add(h, 2 * i, "gate_up_gemm")
+        add(i, h, "down_gemm")
+    if dims.query:
+        add(h, dims.query, "qkv_gemm")
+        add(dims.query, h, "o_gemm")
+    rows, shapes, inverse, _ = _gemm_op_shapes(kernels, host_ops, stage)
+    out: list[str | None] = [None] * kernels.num_rows
+    if not len(rows):
+        return out
+    named = []
+    for sh in shapes:
+        got = table.get(sh) if sh is not None else None
+        named.append(next(iter(got)) if got and len(got) == 1 else None)
+    for r, k in zip(rows.tolist(), inverse.tolist(), strict=True):
+        out[r] = named[k]
+    return out
