@@ -155,8 +155,7 @@ def _apply_shape_roles(
     dur = kernels["dur_ns"].to_numpy(zero_copy_only=False)
     decided = other = 0
     said: Counter = Counter()
-    for r in [r for r, x in enumerate(roles) if x is not None]:
-        role = roles[r]
+    for r, role in roles.items():
         decided += int(dur[r])
         if stage[r] == role or stage[r] == "gemm":
             stage[r] = role

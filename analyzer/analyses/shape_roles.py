@@ -152,13 +152,11 @@ def roles_from_shapes(
         add(h, dims.query, "qkv_gemm")
         add(dims.query, h, "o_gemm")
     rows, shapes, inverse, _ = _gemm_op_shapes(kernels, host_ops, stage)
-    out: list[str | None] = [None] * kernels.num_rows
     if not len(rows):
-        return out
+        return {}
     named = []
     for sh in shapes:
         got = table.get(sh) if sh is not None else None
         named.append(next(iter(got)) if got and len(got) == 1 else None)
-    for r, k in zip(rows.tolist(), inverse.tolist(), strict=True):
-        out[r] = named[k]
-    return out
+    decided = np.array([x is not None for x in named] + [False], bool)[inverse]
+    return {int(r): named[int(k)] for r, k in zip(rows[decided], inverse[decided], strict=True)}
