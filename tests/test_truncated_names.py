@@ -88,13 +88,14 @@ def test_truncation_is_marked_with_one_ellipsis(raw: str, norm: str) -> None:
             "activation",
             "vllm",
         ),
-        # the tail would have decided the provider (cuBLAS xmma names end `_cublas`, cuDNN's `_cudnn`):
-        # the stage stays, the provider is not claimed (a public nsys table of vLLM on H100)
+        # cuBLAS's xmma GEMMs end `_cublas`; cuDNN's xmma kernels are convolutions (`fprop`, `dgrad`,
+        # `wgrad`, GEM010), so the visible `sm90_xmma_gemm_` decides cuBLAS (a public nsys table of
+        # vLLM on H100)
         (
             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_of…",
             "GEM012",
             "gemm",
-            "unknown",
+            "cublas",
         ),
         # hipBLASLt's markers were cut: a Tensile kernel, library unknown; visible markers still decide
         ("Cijk_Alik_Bljk_BBS_B...", "GEM004", "gemm", "unknown"),

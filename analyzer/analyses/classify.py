@@ -148,10 +148,18 @@ def _apply_shape_roles(
     shaped = np.zeros(n, bool)
     if host_ops.num_rows == 0 or n == 0:
         return shaped, None
-    dims = shape_roles.model_dims(kernels, host_ops, stage, model)
+    # each input's own sizes: a joined run may hold several models' traces
+    traces = np.unique(kernels["trace_id"].to_numpy(zero_copy_only=False)).tolist()
+    roles: dict[int, str] = {}
+    dims = None
+    for t in traces:
+        one = None if len(traces) == 1 else int(t)
+        d = shape_roles.model_dims(kernels, host_ops, stage, model, one)
+        if d is not None:
+            dims = dims or d
+            roles.update(shape_roles.roles_from_shapes(kernels, host_ops, stage, d, one))
     if dims is None:
         return shaped, None
-    roles = shape_roles.roles_from_shapes(kernels, host_ops, stage, dims)
     dur = kernels["dur_ns"].to_numpy(zero_copy_only=False)
     decided = other = 0
     said: Counter = Counter()

@@ -42,10 +42,13 @@ class ModelDims:
     fused_mlp: bool | None = None  # gate and up in one GEMM (H -> 2I); None: either
 
 
-def _embedding_table(host_ops: pa.Table) -> tuple[int, int, int] | None:
+def _embedding_table(host_ops: pa.Table, trace: int | None = None) -> tuple[int, int, int] | None:
     """(V, H, lookups) of the token embedding table: its ``[V, H]`` shape and how many forwards
     looked it up."""
-    rows = np.flatnonzero(dict_isin(host_ops["name"], ["aten::embedding"]))
+    mask = dict_isin(host_ops["name"], ["aten::embedding"])
+    if trace is not None:
+        mask &= host_ops["trace_id"].to_numpy(zero_copy_only=False) == trace
+    rows = np.flatnonzero(mask)
     if not len(rows) or "input_dims" not in host_ops.column_names:
         return None
     tables: Counter = Counter()
@@ -59,7 +62,7 @@ def _embedding_table(host_ops: pa.Table) -> tuple[int, int, int] | None:
 
 
 def _gemm_op_shapes(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str]
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], trace: int | None = None
 ) -> tuple[np.ndarray, list[Any], np.ndarray, np.ndarray]:
     """Dense GEMM kernels with a launching op: their rows, the distinct (K, N) shapes (None: not
     readable), each kernel's index into them and its op's row. Each distinct op name and recorded
@@ -70,7 +73,10 @@ def _gemm_op_shapes(
         return empty, [], empty, empty
     ops, pos = found
     is_gemm = {x: x in GEMM_STAGES for x in set(stage)}
-    rows = np.flatnonzero(np.fromiter(map(is_gemm.__getitem__, stage), bool, len(stage)))
+    mask = np.fromiter(map(is_gemm.__getitem__, stage), bool, len(stage))
+    if trace is not None:
+        mask &= kernels["trace_id"].to_numpy(zero_copy_only=False) == trace
+    rows = np.flatnonzero(mask)
     if not len(rows):
         return empty, [], empty, empty
     at = pos.take(pa.array(rows))
@@ -94,15 +100,18 @@ def _gemm_op_shapes(
     return rows, shapes, inverse.ravel(), op_rows
 
 
-def model_dims(kernels: pa.Table, host_ops: pa.Table, stage: list[str], arch: Any = None) -> ModelDims | None:
-    """The model's sizes, from ``arch`` (``--model``) or from the trace; None when neither tells."""
+def model_dims(
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], arch: Any = None, trace: int | None = None
+) -> ModelDims | None:
+    """The model's sizes, from ``arch`` (``--model``) or from the trace (``trace``: one input's
+    id, when the tables hold several); None when neither tells."""
     if arch is not None:
         return ModelDims(arch.hidden_size, arch.vocab_size, arch.intermediate_size, arch.q_dim)
-    table = _embedding_table(host_ops)
+    table = _embedding_table(host_ops, trace)
     if table is None:
         return None
     vocab, hidden, forwards = table
-    _, shapes, inverse, op_rows = _gemm_op_shapes(kernels, host_ops, stage)
+    _, shapes, inverse, op_rows = _gemm_op_shapes(kernels, host_ops, stage, trace)
     # count GEMM ops (not kernels: a split-K op launches two) per weight shape
     per_shape: Counter = Counter()
     if len(op_rows):
@@ -130,9 +139,10 @@ def model_dims(kernels: pa.Table, host_ops: pa.Table, stage: list[str], arch: An
 
 
 def roles_from_shapes(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], dims: ModelDims
-) -> list[str | None]:
-    """Per kernel row: the role a dense GEMM's recorded (K, N) names uniquely, else None."""
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], dims: ModelDims, trace: int | None = None
+) -> dict[int, str]:
+    """Kernel row -> the role its dense GEMM's recorded (K, N) names uniquely (rows shapes cannot
+    decide are absent); ``trace``: only that input's kernels."""
     h = dims.hidden
     table: dict[tuple[int, int], set[str]] = {}
 
@@ -151,7 +161,7 @@ def roles_from_shapes(
     if dims.query:
         add(h, dims.query, "qkv_gemm")
         add(dims.query, h, "o_gemm")
-    rows, shapes, inverse, _ = _gemm_op_shapes(kernels, host_ops, stage)
+    rows, shapes, inverse, _ = _gemm_op_shapes(kernels, host_ops, stage, trace)
     if not len(rows):
         return {}
     named = []
