@@ -158,6 +158,7 @@ def _apply_shape_roles(
         if d is not None:
             dims = dims or d
             roles.update(shape_roles.roles_from_shapes(kernels, host_ops, stage, d, one))
+    shape_roles.forget()
     if dims is None:
         return shaped, None
     dur = kernels["dur_ns"].to_numpy(zero_copy_only=False)

@@ -340,10 +340,11 @@ _ROUTING_PARTS = GENERIC | SAMPLING_LIKE | {"activation", "moe_sort"}
 def topk_candidates(norm: Any, op_names: Sequence[str | None], n: int) -> np.ndarray:
     """Per kernel row: launched by ``aten::topk``, or without a launching op and named like a top-k
     (tested once per distinct op and name); :func:`_mark_routers` looks at these only."""
-    by_op = {o: o == "aten::topk" for o in set(op_names)}
-    out = np.fromiter(map(by_op.__getitem__, op_names), bool, n)
+    by_op = {o: 2 if o is None else int(o == "aten::topk") for o in set(op_names)}
+    kind = np.fromiter(map(by_op.__getitem__, op_names), np.int8, n)
+    out = kind == 1
     names = norm if isinstance(norm, list) else list(norm)
-    none = np.flatnonzero(np.fromiter((o is None for o in op_names), bool, n))
+    none = np.flatnonzero(kind == 2)
     memo: dict[str, bool] = {}
     for r in none.tolist():
         nm = names[r]

@@ -61,7 +61,28 @@ def _embedding_table(host_ops: pa.Table, trace: int | None = None) -> tuple[int,
     return (int(v), int(h), int(k)) if v > h > 0 else None
 
 
+_MEMO: list[tuple[Any, ...]] = []  # the last (kernels, host_ops, trace) asked for and its answer
+
+
 def _gemm_op_shapes(
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], trace: int | None = None
+) -> tuple[np.ndarray, list[Any], np.ndarray, np.ndarray]:
+    """:func:`_read_gemm_op_shapes`, asked for twice per input (sizes, then roles): memoised for the
+    last tables and stage list it was asked about (the stage list does not change in between)."""
+    for k, h, st, t, got in _MEMO:
+        if k is kernels and h is host_ops and st is stage and t == trace:
+            return got
+    got = _read_gemm_op_shapes(kernels, host_ops, stage, trace)
+    _MEMO[:] = [(kernels, host_ops, stage, trace, got)]
+    return got
+
+
+def forget() -> None:
+    """Drop the memo of :func:`_gemm_op_shapes` (it holds the tables it was asked about)."""
+    _MEMO.clear()
+
+
+def _read_gemm_op_shapes(
     kernels: pa.Table, host_ops: pa.Table, stage: list[str], trace: int | None = None
 ) -> tuple[np.ndarray, list[Any], np.ndarray, np.ndarray]:
     """Dense GEMM kernels with a launching op: their rows, the distinct (K, N) shapes (None: not
