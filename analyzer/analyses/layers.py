@@ -333,7 +333,8 @@ def walk_sequence(
 
 # what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
 _ROUTING_TAIL_OPS = frozenset({"aten::gather", "aten::sum", "aten::div", "aten::div_", "aten::mul",
-    "aten::mul_", "aten::to", "aten::_to_copy", "aten::copy_", "aten::softmax", "aten::_softmax"})  # fmt: skip
+    "aten::mul_", "aten::add", "aten::add_", "aten::to", "aten::_to_copy", "aten::copy_", "aten::softmax",
+    "aten::_softmax"})  # fmt: skip
 _ROUTING_PARTS = GENERIC | SAMPLING_LIKE | {"activation", "moe_sort"}
 
 
@@ -544,6 +545,13 @@ def _label_generic(
                             stage[rows[i]] = "residual_add"  # by op, or the rule's 16-bit add
                         else:
                             stage[rows[i]] = "elementwise"
+                    if q < n and stage[rows[q]] == "moe_gate_gemm":
+                        # casts after the norm, right before the router's GEMM, are the router's
+                        # (DeepSeek's router multiplies in fp32)
+                        for i in reversed(run):
+                            if stage[rows[i]] != "elementwise" or i in inside:
+                                break
+                            stage[rows[i]] = "moe_topk"
                     p = q
                     continue
             if reg in ("attn_out", "mlp_out"):
