@@ -85,8 +85,9 @@ def test_taxonomy_matches_design():
     assert tx.stage_category["gemm"] == "dense_gemm"
     assert tx.stage_category["attention_reduce"] == "attention"
     assert tx.stage_category["elementwise"] == "other"
-    assert len(tx.stages) == 29  # + optimizer (issue 21: training traces)
+    assert len(tx.stages) == 30  # + optimizer (issue 21: training traces), + linear_attention (issue 24)
     assert tx.stage_category["optimizer"] == "other"
+    assert tx.stage_category["linear_attention"] == "attention"
     assert tx.unclassified_stage == "other" and tx.unclassified_provider == "unknown"
     assert "unknown" in tx.providers and "runtime" in tx.providers
 

@@ -80,9 +80,12 @@ def test_all_gemm_stages_keep_the_phases_order():
 
 
 def test_attention_kernel_stages_are_the_category_without_the_combine():
-    assert ATTENTION_KERNEL_STAGES == OLD_ATTENTION
+    # linear_attention (a hybrid model's Mamba / Gated DeltaNet mixer) joined the category in issue 24
+    assert ATTENTION_KERNEL_STAGES == (*OLD_ATTENTION, "linear_attention")
     assert frozenset(ATTENTION_KERNEL_STAGES) == layers.ATTENTION
-    assert ATTENTION_STAGES == ("flash_attention", "paged_attention", "attention_reduce", "mla_attention")
+    assert ATTENTION_STAGES == (
+        "flash_attention", "paged_attention", "attention_reduce", "mla_attention", "linear_attention"
+    )  # fmt: skip
 
 
 def test_memory_stages_are_the_activity_kinds():
