@@ -14,6 +14,7 @@ Contract (pure over lists and arrays that :mod:`analyzer.analyses.classify` hand
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -393,36 +394,41 @@ def _mark_routers(
     op_first, op_last = ops
     if not topk or not len(op_first):
         return False
-    firsts = op_first
     expert_at = np.flatnonzero(experts)  # expert GEMMs a rule named (fused MoE kernels)
     blocks = np.flatnonzero(hard)
+    tk = np.asarray(topk, np.int64)
+    # per candidate, at once: the last GEMM op before it, the next GEMM (dense or a named expert
+    # GEMM) after it, and whether a norm / attention / embedding lies between that op and the next
+    k = np.searchsorted(op_first, tk) - 1
+    ok = k >= 0
+    kk = np.maximum(k, 0)
+    a_all, b_all = op_first[kk], op_last[kk]
+    ok &= b_all < tk  # not inside a GEMM op
+    nxt_dense = np.where(kk + 1 < len(op_first), op_first[np.minimum(kk + 1, len(op_first) - 1)], n)
+    e = np.searchsorted(expert_at, tk)
+    nxt_expert = expert_at[np.minimum(e, len(expert_at) - 1)] if len(expert_at) else np.full(len(tk), n)
+    nxt_all = np.minimum(nxt_dense, np.where(e < len(expert_at), nxt_expert, n))
+    ok &= nxt_all < n
+    j = np.searchsorted(blocks, b_all + 1)
+    blocked = (
+        (j < len(blocks)) & (blocks[np.minimum(j, len(blocks) - 1)] < nxt_all)
+        if len(blocks)
+        else np.zeros(len(tk), bool)
+    )
+    ok &= ~blocked
     found = False
     done = -1
-    for t in topk:
+    for i in np.flatnonzero(ok).tolist():
+        t = topk[i]
         if t <= done:
             continue
-        k = int(np.searchsorted(firsts, t)) - 1  # the last GEMM op before t
-        if k < 0:
-            continue
-        a, b = int(op_first[k]), int(op_last[k])
-        if b >= t:
-            continue  # inside a GEMM op
-        e = int(np.searchsorted(expert_at, t))
-        nxt = min(
-            int(op_first[k + 1]) if k + 1 < len(op_first) else n,
-            int(expert_at[e]) if e < len(expert_at) else n,
-        )
-        if nxt >= n:
-            continue
-        j = int(np.searchsorted(blocks, b + 1))
-        if j < len(blocks) and blocks[j] < nxt:
-            continue  # a norm / attention / embedding between the GEMM and the next: not a router
+        a, b, nxt = int(a_all[i]), int(b_all[i]), int(nxt_all[i])
         if any(st[q] not in _ROUTING_PARTS and st[q] not in ("memcpy", "memset") for q in range(b + 1, t)):
             continue
         for q in range(a, b + 1):
             if st[q] in GEMM_STAGES:
                 stage[rows[q]] = "moe_gate_gemm"
-        last = max(x for x in topk if x < nxt)
+        last = topk[bisect.bisect_left(topk, nxt) - 1]  # the last top-k before the experts
         end = last + 1
         while end < nxt and op_names[rows[end]] in _ROUTING_TAIL_OPS and st[end] in _ROUTING_PARTS:
             end += 1
@@ -565,21 +571,35 @@ def _label_generic(
             if reg == "attn_in":
                 # a GEMM inside the region (MLA's kv decompression) splits it: the part before
                 # it ends at a GEMM, the last part at attention
-                cuts = [i for i in range(p, q) if stage[rows[i]] in GEMM_STAGES]
-                parts, kv_rows = [], set()
-                # the writes the op hints named already (index_copy_ ...) count among the update's
-                named = {i for i in range(p, q) if stage[rows[i]] == "kv_cache_store"}
-                pool = sorted(set(run) | named)
-                for lo_i, hi_i in zip([p, *[c + 1 for c in cuts]], [*cuts, q], strict=True):
-                    parts.append(([i for i in pool if lo_i <= i < hi_i], hi_i == q))
+                # one pass over the region: its parts (split at GEMMs), each a list of the generic
+                # kernels and of the writes the op hints named already (index_copy_ ...)
+                parts: list[tuple[list[int], bool]] = []
+                part: list[int] = []
+                named: set[int] = set()
+                generic = set(run)
+                for i in range(p, q):
+                    x = stage[rows[i]]
+                    if x in GEMM_STAGES:
+                        parts.append((part, False))
+                        part = []
+                    elif x == "kv_cache_store":
+                        named.add(i)
+                        part.append(i)
+                    elif i in generic:
+                        part.append(i)
+                parts.append((part, True))
+                kv_rows: set[int] = set()
                 for part, last in parts:
+                    if not part:
+                        continue
                     tokens = tuple((norm[rows[i]] if norm else "", op_names[rows[i]]) for i in part)
                     writes = tuple(i in named or _is_kv_update(rows[i], op_names) for i in part)
                     kv_rows.update(part[j] for j in _kv_update_positions(tokens, writes, last))
                 kv_rows -= named
-                for i in kv_rows:
-                    stage[rows[i]] = "kv_cache_store"
-                run = [i for i in run if i not in kv_rows]
+                if kv_rows:
+                    for i in kv_rows:
+                        stage[rows[i]] = "kv_cache_store"
+                    run = [i for i in run if i not in kv_rows]
             for i in run:
                 stage[rows[i]] = target
         p = q
@@ -641,10 +661,8 @@ def _last_square_end(tokens: tuple[Any, ...], writes: tuple[bool, ...], limit: i
 
 def _norm_clusters(pos: np.ndarray, gap: int = 3) -> list[tuple[int, int]]:
     """(first, last) of each run of norm kernels at most ``gap`` apart (pow, mean, add, rsqrt)."""
-    if not len(pos):
-        return []
-    cut = np.flatnonzero(np.diff(pos) > gap) + 1
-    return [(int(c[0]), int(c[-1])) for c in np.split(pos, cut)]
+    first, last = _cluster_bounds(pos, gap)
+    return list(zip(first, last, strict=True))
 
 
 def _is_cast(r: int, norm: Sequence[str], op_names: Sequence[str | None]) -> bool:
@@ -674,9 +692,10 @@ def _norm_shape(
     if not len(qkv):
         return None
     seen: dict[str, tuple[list[int], list[int]]] = {}
+    qkv_l = qkv.tolist()
     for c0, c1 in _norm_clusters(np.flatnonzero(normish)):
-        k = int(np.searchsorted(qkv, c1))
-        nxt = qkv[k] if k < len(qkv) else n
+        k = bisect.bisect_left(qkv_l, c1)
+        nxt = qkv_l[k] if k < len(qkv_l) else n
         if nxt - c1 - 1 <= _MAX_NORM_TAIL and was_generic[c1 + 1 : nxt].all():
             leads, tails = seen.setdefault(norm[rows[c0]], ([], []))
             tails.append(int(nxt - c1 - 1))
@@ -690,7 +709,7 @@ _MAX_NORM_TAIL = 6  # mul by rsqrt, cast, (1 + weight), mul by the weight, cast
 
 
 def _norm_windows(
-    clusters: tuple[np.ndarray, np.ndarray],
+    clusters: tuple[list[int], list[int]],
     lo: int,
     hi: int,
     shape: dict[str, tuple[int, int]],
@@ -701,17 +720,21 @@ def _norm_windows(
     (``clusters``: the first and last positions of every cluster, from :func:`_norm_clusters`)."""
     first, last = clusters
     out: set[int] = set()
-    for k in range(int(np.searchsorted(last, lo)), int(np.searchsorted(first, hi))):
-        c0, c1 = int(first[k]), int(last[k])
+    for k in range(bisect.bisect_left(last, lo), bisect.bisect_left(first, hi)):
+        c0, c1 = first[k], last[k]
         got = shape.get(norm[rows[c0]])
         if got is not None:
             out.update(range(max(c0 - got[0], lo), min(c1 + got[1], hi - 1) + 1))
     return out
 
 
-def _cluster_bounds(pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    got = _norm_clusters(pos)
-    return np.array([a for a, _ in got], np.int64), np.array([b for _, b in got], np.int64)
+def _cluster_bounds(pos: np.ndarray, gap: int = 3) -> tuple[list[int], list[int]]:
+    """The first and the last positions of each cluster of :func:`_norm_clusters`, as two lists
+    (searched with ``bisect``: one search per region, where numpy's per-call cost would dominate)."""
+    if not len(pos):
+        return [], []
+    cut = np.flatnonzero(np.diff(pos) > gap) + 1
+    return pos[np.concatenate([[0], cut])].tolist(), pos[np.concatenate([cut - 1, [len(pos) - 1]])].tolist()
 
 
 def _label_inner_norms(
