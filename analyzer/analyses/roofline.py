@@ -501,24 +501,33 @@ def _helpers_of_measured_ops(
         partner = lead_of[p[red]]
         split = np.fmax(_split_of(kernels, red), _split_of(kernels, partner))
         at = ops["row"].take(pa.array(p[red]))
-        names = host_ops["name"].take(at).to_pylist()
-        dims = host_ops["input_dims"].take(at).to_pylist()
-        memo: dict[tuple[Any, ...], Any] = {}  # the same GEMM shape and split repeat every layer
-        for i, nm, d, sp, j in zip(red.tolist(), names, dims, split.tolist(), partner.tolist(), strict=True):
-            out_bytes = 4.0 if j >= 0 and dtype[j] == "fp32" else 2.0  # C in the GEMM's dtype
-            key = (nm, repr(d), sp, out_bytes)
-            work = memo.get(key, False)
-            if work is False:
-                g = _gemm(str(nm), [x for x in (d or []) if x]) if nm in GEMM_OPS else None
-                if g is None:
-                    work = None
-                else:
-                    batch, m, _, nn = g
-                    work = reduce_work(batch * m * nn, _split(np.array([sp])), out_bytes)
-                memo[key] = work
-            if work is None:
-                continue
-            flops[i], nbytes[i] = work
+        # one reading per distinct (op name, recorded shape, split, output width): the same GEMM
+        # shape and split repeat in every layer and step
+        names = host_ops["name"].take(at).combine_chunks()
+        code = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        sid = host_ops["shape_id"].take(at).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        sid = np.where(sid < 0, -2 - np.arange(len(sid)), sid)  # no shape id: each read on its own
+        sp = np.where(np.isnan(split) | (split < MIN_SPLIT), float(MIN_SPLIT), split)
+        fp32 = np.array([j >= 0 and dtype[j] == "fp32" for j in partner.tolist()], bool)
+        out_bytes = np.where(fp32, 4.0, 2.0)  # C in the GEMM's dtype
+        keys = np.stack([code, sid, sp.astype(np.int64), fp32.astype(np.int64)])
+        uniq, first, inverse = np.unique(keys, axis=1, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+        op_names = names.dictionary.to_pylist()
+        dims = host_ops["input_dims"].take(at.take(pa.array(first))).to_pylist()
+        mn = np.full(len(first), np.nan)
+        for u, (c, d) in enumerate(zip(uniq[0].tolist(), dims, strict=True)):
+            nm = op_names[c]
+            g = _gemm(str(nm), [x for x in (d or []) if x]) if nm in GEMM_OPS else None
+            if g is not None:
+                batch, m, _, nn = g
+                mn[u] = batch * m * nn
+        work_mn = mn[inverse]
+        ok = ~np.isnan(work_mn)
+        rows_ok = red[ok]
+        flops[rows_ok] = 0.0  # a reduce's additions are the GEMM's (see reduce_work)
+        nbytes[rows_ok] = sp[ok] * work_mn[ok] * PARTIAL_BYTES + work_mn[ok] * out_bytes[ok]
+        for i in rows_ok.tolist():
             dtype[i], source[i] = "fp32", "shapes"
     return covered
 
