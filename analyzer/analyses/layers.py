@@ -322,6 +322,7 @@ def walk_sequence(
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
     _demote_sampling_before_layers(rows, stage, region_of)
+    _label_embedding_scale(rows, stage, op_names)
     for q in [q for q, r in enumerate(rows) if stage[r] == "rope" and region_of[q] == "tail"]:
         stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
     was_generic = np.fromiter((x in GENERIC for x in st), bool, n)
@@ -438,6 +439,22 @@ def _mark_routers(
         done = nxt
         found = True
     return found
+
+
+_SCALE_OPS = frozenset({"aten::mul", "aten::mul_"})
+_CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+
+
+def _label_embedding_scale(rows: list[int], stage: list[str], op_names: Sequence[str | None]) -> None:
+    """A scaled embedding (Gemma: the looked-up rows times sqrt(hidden)): the multiply launched right
+    after the lookup (a cast of the scale before it) is the embedding's."""
+    for q in [q for q, r in enumerate(rows) if stage[r] == "embedding"]:
+        k = q + 1
+        while k < len(rows) and op_names[rows[k]] in _CAST_OPS and stage[rows[k]] in GENERIC:
+            k += 1
+        if k < len(rows) and op_names[rows[k]] in _SCALE_OPS and stage[rows[k]] in GENERIC:
+            for j in range(q + 1, k + 1):
+                stage[rows[j]] = "embedding"
 
 
 def _demote_sampling_before_layers(rows: list[int], stage: list[str], region_of: list[str]) -> None:
