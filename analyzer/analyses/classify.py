@@ -154,11 +154,11 @@ def _apply_shape_roles(
     dims = None
     for t in traces:
         one = None if len(traces) == 1 else int(t)
-        d = shape_roles.model_dims(kernels, host_ops, stage, model, one)
+        shapes = shape_roles.gemm_shapes(kernels, host_ops, stage, one)  # read once for both
+        d = shape_roles.model_dims(kernels, host_ops, stage, model, one, shapes)
         if d is not None:
             dims = dims or d
-            roles.update(shape_roles.roles_from_shapes(kernels, host_ops, stage, d, one))
-    shape_roles.forget()
+            roles.update(shape_roles.roles_from_shapes(kernels, host_ops, stage, d, one, shapes))
     if dims is None:
         return shaped, None
     dur = kernels["dur_ns"].to_numpy(zero_copy_only=False)

@@ -721,26 +721,19 @@ def attention_shapes(host_ops: pa.Table, table: AttentionOps) -> dict[int, dict[
     rows = np.flatnonzero(known[codes])
     if len(rows) == 0:
         return {}
-    sel = host_ops.take(pa.array(rows)).select(
-        ["trace_id", "external_id", "start_ns", "input_dims", "shape_id"]
-    )
-    # ops of one name and one recorded shape read the same: read each distinct pair once
-    sid = sel["shape_id"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    code = codes[rows].astype(np.int64)
+    sel = host_ops.take(pa.array(rows)).select(["trace_id", "external_id", "start_ns"])
+    group_names, first, inverse = launches.distinct_op_shapes(host_ops, rows)
+    group_layouts = [table.layout(nm) if nm is not None else None for nm in group_names]
+    dims_of = host_ops["input_dims"].take(pa.array(rows[first])).to_pylist()
+    read = [_read_layout(lay, d) for lay, d in zip(group_layouts, dims_of, strict=True)]
+    ok = np.array([r is not None for r in read], bool)[inverse]
     trace = sel["trace_id"].to_numpy(zero_copy_only=False)
-    # shape ids are those of one input: the trace is part of the key
-    keys = np.stack([code, sid, trace.astype(np.int64)])
-    pairs, first, inverse = np.unique(keys, axis=1, return_index=True, return_inverse=True)
-    dims_of = sel["input_dims"].take(pa.array(first)).to_pylist()
-    read = [_read_layout(layouts[int(c)], d) for c, d in zip(pairs[0].tolist(), dims_of, strict=True)]
-    ok = np.array([r is not None for r in read], bool)[inverse.ravel()]
     start = sel["start_ns"].to_numpy(zero_copy_only=False)
     ok &= ~pd.isna(start)
     if not ok.any():
         return {}
-    vals = np.array([r if r is not None else (0, 0, 0, 0) for r in read], np.int64)[inverse.ravel()]
-    lay_id = np.array([layouts[int(c)].id if layouts[int(c)] else "" for c in pairs[0].tolist()], object)
-    lay_id = lay_id[inverse.ravel()]
+    vals = np.array([r if r is not None else (0, 0, 0, 0) for r in read], np.int64)[inverse]
+    lay_id = np.array([lay.id if lay else "" for lay in group_layouts], object)[inverse]
     ext = sel["external_id"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     out = {}
     for t in np.unique(trace[ok]).tolist():

@@ -500,24 +500,15 @@ def _helpers_of_measured_ops(
         lead_of[p[lead]] = lead
         partner = lead_of[p[red]]
         split = np.fmax(_split_of(kernels, red), _split_of(kernels, partner))
-        at = ops["row"].take(pa.array(p[red]))
-        # one reading per distinct (op name, recorded shape, split, output width): the same GEMM
-        # shape and split repeat in every layer and step
-        names = host_ops["name"].take(at).combine_chunks()
-        code = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        sid = host_ops["shape_id"].take(at).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        sid = np.where(sid < 0, -2 - np.arange(len(sid)), sid)  # no shape id: each read on its own
+        at = ops["row"].take(pa.array(p[red])).to_numpy(zero_copy_only=False).astype(np.int64)
         sp = np.where(np.isnan(split) | (split < MIN_SPLIT), float(MIN_SPLIT), split)
         fp32 = np.array([j >= 0 and dtype[j] == "fp32" for j in partner.tolist()], bool)
         out_bytes = np.where(fp32, 4.0, 2.0)  # C in the GEMM's dtype
-        keys = np.stack([code, sid, sp.astype(np.int64), fp32.astype(np.int64)])
-        uniq, first, inverse = np.unique(keys, axis=1, return_index=True, return_inverse=True)
-        inverse = inverse.ravel()
-        op_names = names.dictionary.to_pylist()
-        dims = host_ops["input_dims"].take(at.take(pa.array(first))).to_pylist()
+        # the op's M x N read once per distinct op shape (it repeats in every layer and step)
+        group_names, first, inverse = launches.distinct_op_shapes(host_ops, at)
+        dims = host_ops["input_dims"].take(pa.array(at[first])).to_pylist()
         mn = np.full(len(first), np.nan)
-        for u, (c, d) in enumerate(zip(uniq[0].tolist(), dims, strict=True)):
-            nm = op_names[c]
+        for u, (nm, d) in enumerate(zip(group_names, dims, strict=True)):
             g = _gemm(str(nm), [x for x in (d or []) if x]) if nm in GEMM_OPS else None
             if g is not None:
                 batch, m, _, nn = g

@@ -28,9 +28,9 @@ import pyarrow as pa
 
 from analyzer.analyses.layers import GEMM_STAGES, gemm_shape
 from analyzer.model import dict_isin
-from analyzer.tables.launches import launching_op_rows
+from analyzer.tables.launches import distinct_op_shapes, launching_op_rows
 
-__all__ = ["ModelDims", "model_dims", "roles_from_shapes"]
+__all__ = ["GemmShapes", "ModelDims", "gemm_shapes", "model_dims", "roles_from_shapes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,37 +61,26 @@ def _embedding_table(host_ops: pa.Table, trace: int | None = None) -> tuple[int,
     return (int(v), int(h), int(k)) if v > h > 0 else None
 
 
-_MEMO: list[tuple[Any, ...]] = []  # the last (kernels, host_ops, trace) asked for and its answer
+@dataclasses.dataclass(frozen=True)
+class GemmShapes:
+    """Dense GEMM kernels with a launching op: their ``rows``, the distinct (K, N) ``shapes``
+    (None: not readable), each kernel's index into them (``inverse``) and its op's row (``op_rows``)."""
+
+    rows: np.ndarray
+    shapes: list[Any]
+    inverse: np.ndarray
+    op_rows: np.ndarray
 
 
-def _gemm_op_shapes(
+def gemm_shapes(
     kernels: pa.Table, host_ops: pa.Table, stage: list[str], trace: int | None = None
-) -> tuple[np.ndarray, list[Any], np.ndarray, np.ndarray]:
-    """:func:`_read_gemm_op_shapes`, asked for twice per input (sizes, then roles): memoised for the
-    last tables and stage list it was asked about (the stage list does not change in between)."""
-    for k, h, st, t, got in _MEMO:
-        if k is kernels and h is host_ops and st is stage and t == trace:
-            return got
-    got = _read_gemm_op_shapes(kernels, host_ops, stage, trace)
-    _MEMO[:] = [(kernels, host_ops, stage, trace, got)]
-    return got
-
-
-def forget() -> None:
-    """Drop the memo of :func:`_gemm_op_shapes` (it holds the tables it was asked about)."""
-    _MEMO.clear()
-
-
-def _read_gemm_op_shapes(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], trace: int | None = None
-) -> tuple[np.ndarray, list[Any], np.ndarray, np.ndarray]:
-    """Dense GEMM kernels with a launching op: their rows, the distinct (K, N) shapes (None: not
-    readable), each kernel's index into them and its op's row. Each distinct op name and recorded
-    shape is read once (the same projection repeats in every layer and step)."""
+) -> GemmShapes:
+    """The :class:`GemmShapes` of ``trace`` (None: every input), each distinct shape read once."""
     empty = np.empty(0, np.int64)
+    none = GemmShapes(empty, [], empty, empty)
     found = launching_op_rows(kernels, host_ops)
     if found is None or "input_dims" not in host_ops.column_names:
-        return empty, [], empty, empty
+        return none
     ops, pos = found
     is_gemm = {x: x in GEMM_STAGES for x in set(stage)}
     mask = np.fromiter(map(is_gemm.__getitem__, stage), bool, len(stage))
@@ -99,47 +88,47 @@ def _read_gemm_op_shapes(
         mask &= kernels["trace_id"].to_numpy(zero_copy_only=False) == trace
     rows = np.flatnonzero(mask)
     if not len(rows):
-        return empty, [], empty, empty
+        return none
     at = pos.take(pa.array(rows))
     valid = at.is_valid().to_numpy(zero_copy_only=False)
     rows = rows[valid]
     if not len(rows):
-        return empty, [], empty, empty
+        return none
     op_rows = ops["row"].take(at.filter(pa.array(valid))).to_numpy(zero_copy_only=False).astype(np.int64)
-    take = pa.array(op_rows)
-    names = host_ops["name"].take(take).combine_chunks()
-    codes = names.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    sid = host_ops["shape_id"].take(take).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    sid = np.where(sid < 0, -2 - np.arange(len(sid)), sid)  # no shape id: each op read on its own
-    keys, first, inverse = np.unique(np.stack([codes, sid]), axis=1, return_index=True, return_inverse=True)
-    op_names = names.dictionary.to_pylist()
+    group_names, first, inverse = distinct_op_shapes(host_ops, op_rows)
     dims = host_ops["input_dims"].take(pa.array(op_rows[first])).to_pylist()
     shapes = [
-        gemm_shape(op_names[int(c)], [list(x) for x in d] if d else None)
-        for c, d in zip(keys[0].tolist(), dims, strict=True)
+        gemm_shape(nm, [list(x) for x in d] if d else None) for nm, d in zip(group_names, dims, strict=True)
     ]
-    return rows, shapes, inverse.ravel(), op_rows
+    return GemmShapes(rows, shapes, inverse, op_rows)
 
 
 def model_dims(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], arch: Any = None, trace: int | None = None
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    stage: list[str],
+    arch: Any = None,
+    trace: int | None = None,
+    shapes: GemmShapes | None = None,
 ) -> ModelDims | None:
     """The model's sizes, from ``arch`` (``--model``) or from the trace (``trace``: one input's
-    id, when the tables hold several); None when neither tells."""
+    id, when the tables hold several; ``shapes``: its :func:`gemm_shapes`, read here when not
+    given); None when neither tells."""
     if arch is not None:
         return ModelDims(arch.hidden_size, arch.vocab_size, arch.intermediate_size, arch.q_dim)
     table = _embedding_table(host_ops, trace)
     if table is None:
         return None
     vocab, hidden, forwards = table
-    _, shapes, inverse, op_rows = _gemm_op_shapes(kernels, host_ops, stage, trace)
+    got = shapes if shapes is not None else gemm_shapes(kernels, host_ops, stage, trace)
+    shapes_of, inverse, op_rows = got.shapes, got.inverse, got.op_rows
     # count GEMM ops (not kernels: a split-K op launches two) per weight shape
     per_shape: Counter = Counter()
     if len(op_rows):
         _, one = np.unique(op_rows, return_index=True)
         for k, c in zip(*np.unique(inverse[one], return_counts=True), strict=True):
-            if shapes[int(k)] is not None:
-                per_shape[shapes[int(k)]] += int(c)
+            if shapes_of[int(k)] is not None:
+                per_shape[shapes_of[int(k)]] += int(c)
     # the trace fixes a role's shape only where the op counts fit it: the LM head runs once per
     # forward; an MLP's down once per layer, its gate and up twice as often (or fused, as often)
     lm = vocab if per_shape.get((hidden, vocab), 0) == forwards else None
@@ -160,10 +149,15 @@ def model_dims(
 
 
 def roles_from_shapes(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], dims: ModelDims, trace: int | None = None
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    stage: list[str],
+    dims: ModelDims,
+    trace: int | None = None,
+    shapes: GemmShapes | None = None,
 ) -> dict[int, str]:
     """Kernel row -> the role its dense GEMM's recorded (K, N) names uniquely (rows shapes cannot
-    decide are absent); ``trace``: only that input's kernels."""
+    decide are absent); ``trace``: only that input's kernels (``shapes`` as for :func:`model_dims`)."""
     h = dims.hidden
     table: dict[tuple[int, int], set[str]] = {}
 
@@ -182,12 +176,13 @@ def roles_from_shapes(
     if dims.query:
         add(h, dims.query, "qkv_gemm")
         add(dims.query, h, "o_gemm")
-    rows, shapes, inverse, _ = _gemm_op_shapes(kernels, host_ops, stage, trace)
+    got = shapes if shapes is not None else gemm_shapes(kernels, host_ops, stage, trace)
+    rows, inverse = got.rows, got.inverse
     if not len(rows):
         return {}
     named = []
-    for sh in shapes:
-        got = table.get(sh) if sh is not None else None
-        named.append(next(iter(got)) if got and len(got) == 1 else None)
-    decided = np.array([x is not None for x in named] + [False], bool)[inverse]
+    for sh in got.shapes:
+        roles = table.get(sh) if sh is not None else None
+        named.append(next(iter(roles)) if roles and len(roles) == 1 else None)
+    decided = np.array([x is not None for x in named], bool)[inverse]
     return {int(r): named[int(k)] for r, k in zip(rows[decided], inverse[decided], strict=True)}

@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.model import dict_isin
+from analyzer.model import dict_isin, dict_strings
 from analyzer.tables import lookup
 
-__all__ = ["forget_launching_ops", "launching_op_rows"]
+__all__ = ["distinct_op_shapes", "forget_launching_ops", "launching_op_rows"]
 
 _LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
 
@@ -61,3 +61,27 @@ def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table,
     ops = host_ops.select(["trace_id", "name", "shape_id"]).take(rows).append_column("row", rows)
     kkeys = lookup.pair(kernels["trace_id"], kernels["launch_op_id"])
     return ops, lookup.index_in(kkeys, op_keys.filter(keep))
+
+
+def distinct_op_shapes(
+    host_ops: pa.Table, op_rows: np.ndarray, *extra: np.ndarray
+) -> tuple[list[str | None], np.ndarray, np.ndarray]:
+    """Group the host-op rows ``op_rows`` whose reading from their recorded shapes is the same:
+    one input, one op name, one shape id (and one value of each ``extra`` per-row key). Shape ids
+    are those of one input, so the input is part of the key; a row without a shape id is a group
+    of its own. Returns the op name of each group, the index into ``op_rows`` of each group's first
+    row and each row's group: the analyses read every distinct shape once (the same projection or
+    attention call repeats in every layer and step)."""
+    op_rows = np.asarray(op_rows, np.int64)
+    if not len(op_rows):
+        return [], np.empty(0, np.int64), np.empty(0, np.int64)
+    take = pa.array(op_rows)
+    names = dict_strings(host_ops["name"].take(take))
+    code = names.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    sid = host_ops["shape_id"].take(take).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    sid = np.where(sid < 0, -2 - np.arange(len(sid)), sid)
+    trace = host_ops["trace_id"].take(take).to_numpy(zero_copy_only=False).astype(np.int64)
+    keys = np.stack([trace, code, sid, *(np.asarray(x, np.int64) for x in extra)])
+    _, first, inverse = np.unique(keys, axis=1, return_index=True, return_inverse=True)
+    dictionary = names.dictionary.to_pylist()
+    return [dictionary[c] if c >= 0 else None for c in code[first].tolist()], first, inverse.ravel()
