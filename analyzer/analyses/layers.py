@@ -321,10 +321,13 @@ def walk_sequence(
         region_of[p] = region
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
-    _demote_sampling_before_layers(rows, stage, region_of)
-    _label_embedding_scale(rows, stage, op_names)
-    for q in [q for q, r in enumerate(rows) if stage[r] == "rope" and region_of[q] == "tail"]:
-        stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
+    # one pass finds the positions the three fix-ups below look at (none relabels another's)
+    marks = [q for q, r in enumerate(rows) if stage[r] in ("sampling", "embedding", "rope")]
+    _demote_sampling_before_layers(rows, stage, region_of, marks)
+    _label_embedding_scale(rows, stage, op_names, marks)
+    for q in marks:
+        if stage[rows[q]] == "rope" and region_of[q] == "tail":
+            stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
     was_generic = np.fromiter((x in GENERIC for x in st), bool, n)
     shape = _norm_shape(rows, stage, norm, op_names, normish, was_generic)
     _label_generic(seq, stage, op_names, region_of, norm, normish, shape)
@@ -445,10 +448,12 @@ _SCALE_OPS = frozenset({"aten::mul", "aten::mul_"})
 _CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 
 
-def _label_embedding_scale(rows: list[int], stage: list[str], op_names: Sequence[str | None]) -> None:
+def _label_embedding_scale(
+    rows: list[int], stage: list[str], op_names: Sequence[str | None], marks: list[int]
+) -> None:
     """A scaled embedding (Gemma: the looked-up rows times sqrt(hidden)): the multiply launched right
     after the lookup (a cast of the scale before it) is the embedding's."""
-    for q in [q for q, r in enumerate(rows) if stage[r] == "embedding"]:
+    for q in [q for q in marks if stage[rows[q]] == "embedding"]:
         k = q + 1
         while k < len(rows) and op_names[rows[k]] in _CAST_OPS and stage[rows[k]] in GENERIC:
             k += 1
@@ -457,17 +462,23 @@ def _label_embedding_scale(rows: list[int], stage: list[str], op_names: Sequence
                 stage[rows[j]] = "embedding"
 
 
-def _demote_sampling_before_layers(rows: list[int], stage: list[str], region_of: list[str]) -> None:
+def _demote_sampling_before_layers(
+    rows: list[int], stage: list[str], region_of: list[str], marks: list[int]
+) -> None:
     """Between a forward's embedding and its first layer nothing samples a token: a cumsum of the
     position ids, the sort of a flex block mask there is generic work (its name or op says
     ``sampling`` only because samplers use the same kernels)."""
-    marks = [q for q, r in enumerate(rows) if stage[r] in ("sampling", "embedding")]
     last_emb = -1
-    for q in marks:
+    for q in marks:  # the positions of sampling and embedding kernels (and others, skipped)
         r = rows[q]
         if stage[r] == "embedding":
             last_emb = q
-        elif region_of[q] == "pre" and last_emb >= 0 and "pre" == region_of[last_emb]:
+        elif (
+            stage[r] == "sampling"
+            and region_of[q] == "pre"
+            and last_emb >= 0
+            and region_of[last_emb] == "pre"
+        ):
             # the same "pre" run: no other region between the embedding and here
             if all(x == "pre" for x in region_of[last_emb:q]):
                 stage[r] = "elementwise"
