@@ -16,6 +16,7 @@ from analyzer.analyses.phases import (
     _label_from_signature,
     forward_starts,
     merge_nested,
+    packed_decode_tokens,
     phase_from_shape,
 )
 
@@ -185,3 +186,25 @@ def test_light_kernels_do_not_decide_when_heavy_ones_exist() -> None:
         df.loc[seg[1], "is_heavy"] = False
     # THEN the light kernel's time does not make it prefill
     assert _label_from_signature(segments, df) == ["decode"] * 5
+
+
+# --------------------------------------------------------------------------- packed steps
+
+
+def test_packed_steps_count_decodes_by_request_bookkeeping() -> None:
+    # GIVEN a continuous batcher with a 48-token budget over prompts of 56, 24, 40 and 72 tokens:
+    # (queries, keys, LM-head rows) of each step, the first one unpacked (one request)
+    steps = [(48, 48, 1), (48, 96, 3), (48, 144, 4), (48, 192, 4), (8, 200, 4), (4, 204, 4)]
+    packed = [False, True, True, True, True, True]
+    # THEN the step after a full one continues its cut prompt (pure chunked prefill), later steps
+    # decode every continued request but the one cut, and one token per row is decode
+    assert packed_decode_tokens(steps, packed) == [None, 0, 2, 3, 3, 4]
+
+
+def test_packed_steps_stay_undecided_when_requests_left_or_counts_contradict() -> None:
+    # GIVEN keys less queries that are not the previous step's keys: some request finished between
+    assert packed_decode_tokens([(48, 96, 3), (40, 120, 4)], [True, True])[1] is None
+    # GIVEN fewer LM-head rows than the requests the cached context says continue
+    assert packed_decode_tokens([(10, 10, 5), (20, 30, 3)], [True, True]) == [0, None]
+    # GIVEN no cached context: a prefill of new prompts, whatever came before
+    assert packed_decode_tokens([(1, 50, 1), (30, 30, 3)], [False, True]) == [None, 0]

@@ -529,6 +529,9 @@ def _role(
 # Region -> stage for generic kernels found there.
 _REGION_STAGE = {
     "attn_in": "rope",
+    # between the attention kernel and the O GEMM: the output's transpose / contiguous copy, the
+    # attention interface's own work (eager dropout, an output cast)
+    "attn": COMPOSED_ATTENTION,
     "attn_out": "norm",
     "mlp_in": "activation",
     "mlp_out": "norm",
@@ -617,17 +620,22 @@ def _label_generic(
                         part.append(i)
                 parts.append((part, True))
                 kv_rows: set[int] = set()
+                reads: set[int] = set()
                 for part, last in parts:
                     if not part:
                         continue
                     tokens = tuple((norm[rows[i]] if norm else "", op_names[rows[i]]) for i in part)
-                    writes = tuple(i in named or _is_kv_update(rows[i], op_names) for i in part)
-                    kv_rows.update(part[j] for j in _kv_update_positions(tokens, writes, last))
+                    writes = tuple(_write_kind(i in named, op_names[rows[i]]) for i in part)
+                    kv, attn = _kv_update_positions(tokens, writes, last)
+                    kv_rows.update(part[j] for j in kv)
+                    reads.update(part[j] for j in attn)
                 kv_rows -= named
-                if kv_rows:
+                if kv_rows or reads:
                     for i in kv_rows:
                         stage[rows[i]] = "kv_cache_store"
-                    run = [i for i in run if i not in kv_rows]
+                    for i in reads:
+                        stage[rows[i]] = COMPOSED_ATTENTION
+                    run = [i for i in run if i not in kv_rows and i not in reads]
             for i in run:
                 stage[rows[i]] = target
         p = q
@@ -636,15 +644,35 @@ def _label_generic(
 KV_WRITES = 2  # a KV-cache update writes two tensors per layer: the keys and the values
 
 
+WEAK_WRITE, STRONG_WRITE, CACHE_READ = 1, 2, 3
+_GATHER_OPS = frozenset({"aten::gather", "aten::index_select", "aten::index"})
+
+
+def _write_kind(named: bool, op: str | None) -> int:
+    """0: no write; WEAK_WRITE: a plain ``copy_`` (a cache slice's write, or a ``.contiguous()``);
+    STRONG_WRITE: a named cache store or a cat / index_copy_ / index_put_ / slice_scatter op;
+    CACHE_READ: a gather (a paged cache hands back its keys and values gathered from the blocks)."""
+    if named:
+        return STRONG_WRITE
+    if op in _GATHER_OPS:
+        return CACHE_READ
+    if op not in _KV_OPS:
+        return 0
+    return WEAK_WRITE if op == "aten::copy_" else STRONG_WRITE
+
+
 @functools.lru_cache(maxsize=4096)
 def _kv_update_positions(
-    tokens: tuple[tuple[str, str | None], ...], writes: tuple[bool, ...], before_attention: bool = True
-) -> frozenset[int]:
-    """Which generic kernels between the QKV GEMMs and attention are the KV-cache update.
+    tokens: tuple[tuple[str, str | None], ...], writes: tuple[int, ...], before_attention: bool = True
+) -> tuple[frozenset[int], frozenset[int]]:
+    """Which generic kernels between the QKV GEMMs and attention are the KV-cache update, and which
+    are the attention's own input copies.
 
-    ``tokens`` (kernel name, launching op) and ``writes`` (a cat / copy / index_copy_ ... op) per
-    generic kernel of the region, in order. The update ends the region with the last two write ops
-    (keys and values). RoPE applies one kernel sequence to q and then to k: the last such repeated
+    ``tokens`` (kernel name, launching op) and ``writes`` (:func:`_write_kind`) per generic kernel of
+    the region, in order. Plain copies after the last strong write (a cat / index_copy_ / named
+    store) are the attention's: the ``.contiguous()`` copies of the attention interface, a paged
+    cache's gathered keys and values; the update is then found before them. The update ends the
+    region with the last two write ops (keys and values). RoPE applies one kernel sequence to q and then to k: the last such repeated
     sequence (its unit holds more than write ops) ends RoPE; the generic work between it and the
     two writes (a static cache's lazy fills, its index arithmetic) is the update's, except further
     write ops there (partial rotary concatenates the rotated and the passed-through halves): RoPE's.
@@ -657,19 +685,29 @@ def _kv_update_positions(
         end = _last_square_end(tokens, writes, n)
         if end < n:
             first_writes = [j for j in range(end, n) if writes[j]][:KV_WRITES]
-            return frozenset(first_writes)
+            return frozenset(first_writes), frozenset()
+    reads: frozenset[int] = frozenset()
+    gathered: set[int] = set()
+    if n and writes[n - 1] in (WEAK_WRITE, CACHE_READ):
+        last_strong = max((j for j in range(n) if writes[j] == STRONG_WRITE), default=-1)
+        after = range(last_strong + 1, n)
+        if last_strong >= 0 and all(writes[j] in (WEAK_WRITE, CACHE_READ) for j in after):
+            # the cache's gathers belong to its update; the copies after them to the attention
+            gathered = {j for j in after if writes[j] == CACHE_READ}
+            reads = frozenset(j for j in after if writes[j] == WEAK_WRITE)
+            n = last_strong + 1
     tail: list[int] = []
     for j in range(n - 1, -1, -1):
-        if not writes[j] or len(tail) == KV_WRITES:
+        if writes[j] not in (WEAK_WRITE, STRONG_WRITE) or len(tail) == KV_WRITES:
             break
         tail.append(j)
     if not tail:
-        return frozenset()
+        return frozenset(gathered), reads
     first = min(tail)
     end = _last_square_end(tokens, writes, first)
-    out = set(tail)
+    out = set(tail) | gathered
     out.update(j for j in range(end, first) if not writes[j])
-    return frozenset(out)
+    return frozenset(out), reads
 
 
 def _last_square_end(tokens: tuple[Any, ...], writes: tuple[bool, ...], limit: int) -> int:
@@ -894,11 +932,6 @@ def _has_norm_signal(
         return True
     ops = {op_names[rows[i]] for i in run}
     return bool(ops & _NORM_OPS)
-
-
-def _is_kv_update(r: int, op_names: Sequence[str | None]) -> bool:
-    op = op_names[r]
-    return op in _KV_OPS if op else False
 
 
 def _shift_prologue_to_next_layer(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> None:

@@ -571,13 +571,20 @@ def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarra
     if any(p is None for p in phases):
         sig = _label_from_signature(segments, df)
         phases = [p if p is not None else sig[i] for i, p in enumerate(phases)]
+    decodes = packed_decode_tokens(
+        [(h[1], h[2], r) if h is not None else None for h, r in zip(hits, rows_out, strict=True)], packed
+    )
+    for i, d in enumerate(decodes):
+        if d is not None and hits[i] is not None:
+            q = hits[i][1]
+            phases[i] = "prefill" if d == 0 else "decode" if d == q else "mixed"
     models = _models(hits, phases)
     # graph-replayed decode steps record no shapes: with static batching each sequence of the
     # prefill batch adds one token per decode step
     batches = {h[0] for h, p in zip(hits, phases, strict=True) if h is not None and p == "prefill"}
     batch = batches.pop() if len(batches) == 1 else None
     out = []
-    for h, ph, model, pk in zip(hits, phases, models, packed, strict=True):
+    for h, ph, model, pk, d_packed in zip(hits, phases, models, packed, decodes, strict=True):
         tok = verify = None
         if h is not None:
             b, q = h[0], h[1]
@@ -589,7 +596,49 @@ def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarra
         pre = dec = None
         if tok is not None:
             pre, dec = (tok, 0) if ph == "prefill" else (0, tok) if ph == "decode" else (None, None)
+        if pk and d_packed is not None and tok is not None:
+            pre, dec = tok - d_packed, d_packed
         out.append(StepLabel(str(ph), tok, pre, dec, model, verify))
+    return out
+
+
+def packed_decode_tokens(
+    steps: Sequence[tuple[int, int, int] | None], packed: Sequence[bool]
+) -> list[int | None]:
+    """Decode tokens of each packed step by request bookkeeping; None where it cannot be told.
+
+    ``steps``: per step in time order, (query tokens, key tokens, LM-head rows) or None. A packed
+    step's keys less its queries are the cached context of the requests it continues; when that
+    equals the previous step's keys, every request of the previous step continues (one LM-head row
+    each) and the rest are new prompts. A continued request decodes unless its prompt was cut at the
+    previous step's end: a continuous batcher fills a token budget (the largest step) with decodes
+    first and prompt chunks after, so only a step that filled the budget leaves one prompt cut. A
+    step with no cached context is a prefill (0); one token per row is decode. Where requests
+    finished in between, or the counts contradict each other, the split stays undecided (None)."""
+    known = [t[0] for t in steps if t is not None and t[0] > 0]
+    budget = max(known, default=0)
+    out: list[int | None] = [None] * len(steps)
+    for i, (t, pk) in enumerate(zip(steps, packed, strict=True)):
+        if t is None or not pk:
+            continue
+        q, kv, rows = t
+        if q <= 0 or rows <= 0:
+            continue
+        if 0 < kv <= q:
+            out[i] = 0
+            continue
+        if q <= rows:
+            out[i] = q
+            continue
+        prev = steps[i - 1] if i > 0 else None
+        if prev is None or kv < 0 or prev[1] <= 0 or prev[2] <= 0 or kv - q != prev[1]:
+            continue
+        prev_decode = out[i - 1] if packed[i - 1] else (0 if prev[0] > prev[2] else prev[0])
+        cut = int(prev[0] == budget and (prev_decode is None or prev_decode < prev[0]))
+        continued = prev[2]
+        decode, new = continued - cut, rows - continued
+        if decode >= 0 and new >= 0 and q - decode >= new + cut:
+            out[i] = decode
     return out
 
 
