@@ -10,7 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyzer.analyses.layers import _role, walk_sequence
+from analyzer.analyses.layers import (
+    CACHE_READ,
+    STRONG_WRITE,
+    WEAK_WRITE,
+    _kv_update_positions,
+    _role,
+    walk_sequence,
+)
 
 # (stage after the rule table, kernel name, launching host op) of one kernel
 Kernel = tuple[str, str, "str | None"]
@@ -310,3 +317,64 @@ def test_a_gemm_with_no_attention_anywhere_is_reported():
     ok = HEAD + LAYER * 3 + TAIL
     stage, layer = walk(ok)
     assert structure_problem(np.arange(len(ok)), stage, np.array(layer)) is None
+
+
+def test_post_norm_first_projection_is_qkv_but_the_rotary_product_is_not() -> None:
+    # GIVEN a GEMM before the first layer with no norm before it and attention ahead (OLMo-2's
+    # post-norm blocks: layer 0's q_proj opens the forward)
+    assert _role("pre", "flash_attention", False, False, 3) == ("qkv_gemm", "attn_in", 4)
+    # GIVEN the same, but a RoPE kernel (cos / sin) right after it: the rotary module's product
+    assert _role("pre", "flash_attention", False, False, 3, rotary_next=True) == ("gemm", "pre", 3)
+
+
+def test_copies_after_the_cache_writes_are_the_attentions_and_gathers_the_caches() -> None:
+    # GIVEN RoPE on q and k, two index_copy_ writes, a paged cache's two gathers and the attention
+    # interface's three contiguous copies before attention
+    rope = [("mul", "aten::mul"), ("neg", "aten::neg"), ("cat", "aten::cat"), ("add", "aten::add")]
+    tail = [("ic", "aten::index_copy_")] * 2 + [("g", "aten::gather")] * 2 + [("cp", "aten::copy_")] * 3
+    tokens = tuple(rope + rope + tail)
+    writes = tuple([0, 0, STRONG_WRITE, 0] * 2 + [STRONG_WRITE] * 2 + [CACHE_READ] * 2 + [WEAK_WRITE] * 3)
+    kv, attention = _kv_update_positions(tokens, writes, True)
+    # THEN the update is the two writes and the gathers; the copies are the attention's
+    assert kv == frozenset({8, 9, 10, 11})
+    assert attention == frozenset({12, 13, 14})
+    # GIVEN only plain copies as writes (a cache slice written with copy_): they stay the update
+    kv, attention = _kv_update_positions(
+        tuple(rope + [("cp", "aten::copy_")] * 2), (0,) * 4 + (WEAK_WRITE,) * 2
+    )
+    assert kv == frozenset({4, 5}) and attention == frozenset()
+
+
+def test_mla_latent_update_is_the_first_two_cache_writes_after_rope() -> None:
+    # GIVEN MLA's region before the kv decompression GEMM: RoPE on q and on k whose kernels differ
+    # (other vectorization) but whose ops repeat, the latent cache's two cats, then the query cat
+    unit = [("mul", "aten::mul"), ("sub", "aten::sub"), ("cat", "aten::cat")]
+    other = [("mul_v", "aten::mul"), ("sub", "aten::sub"), ("cat_v", "aten::cat")]
+    tokens = tuple(unit + other + [("cat", "aten::cat")] * 3)
+    writes = (0, 0, STRONG_WRITE) * 2 + (STRONG_WRITE,) * 3
+    kv, attention = _kv_update_positions(tokens, writes, False)
+    assert kv == frozenset({6, 7}) and attention == frozenset()
+
+
+def test_the_attention_output_copy_before_the_o_gemm_is_attention() -> None:
+    # GIVEN a layer whose attention interface copies its output (transpose + contiguous) before o_proj
+    copy: Kernel = ("elementwise", "elementwise_kernel<direct_copy_kernel_cuda>", "aten::copy_")
+    layer = LAYER[:5] + [copy] + LAYER[5:]
+    stage, _ = walk(HEAD + layer * 2 + TAIL)
+    # THEN the copy takes the attention's stage, and the roles around it are unchanged
+    first = stage[1 : 1 + len(layer)]
+    assert first[5] == "flash_attention"
+    assert first[:5] + first[6:] == LAYER_STAGES
+
+
+def test_a_shared_experts_gated_product_is_its_activation() -> None:
+    # GIVEN a MoE layer: router GEMM, top-k, routed expert GEMMs, then a shared expert
+    # (gate GEMM, silu, up GEMM, the product, down GEMM) before the combine and the next norm
+    mul: Kernel = ("elementwise", "vectorized_elementwise_kernel<MulFunctor>", "aten::mul")
+    topk: Kernel = ("moe_topk", "topkGatingSoftmax", None)
+    expert: Kernel = ("moe_expert_gemm", "grouped_gemm", None)
+    moe = LAYER[:7] + [NORM, GEMM, topk, expert, expert, GEMM, ACT, GEMM, mul, GEMM, ADD, ADD]
+    stage, _ = walk(HEAD + moe * 2 + TAIL)
+    product = 1 + moe.index(mul)
+    # THEN the product between the up and the down GEMM is the activation's, not the dispatch's
+    assert stage[product] == "activation"

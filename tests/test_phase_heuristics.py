@@ -13,11 +13,13 @@ import pandas as pd
 from analyzer.analyses.phases import (
     PREFILL_WORK_RATIO,
     StepAnnotation,
+    StepLabel,
     _label_from_signature,
     forward_starts,
     merge_nested,
     packed_decode_tokens,
     phase_from_shape,
+    unshaped_prefill_runs,
 )
 
 LAYER = ["norm", "qkv_gemm", "rope", "kv_cache_store", "flash_attention", "o_gemm", "residual_add"]
@@ -208,3 +210,13 @@ def test_packed_steps_stay_undecided_when_requests_left_or_counts_contradict() -
     assert packed_decode_tokens([(10, 10, 5), (20, 30, 3)], [True, True]) == [0, None]
     # GIVEN no cached context: a prefill of new prompts, whatever came before
     assert packed_decode_tokens([(1, 50, 1), (30, 30, 3)], [False, True]) == [None, 0]
+
+
+def test_back_to_back_prefills_without_token_counts_are_in_doubt() -> None:
+    # GIVEN steps told from kernels alone (no token counts): two prefills in a row, then decodes
+    told = [StepLabel("prefill"), StepLabel("prefill"), StepLabel("prefill"), StepLabel("decode")]
+    # THEN the two that follow a prefill may be mixed and are counted; one prefill before decodes,
+    # or prefills whose shapes gave their tokens, are not in doubt
+    assert unshaped_prefill_runs(told) == 2
+    assert unshaped_prefill_runs([StepLabel("prefill"), StepLabel("decode"), StepLabel("prefill")]) == 0
+    assert unshaped_prefill_runs([StepLabel("prefill", 48), StepLabel("prefill", 48, 48, 0)]) == 0

@@ -41,9 +41,11 @@ SAMPLING_LIKE = frozenset({"sampling", "moe_topk"})  # a top-k after the LM head
 
 COMPOSED_ATTENTION = "flash_attention"  # the attention category's general stage (fused or not)
 _SOFTMAX_OPS = frozenset({"aten::_softmax", "aten::softmax", "aten::_safe_softmax"})
-# ops that end the stretch of work before a composed attention: the KV-cache write, RoPE's final add
+# ops that end the stretch of work before a composed attention: the KV-cache write (and a paged
+# cache's gathers of it), RoPE's final add
 _BEFORE_ATTENTION_STOP = frozenset({"aten::cat", "aten::add", "aten::add_", *("aten::index_copy_",
-    "aten::index_put_", "aten::slice_scatter", "aten::embedding", "aten::index_select")})  # fmt: skip
+    "aten::index_put_", "aten::slice_scatter", "aten::embedding", "aten::index_select",
+    "aten::gather")})  # fmt: skip
 _KV_WRITE_WORDS = ("CatArrayBatchedCopy", "index_copy", "scatter", "CUDAFunctor_add", "AddFunctor")
 
 
@@ -266,6 +268,9 @@ def walk_sequence(
     # a router GEMM ends the MLP before it (Qwen2-MoE runs its shared expert first)
     at = _next_where(gemm | blocker | router, after).tolist()
     gemm_ahead = [q < n and bool(gemm[q]) and not router[q] for q in at]
+    # a RoPE-named kernel (the rotary module's cos / sin) right after a GEMM op, before the next
+    # GEMM or anchor: the GEMM is the rotary module's frequency product, not a projection
+    rotary_next = (_next_where(stages(("rope",)), after) < _next_where(anchor | gemm, after)).tolist()
     op_index = np.full(n + 1, -1, np.int64)  # position -> the GEMM op starting there
     op_index[op_first] = np.arange(len(op_first))
     # only these positions change the walk's state; the runs between them take the region as it is
@@ -296,7 +301,7 @@ def walk_sequence(
             else:
                 routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
                 role, region, layer_no = _role(
-                    region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next
+                    region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next, rotary_next[k]
                 )
             norm_seen = False
             for q in range(p, b + 1):
@@ -501,7 +506,13 @@ def _demote_lone_pow(
 
 
 def _role(
-    region: str, follow: str, gemm_ahead: bool, norm_seen: bool, layer_no: int, routing_next: bool = False
+    region: str,
+    follow: str,
+    gemm_ahead: bool,
+    norm_seen: bool,
+    layer_no: int,
+    routing_next: bool = False,
+    rotary_next: bool = False,
 ) -> tuple[str, str, int]:
     """(role, new region, layer number) of a GEMM from where we are and what comes next."""
     if region == "attn":
@@ -523,6 +534,9 @@ def _role(
         return "qkv_gemm", "attn_in", layer_no + 1
     if norm_seen and follow in ("sampling", "embedding", ""):
         return "lm_head_gemm", "tail", layer_no
+    if region == "pre" and follow in ATTENTION and not rotary_next:
+        # the first projection of a post-norm block (OLMo-2: no norm before layer 0's q_proj)
+        return "qkv_gemm", "attn_in", layer_no + 1
     return "gemm", region, layer_no
 
 
@@ -684,8 +698,11 @@ def _kv_update_positions(
     if not before_attention:
         end = _last_square_end(tokens, writes, n)
         if end < n:
-            first_writes = [j for j in range(end, n) if writes[j]][:KV_WRITES]
+            first_writes = [j for j in range(end, n) if writes[j] == STRONG_WRITE][:KV_WRITES]
             return frozenset(first_writes), frozenset()
+        strong = [j for j in range(n) if writes[j] == STRONG_WRITE]
+        if len(strong) > KV_WRITES:  # no repeated RoPE sequence: the first two cat / store ops
+            return frozenset(strong[:KV_WRITES]), frozenset()
     reads: frozenset[int] = frozenset()
     gathered: set[int] = set()
     if n and writes[n - 1] in (WEAK_WRITE, CACHE_READ):
@@ -710,9 +727,11 @@ def _kv_update_positions(
     return frozenset(out), reads
 
 
-def _last_square_end(tokens: tuple[Any, ...], writes: tuple[bool, ...], limit: int) -> int:
+def _last_square_end(tokens: tuple[Any, ...], writes: tuple[int, ...], limit: int) -> int:
     """End of the last back-to-back repeated block (unit of >= 2 kernels, not only writes) found
-    greedily from the start of ``tokens[:limit]``; ``limit`` when there is none."""
+    greedily from the start of ``tokens[:limit]``; ``limit`` when there is none. A kernel is its
+    launching op where known (the same op on q and on k may pick another vectorized kernel)."""
+    tokens = tuple(t[1] or t[0] for t in tokens)
     s, end = 0, None
     while s < limit:
         for size in range((limit - s) // 2, 1, -1):
@@ -911,7 +930,9 @@ def _label_moe_block(
             stage[rows[g]] = "moe_gate_gemm"
             g -= 1
     for i in run:
-        if i < last:
+        if i < last and _glu_product(rows, i, lo, stage):
+            stage[rows[i]] = "activation"  # act(gate) * up between an expert's two GEMMs
+        elif i < last:
             stage[rows[i]] = "moe_sort"
         elif add is None or i < add:
             stage[rows[i]] = "moe_accumulate"
@@ -919,6 +940,20 @@ def _label_moe_block(
             stage[rows[i]] = "residual_add"
         else:
             stage[rows[i]] = "norm"
+
+
+def _glu_product(rows: list[int], i: int, lo: int, stage: list[str]) -> bool:
+    """Position i is a gated MLP's product ``act(gate) * up``, right before the down projection's
+    GEMM: the two kernels before it are the activation and a GEMM (gate, act, up or gate, up, act)."""
+    if i - 2 < lo or i + 1 >= len(rows) or stage[rows[i + 1]] not in _EXPERT_OR_DENSE_GEMM:
+        return False
+    a, b = stage[rows[i - 1]], stage[rows[i - 2]]
+    return (a == "activation" and b in _EXPERT_OR_DENSE_GEMM) or (
+        b == "activation" and a in _EXPERT_OR_DENSE_GEMM
+    )
+
+
+_EXPERT_OR_DENSE_GEMM = GEMM_STAGES | {"moe_expert_gemm"}
 
 
 def _is_add(r: int, op_names: Sequence[str | None]) -> bool:

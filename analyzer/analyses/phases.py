@@ -314,7 +314,7 @@ def split_phases(
                 idx, df, launch_ts, launched, execs, step, phase, tokens, warnings, tid
             )
         else:
-            rows = _steps_from_structure(idx, df, kernels, shapes, step, phase, tokens, tid)
+            rows = _steps_from_structure(idx, df, kernels, shapes, step, phase, tokens, tid, warnings)
         step_rows.extend(rows)
     steps = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     return phase, step, tokens, steps, warnings
@@ -514,6 +514,7 @@ def _steps_from_structure(
     phase: np.ndarray,
     tokens: np.ndarray,
     tid: int,
+    warnings: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     stages = df["stage"][idx]
     starts = _graph_launch_start(
@@ -541,6 +542,13 @@ def _steps_from_structure(
     if not segments:
         return []
     labels = label_steps(segments, df, shapes.get(int(tid)))
+    doubt = unshaped_prefill_runs(labels)
+    if doubt and warnings is not None:
+        warnings.append(
+            f"trace {tid}: {doubt} prefill steps follow another prefill step and no shapes were recorded: "
+            "under continuous batching or chunked prefill any of them may also hold decode tokens "
+            "(mixed); capture with record_shapes=True to count each step's prefill and decode tokens"
+        )
     rows = []
     k_start = df["start"]
     for s, seg in enumerate(segments):
@@ -600,6 +608,17 @@ def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarra
             pre, dec = tok - d_packed, d_packed
         out.append(StepLabel(str(ph), tok, pre, dec, model, verify))
     return out
+
+
+def unshaped_prefill_runs(labels: Sequence[StepLabel]) -> int:
+    """How many prefill steps without token counts (told from kernels, not shapes) come right after
+    another prefill step: back-to-back forwards over many tokens are a continuous batcher's or a
+    chunked prefill's, and kernels alone cannot tell a pure prompt chunk from one beside decodes."""
+    return sum(
+        1
+        for a, b in zip(labels, labels[1:], strict=False)
+        if a.phase == b.phase == "prefill" and b.tokens is None
+    )
 
 
 def packed_decode_tokens(
