@@ -292,6 +292,11 @@ def split_phases(
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
         "name": _name_codes(kernels),
         "lm_rows": _lm_head_rows(kernels, host_ops),
+        "layer": (
+            kernels["layer"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            if "layer" in kernels.column_names
+            else np.full(n, -1, np.int64)
+        ),
     }
     launch_ts, launched = _launch_times(kernels, host_ops)
     df["launch"], df["launched"] = launch_ts, launched
@@ -586,18 +591,22 @@ def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarra
         if d is not None and hits[i] is not None:
             q = hits[i][1]
             phases[i] = "prefill" if d == 0 else "decode" if d == q else "mixed"
-    models = _models(hits, phases)
+    depth = [int(df["layer"][seg].max()) + 1 if "layer" in df and len(seg) else 0 for seg in segments]
+    models = _models(hits, phases, depth)
     # graph-replayed decode steps record no shapes: with static batching each sequence of the
     # prefill batch adds one token per decode step
     batches = {h[0] for h, p in zip(hits, phases, strict=True) if h is not None and p == "prefill"}
     batch = batches.pop() if len(batches) == 1 else None
+    speculative = "draft" in models
     out = []
     for h, ph, model, pk, d_packed in zip(hits, phases, models, packed, decodes, strict=True):
         tok = verify = None
         if h is not None:
             b, q = h[0], h[1]
             tok = q * (b if b > 0 else 1)
-            if ph == "decode" and q > 1 and model == "target" and not pk:
+            # a target's multi-token decode step verifies a speculation: unpacked, or beside a
+            # draft model (the LM head scores every candidate, which looks packed)
+            if ph == "decode" and q > 1 and model == "target" and (not pk or speculative):
                 verify = q
         elif ph == "decode" and batch:
             tok = batch
@@ -729,14 +738,27 @@ def _gemm_rows(op: str | None, dims: Any) -> int:
     return int(np.prod(a[:-1]))
 
 
-def _models(hits: list[tuple[int, int, int, tuple[int, int]] | None], phases: list[str | None]) -> list[str]:
+def _models(
+    hits: list[tuple[int, int, int, tuple[int, int]] | None],
+    phases: list[str | None],
+    depth: Sequence[int] = (),
+) -> list[str]:
     """``target`` or ``draft`` per step. Speculative decoding runs two models whose decode steps
-    interleave: their attention ops differ in count (layers) and head size; the larger is the target."""
+    interleave: their attention ops differ in count (layers) and head size; the larger is the target.
+    Without shapes, by the decoder layers the walk numbered in each step (``depth``): two depths
+    whose decode steps alternate, each seen at least twice; the shallower model is the draft."""
     keys = {h[3] for h, p in zip(hits, phases, strict=True) if h is not None and p == "decode"}
-    if len(keys) < 2:
+    if len(keys) >= 2:
+        target = max(keys)
+        return ["draft" if h is not None and h[3] in keys and h[3] != target else "target" for h in hits]
+    if keys or len(depth) != len(hits):
         return ["target"] * len(hits)
-    target = max(keys)
-    return ["draft" if h is not None and h[3] in keys and h[3] != target else "target" for h in hits]
+    seq = [d for d, p in zip(depth, phases, strict=True) if p == "decode" and d > 0]
+    kinds = sorted(set(seq))
+    switches = sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b)
+    if len(kinds) != 2 or min(seq.count(k) for k in kinds) < 2 or switches < 3:
+        return ["target"] * len(hits)
+    return ["draft" if d == kinds[0] else "target" for d in depth]
 
 
 MAX_STAGING_FILLS = 4
