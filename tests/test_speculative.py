@@ -13,12 +13,14 @@ import pytest
 
 from analyzer.cli.check_cmd import analyze_stripped
 
-CASE = Path(__file__).resolve().parents[1] / "fixtures" / "zoo" / "llama-assisted-bf16"
+ZOO = Path(__file__).resolve().parents[1] / "fixtures" / "zoo"
+CASE = ZOO / "llama-assisted-bf16"
+NOSHAPE_CASE = ZOO / "llama-assisted-noshape-bf16"  # captured without record_shapes
 SHAPE_ARGS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 
 
-def truth_models() -> list[str]:
-    steps = json.loads((CASE / "meta.json").read_text(encoding="utf-8"))["steps"]
+def truth_models(case: Path = CASE) -> list[str]:
+    steps = json.loads((case / "meta.json").read_text(encoding="utf-8"))["steps"]
     return ["draft" if re.search(r"\bmodel=draft\b", s) else "target" for s in steps]
 
 
@@ -55,3 +57,9 @@ def test_draft_and_target_steps_without_shapes_from_the_layer_count(without_shap
     assert steps["model"].tolist() == truth_models()
     # no shapes: no token counts, so no verify width is claimed
     assert steps["verify_k"].isna().all()
+
+
+def test_draft_and_target_steps_of_a_capture_without_shapes() -> None:
+    steps = analyze_stripped(str(NOSHAPE_CASE / "trace.json.gz"), False, (), None, None).steps
+    assert steps["model"].tolist() == truth_models(NOSHAPE_CASE)
+    assert "draft" in steps["model"].tolist()

@@ -61,6 +61,16 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"assistant": DRAFT, "batch": 1, "new_tokens": 12},
         "assisted generation with a 1-layer draft (batch 1)",
     ),
+    "llama-cb-many-sdpa-bf16": (
+        LLAMA,
+        {"mode": "continuous-batching", "attn": "paged|sdpa", "requests": 8, "prompt": 40, "new_tokens": 4},
+        "continuous batching of 8 requests: some finish while later prompts are still prefilled",
+    ),  # fmt: skip
+    "llama-assisted-noshape-bf16": (
+        LLAMA,
+        {"assistant": DRAFT, "batch": 1, "new_tokens": 12, "shapes": False},
+        "assisted generation without recorded shapes (draft / target told apart by layers)",
+    ),
     "llama-forward-bf16": (LLAMA, {"mode": "forward", "shapes": False}, "one forward pass"),
     "qwen2-sampling-bf16": ({"model_type": "qwen2", **_GQA}, {"sampling": True}, "qkv bias; sampling"),
     "qwen2-cb-paged-eager-bf16": (
