@@ -53,6 +53,8 @@ def _worst(r: dict[str, Any]) -> str:
         )
     for d in r["disagreements"]["phase"][:1]:
         out.append(f"phase {d['analyzer']}→{d['truth']} ({_pct(d['share'])}%)")
+    if r["phase"].get("undecided"):
+        out.append(f"phase left unknown on {_pct(r['phase']['undecided'])}%")
     return "; ".join(out).replace("|", "\\|")
 
 

@@ -378,3 +378,10 @@ def test_a_shared_experts_gated_product_is_its_activation() -> None:
     product = 1 + moe.index(mul)
     # THEN the product between the up and the down GEMM is the activation's, not the dispatch's
     assert stage[product] == "activation"
+
+
+def test_a_cast_before_the_next_projection_is_no_cache_write() -> None:
+    # GIVEN the generic kernels between q_proj (after its q norm) and k_proj: one cast (copy_)
+    kv, attention = _kv_update_positions((("bf16_copy", "aten::copy_"),), (WEAK_WRITE,), False)
+    # THEN nothing is the KV-cache update (that needs cat / store ops before attention)
+    assert kv == frozenset() and attention == frozenset()

@@ -15,6 +15,7 @@ from analyzer.analyses.phases import (
     StepAnnotation,
     StepLabel,
     _label_from_signature,
+    _padded_or_replayed,
     forward_starts,
     merge_nested,
     packed_decode_tokens,
@@ -220,3 +221,18 @@ def test_back_to_back_prefills_without_token_counts_are_in_doubt() -> None:
     assert unshaped_prefill_runs(told) == 2
     assert unshaped_prefill_runs([StepLabel("prefill"), StepLabel("decode"), StepLabel("prefill")]) == 0
     assert unshaped_prefill_runs([StepLabel("prefill", 48), StepLabel("prefill", 48, 48, 0)]) == 0
+
+
+def test_padded_packed_steps_and_their_graph_replays_have_no_phase() -> None:
+    # GIVEN a continuous batcher's steps: two eager packed steps whose key length is the cache's
+    # size both times (padded for its CUDA graph), then two graph replays without shapes
+    segments = [np.arange(0, 2), np.arange(2, 4), np.arange(4, 6), np.arange(6, 8)]
+    df = {"graph": np.array([False] * 4 + [True] * 4)}
+    hits = [(1, 48, 1680, (2, 32)), (1, 48, 1680, (2, 32)), None, None]
+    # THEN none of them is labelled
+    assert _padded_or_replayed(segments, df, hits, [True, True, False, False]) == [0, 1, 2, 3]
+    # GIVEN packed steps whose key length grows (real, unpadded): only the replays are undecided
+    hits = [(1, 48, 96, (2, 32)), (1, 48, 144, (2, 32)), None, None]
+    assert _padded_or_replayed(segments, df, hits, [True, True, False, False]) == [2, 3]
+    # GIVEN no packed step at all (static batching): graph replays keep their decode label
+    assert _padded_or_replayed(segments, df, [(2, 48, 48, (2, 32)), None, None, None], [False] * 4) == []

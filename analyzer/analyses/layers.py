@@ -700,9 +700,10 @@ def _kv_update_positions(
         if end < n:
             first_writes = [j for j in range(end, n) if writes[j] == STRONG_WRITE][:KV_WRITES]
             return frozenset(first_writes), frozenset()
+        # no repeated RoPE sequence: the first two cat / store ops; plain copies before a GEMM
+        # are casts (a q/k norm's, say), never the update
         strong = [j for j in range(n) if writes[j] == STRONG_WRITE]
-        if len(strong) > KV_WRITES:  # no repeated RoPE sequence: the first two cat / store ops
-            return frozenset(strong[:KV_WRITES]), frozenset()
+        return frozenset(strong[:KV_WRITES] if len(strong) >= KV_WRITES else ()), frozenset()
     reads: frozenset[int] = frozenset()
     gathered: set[int] = set()
     if n and writes[n - 1] in (WEAK_WRITE, CACHE_READ):

@@ -292,6 +292,7 @@ def split_phases(
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
         "name": _name_codes(kernels),
         "lm_rows": _lm_head_rows(kernels, host_ops),
+        "graph": kernels["graph_launch"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool),
         "layer": (
             kernels["layer"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
             if "layer" in kernels.column_names
@@ -546,7 +547,7 @@ def _steps_from_structure(
     segments = [idx[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     if not segments:
         return []
-    labels = label_steps(segments, df, shapes.get(int(tid)))
+    labels = label_steps(segments, df, shapes.get(int(tid)), warnings, tid)
     doubt = unshaped_prefill_runs(labels)
     if doubt and warnings is not None:
         warnings.append(
@@ -569,11 +570,22 @@ def _steps_from_structure(
     return rows
 
 
-def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarray] | None) -> list[StepLabel]:
+def label_steps(
+    segments: list[np.ndarray],
+    df: Any,
+    shapes: dict[str, np.ndarray] | None,
+    warnings: list[str] | None = None,
+    tid: int = 0,
+) -> list[StepLabel]:
     """The label of each unannotated step: from its attention ops' shapes where recorded
     (:func:`phase_from_shape`), else from the kernels' signature (:func:`_label_from_signature`);
     the model (``draft`` where a second, smaller model's steps interleave with the target's, told by
-    the attention ops' count and head size) and the verify width of multi-token decode steps."""
+    the attention ops' count and head size) and the verify width of multi-token decode steps.
+
+    A continuous batcher that replays CUDA graphs pads every step to the graph's sizes: packed steps
+    whose key length never changes are padded (their shapes say nothing of their tokens), and a
+    graph replay in a run of packed steps may hold prompt chunks as well as decodes. Such steps get
+    ``unknown`` and a warning, not a guess."""
     hits = [_step_shapes(seg, df, shapes) for seg in segments]
     rows_out = [int(df["lm_rows"][seg].max()) if len(seg) else -1 for seg in segments]
     packed = [h is not None and _is_packed(h[0], r) for h, r in zip(hits, rows_out, strict=True)]
@@ -584,6 +596,16 @@ def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarra
     if any(p is None for p in phases):
         sig = _label_from_signature(segments, df)
         phases = [p if p is not None else sig[i] for i, p in enumerate(phases)]
+    undecided = _padded_or_replayed(segments, df, hits, packed)
+    for i in undecided:
+        phases[i] = "unknown"
+    if undecided and warnings is not None:
+        warnings.append(
+            f"trace {tid}: {len(undecided)} steps of a continuous batcher have no phase: their attention "
+            "ops are padded to fixed sizes or replayed from a CUDA graph, so they show neither their "
+            "prompt nor their decode tokens (capture without CUDA graphs, or with engine step "
+            "annotations, to tell them)"
+        )
     decodes = packed_decode_tokens(
         [(h[1], h[2], r) if h is not None else None for h, r in zip(hits, rows_out, strict=True)], packed
     )
@@ -617,6 +639,26 @@ def label_steps(segments: list[np.ndarray], df: Any, shapes: dict[str, np.ndarra
             pre, dec = tok - d_packed, d_packed
         out.append(StepLabel(str(ph), tok, pre, dec, model, verify))
     return out
+
+
+def _padded_or_replayed(
+    segments: list[np.ndarray],
+    df: Any,
+    hits: Sequence[tuple[int, int, int, tuple[int, int]] | None],
+    packed: Sequence[bool],
+) -> list[int]:
+    """Steps of a continuous batcher whose phase the trace cannot show: packed steps whose key
+    length is the same on every one of them (two or more: padded to the cache's size), and, in a
+    run with packed steps, graph replays without shapes."""
+    at = [i for i, pk in enumerate(packed) if pk]
+    if not at:
+        return []
+    padded = len(at) >= 2 and len({hits[i][2] for i in at if hits[i] is not None}) == 1
+    out = list(at) if padded else []
+    for i, seg in enumerate(segments):
+        if hits[i] is None and len(seg) and df["graph"][seg].mean() > 0.5:
+            out.append(i)
+    return sorted(out)
 
 
 def unshaped_prefill_runs(labels: Sequence[StepLabel]) -> int:

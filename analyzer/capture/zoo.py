@@ -66,6 +66,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"mode": "continuous-batching", "attn": "paged|sdpa", "requests": 8, "prompt": 40, "new_tokens": 4},
         "continuous batching of 8 requests: some finish while later prompts are still prefilled",
     ),  # fmt: skip
+    "llama-cb-graphs-sdpa-bf16": (
+        LLAMA,
+        {"mode": "continuous-batching", "attn": "paged|sdpa", "cuda_graphs": True},
+        "continuous batching with its steps replayed from CUDA graphs",
+    ),  # fmt: skip
     "llama-assisted-noshape-bf16": (
         LLAMA,
         {"assistant": DRAFT, "batch": 1, "new_tokens": 12, "shapes": False},
@@ -100,6 +105,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         "sandwich + q/k norms, local/global layers",
     ),  # fmt: skip
     "olmo2-sdpa-fp32": ({"model_type": "olmo2", **_GQA}, {"dtype": "fp32"}, "post-norms, q/k norms, fp32"),
+    "olmo2-noshape-bf16": (
+        {"model_type": "olmo2", **_GQA},
+        {"shapes": False},
+        "post-norms, q/k norms, bf16, without shapes",
+    ),  # fmt: skip
     "phi3-sdpa-bf16": ({"model_type": "phi3", **_GQA, "pad_token_id": 0}, {}, "fused qkv and fused gate/up"),
     "gpt2-sdpa-fp16": (
         {
@@ -167,6 +177,11 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"model_type": "qwen2_moe", **_GQA, **MOE, "shared_expert_intermediate_size": 128},
         {"experts": "batched_mm"},
         "MoE with a gated shared expert, experts as bmm",
+    ),  # fmt: skip
+    "qwen2-moe-loop-noshape-bf16": (
+        {"model_type": "qwen2_moe", **_GQA, **MOE, "shared_expert_intermediate_size": 128},
+        {"experts": "eager", "shapes": False},
+        "MoE with a gated shared expert, experts as a loop, without shapes",
     ),  # fmt: skip
     "qwen3-moe-grouped-bf16": (
         {"model_type": "qwen3_moe", **_GQA, **MOE, "head_dim": 32},

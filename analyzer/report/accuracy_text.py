@@ -26,6 +26,9 @@ def render_text(report: Mapping[str, Any], stream: Any) -> None:
         v = report[k]
         w(f"  {k:<9} {_pct(v['agreement']):>7} of {v['time_ns'] / 1e6:.3f} ms with truth "
           f"({v['kernels']} kernels, {_pct(v['coverage'])} of kernel time)\n")  # fmt: skip
+        if k == "phase" and v.get("undecided"):
+            w(f"            {_pct(v['undecided'])} left unknown (the analysis says it cannot tell); "
+              f"{_pct(v.get('decided_agreement'))} where a phase was given\n")  # fmt: skip
     if report.get("unmatched"):
         w(f"  warning: {report['unmatched']} analysed kernels have no raw-trace match\n")
     if report["regions"]:

@@ -220,6 +220,7 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
     bad_stage: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
     bad_phase: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
     unmatched = 0
+    undecided = 0  # phase-truth time the analysis left unknown (said it cannot tell)
     for i in range(n):
         j = key.get((cols["correlation"][i], cols["start_ns"][i]))
         if j is None:
@@ -248,6 +249,8 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
             acc["phase"][0] += d if good else 0
             acc["phase"][1] += d
             acc["phase"][2] += 1
+            if cols["phase"][i] == "unknown":
+                undecided += d
             if not good:
                 b = bad_phase[(cols["name"][i], str(cols["phase"][i]), t_phase[j])]
                 b[0] += d
@@ -260,6 +263,10 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
     }
     for k, (ok_t, t, cnt) in acc.items():
         report[k] = {"agreement": _frac(ok_t, t), "time_ns": t, "kernels": cnt, "coverage": _frac(t, total)}
+    # an unknown phase is counted as a disagreement above; these two keep "cannot tell" apart from
+    # a wrong answer: the share left unknown, and the agreement where a phase was given
+    report["phase"]["undecided"] = _frac(undecided, acc["phase"][1])
+    report["phase"]["decided_agreement"] = _frac(acc["phase"][0], acc["phase"][1] - undecided)
     report["regions"] = [
         {"region": r, "time_ns": v[1], "kernels": v[2], "stage_agreement": _frac(v[0], v[1])}
         for r, v in sorted(regions.items(), key=lambda kv: -kv[1][1])
