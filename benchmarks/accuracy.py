@@ -92,7 +92,12 @@ def write_doc(text: str) -> None:
 
 def pins(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        row["case"]: {k: row["report"][k]["agreement"] for k in ("stage", "category", "phase")}
+        row["case"]: {
+            **{k: row["report"][k]["agreement"] for k in ("stage", "category", "phase")},
+            # floor: agreement where a phase was given; ceiling: the share left unknown
+            "phase_decided": row["report"]["phase"]["decided_agreement"],
+            "phase_undecided": row["report"]["phase"]["undecided"],
+        }
         for row in sorted(rows, key=lambda x: x["case"])
     }
 

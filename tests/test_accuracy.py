@@ -215,6 +215,13 @@ def test_zoo_accuracy_holds_its_pinned_floor(case: str) -> None:
         assert floor is None or (got is not None and got >= floor - 1e-6), (
             f"{case} {k}: {got} < pinned {floor}"
         )
+    # where the analysis gives a phase it stays as right as pinned, and what it leaves unknown
+    # does not grow: abstaining must not turn into guessing, nor guessing into silence
+    floor = PINS[case].get("phase_decided")
+    got = r["phase"]["decided_agreement"]
+    assert floor is None or (got is not None and got >= floor - 1e-6), f"{case} decided: {got} < {floor}"
+    ceiling = PINS[case].get("phase_undecided") or 0.0
+    assert (r["phase"]["undecided"] or 0.0) <= ceiling + 1e-6, f"{case} undecided above {ceiling}"
 
 
 @pytest.mark.parametrize("case", CASES)

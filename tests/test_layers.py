@@ -322,9 +322,26 @@ def test_a_gemm_with_no_attention_anywhere_is_reported():
 def test_post_norm_first_projection_is_qkv_but_the_rotary_product_is_not() -> None:
     # GIVEN a GEMM before the first layer with no norm before it and attention ahead (OLMo-2's
     # post-norm blocks: layer 0's q_proj opens the forward)
-    assert _role("pre", "flash_attention", False, False, 3) == ("qkv_gemm", "attn_in", 4)
-    # GIVEN the same, but a RoPE kernel (cos / sin) right after it: the rotary module's product
-    assert _role("pre", "flash_attention", False, False, 3, rotary_next=True) == ("gemm", "pre", 3)
+    assert _role("pre", "flash_attention", False, False, 3, opens_forward=True) == ("qkv_gemm", "attn_in", 4)
+    # GIVEN the same, but not the first GEMM after an embedding (a trace that begins mid-forward),
+    # or with a RoPE kernel (cos / sin) right after it (the rotary module's product): no role
+    assert _role("pre", "flash_attention", False, False, 3) == ("gemm", "pre", 3)
+
+
+def test_walk_post_norm_forward_and_a_trace_that_begins_mid_layer() -> None:
+    # GIVEN an embedding, the rotary module (its frequency GEMM, then cos / sin), and post-norm
+    # layers: q_proj, q norm, k_proj, k norm, v_proj, RoPE, attention, o_proj, post norm, MLP
+    cos: Kernel = ("rope", "cos_kernel_cuda", "aten::cos")
+    cast: Kernel = ("elementwise", "direct_copy_kernel_cuda", "aten::copy_")  # inv_freq expanded
+    post = [GEMM, NORM, GEMM, NORM, GEMM, ROPE, ATTN, GEMM, NORM, ADD, GEMM, ACT, GEMM, NORM, ADD]
+    stage, _ = walk(HEAD + [cast, GEMM, cos] + post * 2 + TAIL)
+    # THEN the frequency GEMM is RoPE and layer 0's first projection is a QKV GEMM
+    assert stage[2] == "rope"
+    assert stage[4] == "qkv_gemm" and stage[6] == "qkv_gemm"
+    # GIVEN the same layers without the embedding (the capture began inside a forward): the first
+    # GEMM with attention ahead stays role-free
+    stage, _ = walk(post[7:] + post + TAIL)
+    assert stage[0] == "gemm"
 
 
 def test_copies_after_the_cache_writes_are_the_attentions_and_gathers_the_caches() -> None:
@@ -373,11 +390,14 @@ def test_a_shared_experts_gated_product_is_its_activation() -> None:
     mul: Kernel = ("elementwise", "vectorized_elementwise_kernel<MulFunctor>", "aten::mul")
     topk: Kernel = ("moe_topk", "topkGatingSoftmax", None)
     expert: Kernel = ("moe_expert_gemm", "grouped_gemm", None)
-    moe = LAYER[:7] + [NORM, GEMM, topk, expert, expert, GEMM, ACT, GEMM, mul, GEMM, ADD, ADD]
+    gather: Kernel = ("elementwise", "index_elementwise_kernel", "aten::index")
+    moe = LAYER[:7] + [NORM, GEMM, topk, gather, expert, expert, GEMM, ACT, GEMM, mul, GEMM, ADD, ADD]
     stage, _ = walk(HEAD + moe * 2 + TAIL)
     product = 1 + moe.index(mul)
-    # THEN the product between the up and the down GEMM is the activation's, not the dispatch's
+    # THEN the product between the up and the down GEMM is the activation's, not the dispatch's,
+    # while the routed experts' token gather stays the dispatch's
     assert stage[product] == "activation"
+    assert stage[1 + moe.index(gather)] == "moe_sort"
 
 
 def test_a_cast_before_the_next_projection_is_no_cache_write() -> None:

@@ -14,6 +14,8 @@ from analyzer.analyses.phases import (
     PREFILL_WORK_RATIO,
     StepAnnotation,
     StepLabel,
+    _depth_models,
+    _is_packed,
     _label_from_signature,
     _padded_or_replayed,
     forward_starts,
@@ -236,3 +238,35 @@ def test_padded_packed_steps_and_their_graph_replays_have_no_phase() -> None:
     assert _padded_or_replayed(segments, df, hits, [True, True, False, False]) == [2, 3]
     # GIVEN no packed step at all (static batching): graph replays keep their decode label
     assert _padded_or_replayed(segments, df, [(2, 48, 48, (2, 32)), None, None, None], [False] * 4) == []
+
+
+def test_packing_is_more_lm_head_rows_than_sequences_but_fewer_than_tokens() -> None:
+    assert _is_packed(1, 48, 4)  # four requests' 48 tokens in one attention call
+    assert not _is_packed(1, 48, 48)  # a prefill scoring every position (full logits)
+    assert not _is_packed(1, 2, 2)  # a speculation's verify scoring both candidates
+    assert not _is_packed(2, 32, 64)  # two sequences, every position scored
+    assert not _is_packed(4, 1, 4)  # plain batched decode
+
+
+def test_identical_prefills_and_unknown_key_lengths_are_not_padding() -> None:
+    segments = [np.arange(0, 2), np.arange(2, 4)]
+    df = {"graph": np.zeros(4, bool)}
+    # GIVEN two packed prefills of new prompts (keys as long as the queries) or unknown key lengths
+    for kv in (48, -1):
+        hits = [(1, 48, kv, (2, 32)), (1, 48, kv, (2, 32))]
+        # THEN they are not padded steps of a graph
+        assert _padded_or_replayed(segments, df, hits, [True, True]) == []
+
+
+def test_a_full_step_without_a_budget_cap_leaves_the_split_undecided() -> None:
+    # GIVEN prompts A + B in one 80-token step (the largest step, reached once), then A and B
+    # continue beside a new 40-token prompt: cut or not, both readings fit
+    assert packed_decode_tokens([(80, 80, 2), (42, 122, 3)], [True, True]) == [0, None]
+
+
+def test_two_alternating_depths_are_draft_and_target() -> None:
+    assert _depth_models([1, 2, 1, 2, 1, 2]) == ["draft", "target"] * 3
+    assert _depth_models([2, 2, 2, 2]) is None  # one model
+    assert _depth_models([1, 2, 2, 2, 1, 1]) is None  # two switches: phases of one run, not a pair
+    assert _depth_models([3, 4, 3, 4, 3, 4]) is None  # similar depths: not a draft beside a target
+    assert _depth_models([1, 2, 0, 1, 2, 1, 2]) == ["draft", "target", "target"] + ["draft", "target"] * 2

@@ -263,14 +263,15 @@ def walk_sequence(
     after = op_last + 1
     at = _next_where(anchor, after).tolist()
     follow = [st[q] if q < n else "" for q in at]
-    at = _next_where(anchor | gemm, after).tolist()
+    next_anchor_or_gemm = _next_where(anchor | gemm, after)
+    at = next_anchor_or_gemm.tolist()
     lead = [("gemm" if not anchor[q] else st[q]) if q < n else "" for q in at]
     # a router GEMM ends the MLP before it (Qwen2-MoE runs its shared expert first)
     at = _next_where(gemm | blocker | router, after).tolist()
     gemm_ahead = [q < n and bool(gemm[q]) and not router[q] for q in at]
     # a RoPE-named kernel (the rotary module's cos / sin) right after a GEMM op, before the next
     # GEMM or anchor: the GEMM is the rotary module's frequency product, not a projection
-    rotary_next = (_next_where(stages(("rope",)), after) < _next_where(anchor | gemm, after)).tolist()
+    rotary_next = (_next_where(stages(("rope",)), after) < next_anchor_or_gemm).tolist()
     op_index = np.full(n + 1, -1, np.int64)  # position -> the GEMM op starting there
     op_index[op_first] = np.arange(len(op_first))
     # only these positions change the walk's state; the runs between them take the region as it is
@@ -280,6 +281,7 @@ def walk_sequence(
     region = "pre"
     layer_no = -1
     norm_seen = False
+    fresh = False  # no GEMM op since an embedding lookup (a trace may begin mid-forward)
     region_of = [""] * n
     layer_of = [-1] * n  # lists: numpy item assignment per kernel is slower
     p = 0
@@ -300,9 +302,11 @@ def walk_sequence(
                 role, region = "moe_gate_gemm", "moe"
             else:
                 routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
+                opens = fresh and not rotary_next[k]
                 role, region, layer_no = _role(
-                    region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next, rotary_next[k]
+                    region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next, opens
                 )
+            fresh = fresh and bool(rotary_next[k])  # the rotary module's product opens nothing
             norm_seen = False
             for q in range(p, b + 1):
                 if stage[rows[q]] in GEMM_STAGES:
@@ -312,7 +316,7 @@ def walk_sequence(
             p = b + 1
             continue
         if s == "embedding":
-            region, layer_no, norm_seen = "pre", -1, False
+            region, layer_no, norm_seen, fresh = "pre", -1, False, True
         elif s in ATTENTION:
             region, norm_seen = "attn", False
         elif s in _MOE_ROUTING and region in ("attn_out", "mlp_in", "moe"):
@@ -512,9 +516,10 @@ def _role(
     norm_seen: bool,
     layer_no: int,
     routing_next: bool = False,
-    rotary_next: bool = False,
+    opens_forward: bool = False,
 ) -> tuple[str, str, int]:
-    """(role, new region, layer number) of a GEMM from where we are and what comes next."""
+    """(role, new region, layer number) of a GEMM from where we are and what comes next.
+    ``opens_forward``: the first GEMM op after an embedding lookup, no RoPE kernel right after it."""
     if region == "attn":
         return "o_gemm", "attn_out", layer_no
     if region == "attn_in":
@@ -534,7 +539,7 @@ def _role(
         return "qkv_gemm", "attn_in", layer_no + 1
     if norm_seen and follow in ("sampling", "embedding", ""):
         return "lm_head_gemm", "tail", layer_no
-    if region == "pre" and follow in ATTENTION and not rotary_next:
+    if region == "pre" and follow in ATTENTION and opens_forward:
         # the first projection of a post-norm block (OLMo-2: no norm before layer 0's q_proj)
         return "qkv_gemm", "attn_in", layer_no + 1
     return "gemm", region, layer_no
@@ -683,9 +688,10 @@ def _kv_update_positions(
     are the attention's own input copies.
 
     ``tokens`` (kernel name, launching op) and ``writes`` (:func:`_write_kind`) per generic kernel of
-    the region, in order. Plain copies after the last strong write (a cat / index_copy_ / named
-    store) are the attention's: the ``.contiguous()`` copies of the attention interface, a paged
-    cache's gathered keys and values; the update is then found before them. The update ends the
+    the region, in order. Where only plain copies and gathers follow the last strong write (a cat /
+    index_copy_ / named store), the gathers are the update's (a paged cache hands back its keys and
+    values) and the copies the attention's (the attention interface's ``.contiguous()`` copies); the
+    update is then found before them. The update ends the
     region with the last two write ops (keys and values). RoPE applies one kernel sequence to q and then to k: the last such repeated
     sequence (its unit holds more than write ops) ends RoPE; the generic work between it and the
     two writes (a static cache's lazy fills, its index arithmetic) is the update's, except further
@@ -728,10 +734,15 @@ def _kv_update_positions(
     return frozenset(out), reads
 
 
+MAX_SQUARE_SEARCH = 256  # generic kernels of one region part; RoPE on q and k takes a few dozen
+
+
 def _last_square_end(tokens: tuple[Any, ...], writes: tuple[int, ...], limit: int) -> int:
     """End of the last back-to-back repeated block (unit of >= 2 kernels, not only writes) found
     greedily from the start of ``tokens[:limit]``; ``limit`` when there is none. A kernel is its
     launching op where known (the same op on q and on k may pick another vectorized kernel)."""
+    if limit > MAX_SQUARE_SEARCH:
+        return limit  # an unrecognised stretch, not a RoPE region: the search is quadratic and more
     tokens = tuple(t[1] or t[0] for t in tokens)
     s, end = 0, None
     while s < limit:

@@ -12,9 +12,16 @@ Contract (DESIGN §4), strongest source first:
    first kernel of every forward (the embedding lookup, or the first layer's input norm when there is
    no embedding kernel), so sampling and bookkeeping after a forward belong to that forward's step.
    Without any forward structure, idle gaps cut steps.
-3. **Labels** for unannotated steps: the attention op's query length from host-op shapes when
-   recorded (q > 1 -> prefill, q == 1 -> decode); else the kernels' own signature: a step whose
-   typical GEMM / attention kernel runs many times longer than the run's shortest steps is a prefill.
+3. **Labels** for unannotated steps: the attention op's query and key lengths from host-op shapes
+   when recorded (one query token per sequence, or a few appended to a longer cache: decode; else
+   prefill); packed continuous-batching steps count their decode tokens by request bookkeeping
+   across steps (:func:`packed_decode_tokens`: prefill, decode or mixed); else the kernels' own
+   signature: a step whose typical GEMM / attention kernel runs many times longer than the run's
+   shortest steps is a prefill (within each model where a draft's and a target's steps alternate).
+   Steps a trace cannot tell (padded to a CUDA graph's sizes, or replayed from one, in a continuous
+   batcher) are ``unknown`` with a warning.
+4. **Models**: ``draft`` / ``target`` by the attention ops' count and head size, or without shapes
+   by the decoder layers each step ran; ``verify_k`` for a target's multi-token decode steps.
 
 Annotation names are matched by the patterns in ``rules/annotations.toml``; the analyser never
 looks at any other annotation (in particular never at test labels).
@@ -294,9 +301,9 @@ def split_phases(
         "lm_rows": _lm_head_rows(kernels, host_ops),
         "graph": kernels["graph_launch"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool),
         "layer": (
-            kernels["layer"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            kernels["layer"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
             if "layer" in kernels.column_names
-            else np.full(n, -1, np.int64)
+            else np.full(n, -1, np.int32)
         ),
     }
     launch_ts, launched = _launch_times(kernels, host_ops)
@@ -526,7 +533,7 @@ def _steps_from_structure(
     starts = _graph_launch_start(
         forward_starts(stages),
         df["corr"][idx],
-        kernels["graph_launch"].to_numpy(zero_copy_only=False)[idx],
+        df["graph"][idx],
         df["fill"][idx],
     )
     source = "forward"
@@ -588,15 +595,24 @@ def label_steps(
     ``unknown`` and a warning, not a guess."""
     hits = [_step_shapes(seg, df, shapes) for seg in segments]
     rows_out = [int(df["lm_rows"][seg].max()) if len(seg) else -1 for seg in segments]
-    packed = [h is not None and _is_packed(h[0], r) for h, r in zip(hits, rows_out, strict=True)]
+    packed = [h is not None and _is_packed(h[0], h[1], r) for h, r in zip(hits, rows_out, strict=True)]
     phases: list[str | None] = [
         None if h is None else phase_of_packed(h[1], h[2], r) if pk else phase_from_shape(*h[:3])
         for h, r, pk in zip(hits, rows_out, packed, strict=True)
     ]
+    depth = [int(df["layer"][seg].max()) + 1 if "layer" in df and len(seg) else 0 for seg in segments]
     if any(p is None for p in phases):
-        sig = _label_from_signature(segments, df)
+        sig = _signature_by_model(segments, df, depth)
         phases = [p if p is not None else sig[i] for i, p in enumerate(phases)]
-    undecided = _padded_or_replayed(segments, df, hits, packed)
+    undecided = set(_padded_or_replayed(segments, df, hits, packed))
+    decodes = packed_decode_tokens(
+        [(h[1], h[2], r) if h is not None else None for h, r in zip(hits, rows_out, strict=True)],
+        [pk and i not in undecided for i, pk in enumerate(packed)],
+    )
+    for i, d in enumerate(decodes):
+        if d is not None and hits[i] is not None:
+            q = hits[i][1]
+            phases[i] = "prefill" if d == 0 else "decode" if d == q else "mixed"
     for i in undecided:
         phases[i] = "unknown"
     if undecided and warnings is not None:
@@ -606,14 +622,6 @@ def label_steps(
             "prompt nor their decode tokens (capture without CUDA graphs, or with engine step "
             "annotations, to tell them)"
         )
-    decodes = packed_decode_tokens(
-        [(h[1], h[2], r) if h is not None else None for h, r in zip(hits, rows_out, strict=True)], packed
-    )
-    for i, d in enumerate(decodes):
-        if d is not None and hits[i] is not None:
-            q = hits[i][1]
-            phases[i] = "prefill" if d == 0 else "decode" if d == q else "mixed"
-    depth = [int(df["layer"][seg].max()) + 1 if "layer" in df and len(seg) else 0 for seg in segments]
     models = _models(hits, phases, depth)
     # graph-replayed decode steps record no shapes: with static batching each sequence of the
     # prefill batch adds one token per decode step
@@ -650,10 +658,13 @@ def _padded_or_replayed(
     """Steps of a continuous batcher whose phase the trace cannot show: packed steps whose key
     length is the same on every one of them (two or more: padded to the cache's size), and, in a
     run with packed steps, graph replays without shapes."""
-    at = [i for i, pk in enumerate(packed) if pk]
+    at = [i for i, pk in enumerate(packed) if pk and hits[i] is not None]
     if not at:
         return []
-    padded = len(at) >= 2 and len({hits[i][2] for i in at if hits[i] is not None}) == 1
+    keys = {hits[i][2] for i in at}  # type: ignore[index]
+    longest = max(hits[i][1] for i in at)  # type: ignore[index]
+    # the same key length on every packed step, longer than any step's queries (not new prompts)
+    padded = len(at) >= 2 and len(keys) == 1 and min(keys) > longest
     out = list(at) if padded else []
     for i, seg in enumerate(segments):
         if hits[i] is None and len(seg) and df["graph"][seg].mean() > 0.5:
@@ -687,6 +698,9 @@ def packed_decode_tokens(
     finished in between, or the counts contradict each other, the split stays undecided (None)."""
     known = [t[0] for t in steps if t is not None and t[0] > 0]
     budget = max(known, default=0)
+    # a token budget shows as a cap that several steps reach; without that evidence a full-sized step
+    # may or may not have cut a prompt, and the split after it stays undecided
+    capped = known.count(budget) >= 2
     out: list[int | None] = [None] * len(steps)
     for i, (t, pk) in enumerate(zip(steps, packed, strict=True)):
         if t is None or not pk:
@@ -704,7 +718,10 @@ def packed_decode_tokens(
         if prev is None or kv < 0 or prev[1] <= 0 or prev[2] <= 0 or kv - q != prev[1]:
             continue
         prev_decode = out[i - 1] if packed[i - 1] else (0 if prev[0] > prev[2] else prev[0])
-        cut = int(prev[0] == budget and (prev_decode is None or prev_decode < prev[0]))
+        full = prev[0] == budget and (prev_decode is None or prev_decode < prev[0])
+        if full and not capped:
+            continue
+        cut = int(full)
         continued = prev[2]
         decode, new = continued - cut, rows - continued
         if decode >= 0 and new >= 0 and q - decode >= new + cut:
@@ -728,10 +745,12 @@ def phase_from_shape(batch: int, q: int, kv: int) -> str:
     return "prefill"
 
 
-def _is_packed(batch: int, rows_out: int) -> bool:
+def _is_packed(batch: int, q: int, rows_out: int) -> bool:
     """Several sequences packed into one attention call (continuous batching: HF's paged attention,
-    varlen kernels): the LM head scores more rows than the attention op has sequences."""
-    return rows_out > 1 and rows_out > max(batch, 1)
+    varlen kernels): the LM head scores more rows than the attention op has sequences, and fewer
+    than its query tokens (a forward that scores every position, full-logits prefill or a
+    speculation's verify, is one sequence per attention batch row, not a packing)."""
+    return rows_out > 1 and rows_out > max(batch, 1) and rows_out < q * max(batch, 1)
 
 
 def phase_of_packed(q: int, kv: int, rows_out: int) -> str:
@@ -780,6 +799,34 @@ def _gemm_rows(op: str | None, dims: Any) -> int:
     return int(np.prod(a[:-1]))
 
 
+def _signature_by_model(segments: list[np.ndarray], df: Any, depth: Sequence[int]) -> list[str]:
+    """:func:`_label_from_signature`, within each model of a speculative run told by its layer count
+    (:func:`_depth_models`): a large target's verify steps outweigh its draft's decode steps many
+    times and would all look like prefills beside them."""
+    models = _depth_models(depth)
+    if models is None:
+        return _label_from_signature(segments, df)
+    out = [""] * len(segments)
+    for name in ("draft", "target"):
+        at = [i for i, m in enumerate(models) if m == name]
+        for i, ph in zip(at, _label_from_signature([segments[i] for i in at], df), strict=True):
+            out[i] = ph
+    return out
+
+
+def _depth_models(depth: Sequence[int]) -> list[str] | None:
+    """``draft`` / ``target`` per step from the decoder layers each step ran, where exactly two
+    depths alternate (each at least twice, three switches or more, the shallower at most half the
+    deeper): a speculative run without shapes. None otherwise."""
+    seq = [d for d in depth if d > 0]
+    kinds = sorted(set(seq))
+    if len(kinds) != 2 or 2 * kinds[0] > kinds[1] or min(seq.count(k) for k in kinds) < 2:
+        return None
+    if sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b) < 3:
+        return None
+    return ["draft" if d == kinds[0] else "target" for d in depth]
+
+
 def _models(
     hits: list[tuple[int, int, int, tuple[int, int]] | None],
     phases: list[str | None],
@@ -787,20 +834,14 @@ def _models(
 ) -> list[str]:
     """``target`` or ``draft`` per step. Speculative decoding runs two models whose decode steps
     interleave: their attention ops differ in count (layers) and head size; the larger is the target.
-    Without shapes, by the decoder layers the walk numbered in each step (``depth``): two depths
-    whose decode steps alternate, each seen at least twice; the shallower model is the draft."""
+    Without shapes, by the decoder layers the walk numbered in each step (``depth``,
+    :func:`_depth_models`)."""
     keys = {h[3] for h, p in zip(hits, phases, strict=True) if h is not None and p == "decode"}
     if len(keys) >= 2:
         target = max(keys)
         return ["draft" if h is not None and h[3] in keys and h[3] != target else "target" for h in hits]
-    if keys or len(depth) != len(hits):
-        return ["target"] * len(hits)
-    seq = [d for d, p in zip(depth, phases, strict=True) if p == "decode" and d > 0]
-    kinds = sorted(set(seq))
-    switches = sum(1 for a, b in zip(seq, seq[1:], strict=False) if a != b)
-    if len(kinds) != 2 or min(seq.count(k) for k in kinds) < 2 or switches < 3:
-        return ["target"] * len(hits)
-    return ["draft" if d == kinds[0] else "target" for d in depth]
+    by_depth = _depth_models(depth) if not keys and len(depth) == len(hits) else None
+    return by_depth if by_depth is not None else ["target"] * len(hits)
 
 
 MAX_STAGING_FILLS = 4
