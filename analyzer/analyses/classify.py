@@ -384,8 +384,11 @@ def apply_op_hints(
     op_dims: dict[int, Any] | None = None,
 ) -> None:
     op_dims = op_dims or {}
+    # only ops the table names or that can be an embedding's gather matter: test each distinct op
+    # once, then visit just their kernels
+    wanted = {op: op in table or op in _GATHER_OPS for op in set(op_names) if op is not None}
     for i, op in enumerate(op_names):
-        if op is not None and stage[i] in GENERIC:
+        if op is not None and wanted[op] and stage[i] in GENERIC:
             d = op_dims.get(i)
             if _is_embedding_lookup(op, d):
                 stage[i] = "embedding"

@@ -238,12 +238,14 @@ def walk_sequence(
     by_name = {x: _norm_like("", x) for x in set(names)}
     normish = np.fromiter(map(by_name.__getitem__, names), bool, n)
     del names
-    normish |= np.fromiter((x == "norm" for x in st), bool, n)
     kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
     code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
 
     def stages(*sets: Any) -> np.ndarray:
+        """Per position: its stage (as ``st`` holds it) is in one of ``sets``."""
         return np.array([any(s in x for x in sets) for s in kinds], bool)[code]
+
+    normish |= stages(("norm",))
 
     gemm = stages(GEMM_STAGES)
     op_first, op_last = _gemm_ops(seq, gemm, norm, launch)
@@ -331,18 +333,20 @@ def walk_sequence(
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
     # one pass finds the positions the three fix-ups below look at (none relabels another's)
-    marks = [q for q, r in enumerate(rows) if stage[r] in ("sampling", "embedding", "rope")]
+    # (stages the walk itself sets are GEMM roles and moe_topk: only the candidates need a look)
+    marked = ("sampling", "embedding", "rope")
+    marks = [q for q in np.flatnonzero(stages(marked)).tolist() if stage[rows[q]] in marked]
     _demote_sampling_before_layers(rows, stage, region_of, marks)
     _label_embedding_scale(rows, stage, op_names, marks)
     for q in marks:
         if stage[rows[q]] == "rope" and region_of[q] == "tail":
             stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
-    was_generic = np.fromiter((x in GENERIC for x in st), bool, n)
+    was_generic = stages(GENERIC)
     shape = _norm_shape(rows, stage, norm, op_names, normish, was_generic)
     _label_generic(seq, stage, op_names, region_of, norm, normish, shape)
     _label_inner_norms(seq, stage, region_of, normish, was_generic, shape, norm)
     layer[seq] = layer_of
-    _shift_prologue_to_next_layer(seq, stage, layer)
+    _shift_prologue_to_next_layer(seq, stage, layer, op_first.tolist())
 
 
 # what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
@@ -574,12 +578,16 @@ def _label_generic(
     rows = seq.tolist()
     n = len(rows)
     clusters = _cluster_bounds(np.flatnonzero(normish)) if shape and normish is not None else None
-    p = 0
-    while p < n:
+    # the runs of one region and the generic kernels in each, found at once (a region's labelling
+    # changes only its own kernels)
+    kinds = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
+    code = np.fromiter(map(kinds.__getitem__, region_of), np.int32, n)
+    starts = [0, *(np.flatnonzero(np.diff(code)) + 1).tolist()]
+    ends = [*starts[1:], n]
+    for p, q in zip(starts, ends, strict=True):
+        if p >= n:
+            break
         reg = region_of[p]
-        q = p
-        while q < n and region_of[q] == reg:
-            q += 1
         run = [i for i in range(p, q) if stage[rows[i]] in GENERIC]
         if run and reg == "pre":
             _label_first_norm(rows, run, p, q, stage, norm)
@@ -588,7 +596,6 @@ def _label_generic(
             target = _REGION_STAGE[reg]
             if reg == "moe_experts":
                 _label_moe_block(rows, run, p, q, stage, op_names)
-                p = q
                 continue
             if reg in ("attn_out", "mlp_out") and shape and clusters is not None:
                 inside = _norm_windows(clusters, p, q, shape, rows, norm)
@@ -608,7 +615,6 @@ def _label_generic(
                             if stage[rows[i]] != "elementwise" or i in inside:
                                 break
                             stage[rows[i]] = "moe_topk"
-                    p = q
                     continue
             if reg in ("attn_out", "mlp_out"):
                 # the residual add opens the block, the input norm of the next block follows
@@ -657,7 +663,6 @@ def _label_generic(
                     run = [i for i in run if i not in kv_rows and i not in reads]
             for i in run:
                 stage[rows[i]] = target
-        p = q
 
 
 KV_WRITES = 2  # a KV-cache update writes two tensors per layer: the keys and the values
@@ -981,12 +986,17 @@ def _has_norm_signal(
     return bool(ops & _NORM_OPS)
 
 
-def _shift_prologue_to_next_layer(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> None:
-    """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one."""
+def _shift_prologue_to_next_layer(
+    seq: np.ndarray, stage: list[str], layer: np.ndarray, gemm_starts: Sequence[int] | None = None
+) -> None:
+    """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one.
+    ``gemm_starts``: the positions where GEMM ops begin (the walk's), else every position is read."""
     rows = seq.tolist()
-    for q in range(len(rows)):
+    at = range(len(rows)) if gemm_starts is None else gemm_starts
+    qkv = [q for q in at if stage[rows[q]] == "qkv_gemm"]
+    for q in qkv:
         r = rows[q]
-        if stage[r] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm"):
+        if q == 0 or stage[rows[q - 1]] != "qkv_gemm":
             k = q - 1
             while k >= 0 and stage[rows[k]] in ("norm", "elementwise", "quantize"):
                 layer[rows[k]] = layer[r]

@@ -471,7 +471,7 @@ def top_kernels(
                 "rule_id": str(first["rule_id"]),
                 "phase": phases[0]["phase"],
                 "phase_shares": phases,
-                "phases": sorted({str(p) for p in g["phase"]}),
+                "phases": sorted(p["phase"] for p in phases),
                 "count": int(g["count"].sum()),
                 "time_ns": t,
                 "share": t / total if total else 0.0,
