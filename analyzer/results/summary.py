@@ -393,12 +393,17 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
         agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"),
             time_ns=("dur_ns", "sum"),
-            flops=("flops", lambda x: x.sum(min_count=1)),
-            bytes=("bytes", lambda x: x.sum(min_count=1)),
+            flops=("flops", "sum"),
+            bytes=("bytes", "sum"),
+            flops_n=("flops", "count"),
+            bytes_n=("bytes", "count"),
             known_ns=("_known_ns", "sum"),
             pct_w=("_pct_w", "sum"),
             pct_ns=("_pct_ns", "sum"),
         )
+        # a group without a single number has no sum (NaN), not 0
+        agg["flops"] = agg["flops"].where(agg["flops_n"] > 0)
+        agg["bytes"] = agg["bytes"].where(agg["bytes_n"] > 0)
     else:
         agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"), time_ns=("dur_ns", "sum")
@@ -450,6 +455,10 @@ def top_kernels(
     rows = []
     if len(df) == 0:
         return rows
+    # the columns a row reads: each top group's rows are taken out of this narrower frame
+    df = only_columns(df, "group_key", "dur_ns", "stage", "phase", "norm_name", "provider", "rule_id",
+                      "count", "tile_m", "tile_n", "tile_k", "split_k", "flops", "bytes", "pct_of_peak",
+                      "bound", "category")  # fmt: skip
     groups = df.groupby("group_key", observed=True)
     tot = groups["dur_ns"].sum()
     tot = tot.reset_index().sort_values(["dur_ns", "group_key"], ascending=[False, True])
