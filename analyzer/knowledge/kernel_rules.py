@@ -374,6 +374,10 @@ def redos_problem(pattern: str, flags: int = 0) -> str | None:
         parsed = _sre_parse.parse(pattern, flags)
     except re.error as e:
         return f"does not compile: {e}"
+    return _parsed_problem(parsed, flags)
+
+
+def _parsed_problem(parsed: Any, flags: int) -> str | None:
     state_flags = getattr(getattr(parsed, "state", None), "flags", 0)
     return _walk_problem(parsed, bool((flags | state_flags) & re.IGNORECASE))
 
@@ -431,6 +435,10 @@ def required_literals(pattern: str, flags: int = 0) -> tuple[str, ...] | None:
         parsed = _sre_parse.parse(pattern, flags)
     except re.error:
         return None
+    return _parsed_literals(parsed, flags)
+
+
+def _parsed_literals(parsed: Any, flags: int) -> tuple[str, ...] | None:
     state_flags = getattr(getattr(parsed, "state", None), "flags", 0)
     if (flags | state_flags) & re.IGNORECASE:
         return None
@@ -480,7 +488,14 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> Rule:
     for letter in flag_text:
         flags |= _FLAG_LETTERS[letter]
     pattern = entry["pattern"]
-    if problem := redos_problem(pattern, flags):
+    # parsed once for both checks (the parse is most of a rule's load time)
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        raise fail(f"pattern rejected: pattern longer than {MAX_PATTERN_LENGTH} characters")
+    try:
+        parsed = _sre_parse.parse(pattern, flags)
+    except re.error as e:
+        raise fail(f"pattern rejected: does not compile: {e}") from None
+    if problem := _parsed_problem(parsed, flags):
         raise fail(f"pattern rejected: {problem}")
     try:
         regex = re.compile(pattern, flags)
@@ -497,7 +512,7 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> Rule:
         note=" ".join(entry["note"].split()),
         flags=flag_text,
         source=str(path),
-        literals=required_literals(pattern, flags),
+        literals=_parsed_literals(parsed, flags),
     )
     for ex in rule.examples:
         if not rule.hits(normalize_name(ex), ex):
