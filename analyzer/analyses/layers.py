@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -342,9 +343,12 @@ def walk_sequence(
         if stage[rows[q]] == "rope" and region_of[q] == "tail":
             stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
     was_generic = stages(GENERIC)
-    shape = _norm_shape(rows, stage, norm, op_names, normish, was_generic)
-    _label_generic(seq, stage, op_names, region_of, norm, normish, shape)
-    _label_inner_norms(seq, stage, region_of, normish, was_generic, shape, norm)
+    shape = _norm_shape(rows, stage, norm, op_names, normish, was_generic, op_first.tolist())
+    regions = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
+    region_code = np.fromiter(map(regions.__getitem__, region_of), np.int32, n)
+    _label_generic(seq, stage, op_names, region_of, norm, normish, shape, region_code)
+    attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
+    _label_inner_norms(seq, stage, region_of, normish, was_generic, shape, norm, attn_in)
     layer[seq] = layer_of
     _shift_prologue_to_next_layer(seq, stage, layer, op_first.tolist())
 
@@ -574,15 +578,16 @@ def _label_generic(
     norm: Sequence[str] = (),
     normish: np.ndarray | None = None,
     shape: dict[str, tuple[int, int]] | None = None,
+    region_code: np.ndarray | None = None,
 ) -> None:
     rows = seq.tolist()
     n = len(rows)
     clusters = _cluster_bounds(np.flatnonzero(normish)) if shape and normish is not None else None
-    # the runs of one region and the generic kernels in each, found at once (a region's labelling
-    # changes only its own kernels)
-    kinds = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
-    code = np.fromiter(map(kinds.__getitem__, region_of), np.int32, n)
-    starts = [0, *(np.flatnonzero(np.diff(code)) + 1).tolist()]
+    # the runs of one region (``region_code``: one integer per region name, else derived here)
+    if region_code is None:
+        kinds = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
+        region_code = np.fromiter(map(kinds.__getitem__, region_of), np.int32, n)
+    starts = [0, *(np.flatnonzero(np.diff(region_code)) + 1).tolist()]
     ends = [*starts[1:], n]
     for p, q in zip(starts, ends, strict=True):
         if p >= n:
@@ -779,6 +784,7 @@ def _norm_shape(
     op_names: Sequence[str | None],
     normish: np.ndarray,
     was_generic: np.ndarray,
+    gemm_starts: Sequence[int] | None = None,
 ) -> dict[str, tuple[int, int]] | None:
     """(lead, tail) of each composed norm of the model, learned from the layers' input norms.
 
@@ -789,12 +795,12 @@ def _norm_shape(
     kernel (an eager norm and a compiled one differ); None when no input norm is found.
     """
     n = len(rows)
-    st = np.array([stage[r] for r in rows], dtype=object)
-    qkv = np.flatnonzero((st == "qkv_gemm") & ~np.append(False, st[:-1] == "qkv_gemm"))
-    if not len(qkv):
+    # where a run of QKV GEMMs begins (a run begins where a GEMM op does: ``gemm_starts``)
+    at = range(n) if gemm_starts is None else gemm_starts
+    qkv_l = [q for q in at if stage[rows[q]] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm")]
+    if not qkv_l:
         return None
     seen: dict[str, tuple[list[int], list[int]]] = {}
-    qkv_l = qkv.tolist()
     for c0, c1 in _norm_clusters(np.flatnonzero(normish)):
         k = bisect.bisect_left(qkv_l, c1)
         nxt = qkv_l[k] if k < len(qkv_l) else n
@@ -847,15 +853,18 @@ def _label_inner_norms(
     was_generic: np.ndarray,
     shape: dict[str, tuple[int, int]] | None,
     norm: Sequence[str] = (),
+    attn_in: np.ndarray | None = None,
 ) -> None:
     """Norms inside the attention input (Qwen3 / OLMo-2 / Gemma-3 q/k norms) are norms, not RoPE:
     the learned norm shape (:func:`_norm_shape`) is applied to the norm clusters found between the
-    QKV GEMM and attention."""
+    QKV GEMM and attention. ``attn_in``: per position, in that region (else derived here)."""
     if shape is None:
         return
     rows = seq.tolist()
     n = len(rows)
-    inner = np.fromiter((r == "attn_in" for r in region_of), bool, n) & normish
+    if attn_in is None:
+        attn_in = np.fromiter((r == "attn_in" for r in region_of), bool, n)
+    inner = attn_in & normish
     if not inner.any():
         return
     for q in sorted(_norm_windows(_cluster_bounds(np.flatnonzero(inner)), 0, n, shape, rows, norm)):
@@ -1018,26 +1027,26 @@ def structure_problem(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> s
     dense-then-MoE mix has two sequences, both repeating).
     """
     rows = seq.tolist()
-    st = [stage[r] for r in rows]
-    kinds = set(st)
-    gemms = sum(1 for x in st if x in GEMM_STAGES or x == "moe_expert_gemm")
+    st = list(map(stage.__getitem__, rows))
+    counts = Counter(st)
+    gemms = sum(v for x, v in counts.items() if x in GEMM_STAGES or x == "moe_expert_gemm")
     if gemms < _MIN_GEMMS_FOR_LAYERS:
         return None
-    if not kinds & ATTENTION:
+    if not counts.keys() & ATTENTION:
         return f"no attention located among {gemms} GEMM kernels"
-    lay = layer[seq].tolist()
-    runs: list[list[str]] = []  # one per layer instance: a run of kernels with one layer number
-    prev = None
-    for x, q in zip(st, lay, strict=True):
-        if q < 0:
-            prev = None
-            continue
-        if q != prev:
-            runs.append([])
-            prev = q
-        if x in GEMM_STAGES and x != "gemm" and (not runs[-1] or runs[-1][-1] != x):
-            runs[-1].append(x)
-    runs = [r for r in runs if r]
+    # one run per layer instance (kernels of one layer number, back to back): its GEMM roles in
+    # order, repeats merged; only the GEMM positions are visited
+    kinds = {x: i for i, x in enumerate(counts)}
+    code = np.fromiter(map(kinds.__getitem__, st), np.int32, len(st))
+    role = np.array([x in GEMM_STAGES and x != "gemm" for x in kinds], bool)[code]
+    lay = layer[seq]
+    instance = np.concatenate([[0], np.cumsum(lay[1:] != lay[:-1])])
+    by_instance: dict[int, list[str]] = {}
+    for q in np.flatnonzero(role & (lay >= 0)).tolist():
+        run = by_instance.setdefault(int(instance[q]), [])
+        if not run or run[-1] != st[q]:
+            run.append(st[q])
+    runs = list(by_instance.values())
     if len(runs) >= 3:
         counts: dict[tuple[str, ...], int] = {}
         for v in runs:
