@@ -343,14 +343,21 @@ def walk_sequence(
         if stage[rows[q]] == "rope" and region_of[q] == "tail":
             stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
     was_generic = stages(GENERIC)
-    shape = _norm_shape(rows, stage, norm, op_names, normish, was_generic, op_first.tolist())
+    # where each run of QKV GEMMs begins (a run begins where a GEMM op does); the labelling below
+    # changes no QKV role, so the norm shapes and the prologue shift read the same positions
+    qkv_starts = [
+        q
+        for q in op_first.tolist()
+        if stage[rows[q]] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm")
+    ]
+    shape = _norm_shape(rows, norm, op_names, normish, was_generic, qkv_starts)
     regions = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
     region_code = np.fromiter(map(regions.__getitem__, region_of), np.int32, n)
-    _label_generic(seq, stage, op_names, region_of, norm, normish, shape, region_code)
+    _label_generic(seq, stage, op_names, region_of, region_code, norm, normish, shape)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
-    _label_inner_norms(seq, stage, region_of, normish, was_generic, shape, norm, attn_in)
+    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm)
     layer[seq] = layer_of
-    _shift_prologue_to_next_layer(seq, stage, layer, op_first.tolist())
+    _shift_prologue_to_next_layer(seq, stage, layer, qkv_starts)
 
 
 # what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
@@ -575,18 +582,16 @@ def _label_generic(
     stage: list[str],
     op_names: Sequence[str | None],
     region_of: list[str],
+    region_code: np.ndarray,
     norm: Sequence[str] = (),
     normish: np.ndarray | None = None,
     shape: dict[str, tuple[int, int]] | None = None,
-    region_code: np.ndarray | None = None,
 ) -> None:
+    """Generic kernels take the stage of the region they sit in (``region_code``: ``region_of`` as
+    one integer per region name, so the runs of one region are found at once)."""
     rows = seq.tolist()
     n = len(rows)
     clusters = _cluster_bounds(np.flatnonzero(normish)) if shape and normish is not None else None
-    # the runs of one region (``region_code``: one integer per region name, else derived here)
-    if region_code is None:
-        kinds = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
-        region_code = np.fromiter(map(kinds.__getitem__, region_of), np.int32, n)
     starts = [0, *(np.flatnonzero(np.diff(region_code)) + 1).tolist()]
     ends = [*starts[1:], n]
     for p, q in zip(starts, ends, strict=True):
@@ -674,7 +679,7 @@ KV_WRITES = 2  # a KV-cache update writes two tensors per layer: the keys and th
 
 
 WEAK_WRITE, STRONG_WRITE, CACHE_READ = 1, 2, 3
-_GATHER_OPS = frozenset({"aten::gather", "aten::index_select", "aten::index"})
+_CACHE_READ_OPS = frozenset({"aten::gather", "aten::index_select", "aten::index"})
 
 
 def _write_kind(named: bool, op: str | None) -> int:
@@ -683,7 +688,7 @@ def _write_kind(named: bool, op: str | None) -> int:
     CACHE_READ: a gather (a paged cache hands back its keys and values gathered from the blocks)."""
     if named:
         return STRONG_WRITE
-    if op in _GATHER_OPS:
+    if op in _CACHE_READ_OPS:
         return CACHE_READ
     if op not in _KV_OPS:
         return 0
@@ -701,8 +706,8 @@ def _kv_update_positions(
     the region, in order. Where only plain copies and gathers follow the last strong write (a cat /
     index_copy_ / named store), the gathers are the update's (a paged cache hands back its keys and
     values) and the copies the attention's (the attention interface's ``.contiguous()`` copies); the
-    update is then found before them. The update ends the
-    region with the last two write ops (keys and values). RoPE applies one kernel sequence to q and then to k: the last such repeated
+    update is then found before them. The update ends the region with the last two write ops (keys
+    and values). RoPE applies one kernel sequence to q and then to k: the last such repeated
     sequence (its unit holds more than write ops) ends RoPE; the generic work between it and the
     two writes (a static cache's lazy fills, its index arithmetic) is the update's, except further
     write ops there (partial rotary concatenates the rotated and the passed-through halves): RoPE's.
@@ -779,12 +784,11 @@ def _is_cast(r: int, norm: Sequence[str], op_names: Sequence[str | None]) -> boo
 
 def _norm_shape(
     rows: list[int],
-    stage: list[str],
     norm: Sequence[str],
     op_names: Sequence[str | None],
     normish: np.ndarray,
     was_generic: np.ndarray,
-    gemm_starts: Sequence[int] | None = None,
+    qkv_l: list[int],
 ) -> dict[str, tuple[int, int]] | None:
     """(lead, tail) of each composed norm of the model, learned from the layers' input norms.
 
@@ -793,11 +797,9 @@ def _norm_shape(
     generic kernels between its last norm-like kernel and that GEMM are its tail, a cast right
     before its first norm-like kernel its lead. Keyed by the name of the norm's first norm-like
     kernel (an eager norm and a compiled one differ); None when no input norm is found.
+    ``qkv_l``: the positions where a run of QKV GEMMs begins, in order.
     """
     n = len(rows)
-    # where a run of QKV GEMMs begins (a run begins where a GEMM op does: ``gemm_starts``)
-    at = range(n) if gemm_starts is None else gemm_starts
-    qkv_l = [q for q in at if stage[rows[q]] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm")]
     if not qkv_l:
         return None
     seen: dict[str, tuple[list[int], list[int]]] = {}
@@ -848,27 +850,24 @@ def _cluster_bounds(pos: np.ndarray, gap: int = 3) -> tuple[list[int], list[int]
 def _label_inner_norms(
     seq: np.ndarray,
     stage: list[str],
-    region_of: list[str],
+    attn_in: np.ndarray,
     normish: np.ndarray,
     was_generic: np.ndarray,
     shape: dict[str, tuple[int, int]] | None,
     norm: Sequence[str] = (),
-    attn_in: np.ndarray | None = None,
 ) -> None:
     """Norms inside the attention input (Qwen3 / OLMo-2 / Gemma-3 q/k norms) are norms, not RoPE:
     the learned norm shape (:func:`_norm_shape`) is applied to the norm clusters found between the
-    QKV GEMM and attention. ``attn_in``: per position, in that region (else derived here)."""
+    QKV GEMM and attention. ``attn_in``: per position, in that region."""
     if shape is None:
         return
     rows = seq.tolist()
     n = len(rows)
-    if attn_in is None:
-        attn_in = np.fromiter((r == "attn_in" for r in region_of), bool, n)
     inner = attn_in & normish
     if not inner.any():
         return
     for q in sorted(_norm_windows(_cluster_bounds(np.flatnonzero(inner)), 0, n, shape, rows, norm)):
-        if region_of[q] == "attn_in" and was_generic[q] and stage[rows[q]] in ("rope", *GENERIC):
+        if attn_in[q] and was_generic[q] and stage[rows[q]] in ("rope", *GENERIC):
             stage[rows[q]] = "norm"
 
 
@@ -996,20 +995,17 @@ def _has_norm_signal(
 
 
 def _shift_prologue_to_next_layer(
-    seq: np.ndarray, stage: list[str], layer: np.ndarray, gemm_starts: Sequence[int] | None = None
+    seq: np.ndarray, stage: list[str], layer: np.ndarray, qkv_starts: list[int]
 ) -> None:
-    """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one.
-    ``gemm_starts``: the positions where GEMM ops begin (the walk's), else every position is read."""
+    """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one
+    (``qkv_starts``: the positions where a run of QKV GEMMs begins)."""
     rows = seq.tolist()
-    at = range(len(rows)) if gemm_starts is None else gemm_starts
-    qkv = [q for q in at if stage[rows[q]] == "qkv_gemm"]
-    for q in qkv:
+    for q in qkv_starts:
         r = rows[q]
-        if q == 0 or stage[rows[q - 1]] != "qkv_gemm":
-            k = q - 1
-            while k >= 0 and stage[rows[k]] in ("norm", "elementwise", "quantize"):
-                layer[rows[k]] = layer[r]
-                k -= 1
+        k = q - 1
+        while k >= 0 and stage[rows[k]] in ("norm", "elementwise", "quantize"):
+            layer[rows[k]] = layer[r]
+            k -= 1
 
 
 # --------------------------------------------------------------------------- self-check

@@ -601,8 +601,9 @@ def label_steps(
         for h, r, pk in zip(hits, rows_out, packed, strict=True)
     ]
     depth = [int(df["layer"][seg].max()) + 1 if "layer" in df and len(seg) else 0 for seg in segments]
+    by_depth = _depth_models(depth)  # draft / target without shapes, or None
     if any(p is None for p in phases):
-        sig = _signature_by_model(segments, df, depth)
+        sig = _signature_by_model(segments, df, by_depth)
         phases = [p if p is not None else sig[i] for i, p in enumerate(phases)]
     undecided = set(_padded_or_replayed(segments, df, hits, packed))
     decodes = packed_decode_tokens(
@@ -622,21 +623,20 @@ def label_steps(
             "prompt nor their decode tokens (capture without CUDA graphs, or with engine step "
             "annotations, to tell them)"
         )
-    models = _models(hits, phases, depth)
+    models = _models(hits, phases, by_depth)
     # graph-replayed decode steps record no shapes: with static batching each sequence of the
     # prefill batch adds one token per decode step
     batches = {h[0] for h, p in zip(hits, phases, strict=True) if h is not None and p == "prefill"}
     batch = batches.pop() if len(batches) == 1 else None
-    speculative = "draft" in models
     out = []
     for h, ph, model, pk, d_packed in zip(hits, phases, models, packed, decodes, strict=True):
         tok = verify = None
         if h is not None:
             b, q = h[0], h[1]
             tok = q * (b if b > 0 else 1)
-            # a target's multi-token decode step verifies a speculation: unpacked, or beside a
-            # draft model (the LM head scores every candidate, which looks packed)
-            if ph == "decode" and q > 1 and model == "target" and (not pk or speculative):
+            # a target's multi-token decode step verifies a speculation (its LM head scores every
+            # candidate: not packed, :func:`_is_packed`)
+            if ph == "decode" and q > 1 and model == "target" and not pk:
                 verify = q
         elif ph == "decode" and batch:
             tok = batch
@@ -708,11 +708,9 @@ def packed_decode_tokens(
         q, kv, rows = t
         if q <= 0 or rows <= 0:
             continue
-        if 0 < kv <= q:
-            out[i] = 0
-            continue
-        if q <= rows:
-            out[i] = q
+        ph = phase_of_packed(q, kv, rows)
+        if ph != "mixed":  # no cached context, or one token per row
+            out[i] = 0 if ph == "prefill" else q
             continue
         prev = steps[i - 1] if i > 0 else None
         if prev is None or kv < 0 or prev[1] <= 0 or prev[2] <= 0 or kv - q != prev[1]:
@@ -799,11 +797,10 @@ def _gemm_rows(op: str | None, dims: Any) -> int:
     return int(np.prod(a[:-1]))
 
 
-def _signature_by_model(segments: list[np.ndarray], df: Any, depth: Sequence[int]) -> list[str]:
+def _signature_by_model(segments: list[np.ndarray], df: Any, models: list[str] | None) -> list[str]:
     """:func:`_label_from_signature`, within each model of a speculative run told by its layer count
-    (:func:`_depth_models`): a large target's verify steps outweigh its draft's decode steps many
-    times and would all look like prefills beside them."""
-    models = _depth_models(depth)
+    (``models``, from :func:`_depth_models`; None: one model): a large target's verify steps
+    outweigh its draft's decode steps many times and would all look like prefills beside them."""
     if models is None:
         return _label_from_signature(segments, df)
     out = [""] * len(segments)
@@ -830,18 +827,19 @@ def _depth_models(depth: Sequence[int]) -> list[str] | None:
 def _models(
     hits: list[tuple[int, int, int, tuple[int, int]] | None],
     phases: list[str | None],
-    depth: Sequence[int] = (),
+    by_depth: list[str] | None = None,
 ) -> list[str]:
     """``target`` or ``draft`` per step. Speculative decoding runs two models whose decode steps
     interleave: their attention ops differ in count (layers) and head size; the larger is the target.
-    Without shapes, by the decoder layers the walk numbered in each step (``depth``,
+    Without shapes, by the decoder layers the walk numbered in each step (``by_depth``, from
     :func:`_depth_models`)."""
     keys = {h[3] for h, p in zip(hits, phases, strict=True) if h is not None and p == "decode"}
     if len(keys) >= 2:
         target = max(keys)
         return ["draft" if h is not None and h[3] in keys and h[3] != target else "target" for h in hits]
-    by_depth = _depth_models(depth) if not keys and len(depth) == len(hits) else None
-    return by_depth if by_depth is not None else ["target"] * len(hits)
+    if not keys and by_depth is not None and len(by_depth) == len(hits):
+        return by_depth
+    return ["target"] * len(hits)
 
 
 MAX_STAGING_FILLS = 4

@@ -368,13 +368,18 @@ def redos_problem(pattern: str, flags: int = 0) -> str | None:
     ``(.*)*``, ``(?:a?b)+``), alternatives under a repeat whose first characters overlap or that can match
     empty (``(x|x)*``, ``(a|ab)+``), backreferences, and patterns longer than ``MAX_PATTERN_LENGTH``.
     """
+    parsed, problem = _parse_pattern(pattern, flags)
+    return problem if parsed is None else _parsed_problem(parsed, flags)
+
+
+def _parse_pattern(pattern: str, flags: int) -> tuple[Any, str | None]:
+    """The parsed pattern, or None and why it is rejected before any structural check."""
     if len(pattern) > MAX_PATTERN_LENGTH:
-        return f"pattern longer than {MAX_PATTERN_LENGTH} characters"
+        return None, f"pattern longer than {MAX_PATTERN_LENGTH} characters"
     try:
-        parsed = _sre_parse.parse(pattern, flags)
+        return _sre_parse.parse(pattern, flags), None
     except re.error as e:
-        return f"does not compile: {e}"
-    return _parsed_problem(parsed, flags)
+        return None, f"does not compile: {e}"
 
 
 def _parsed_problem(parsed: Any, flags: int) -> str | None:
@@ -489,13 +494,8 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> Rule:
         flags |= _FLAG_LETTERS[letter]
     pattern = entry["pattern"]
     # parsed once for both checks (the parse is most of a rule's load time)
-    if len(pattern) > MAX_PATTERN_LENGTH:
-        raise fail(f"pattern rejected: pattern longer than {MAX_PATTERN_LENGTH} characters")
-    try:
-        parsed = _sre_parse.parse(pattern, flags)
-    except re.error as e:
-        raise fail(f"pattern rejected: does not compile: {e}") from None
-    if problem := _parsed_problem(parsed, flags):
+    parsed, problem = _parse_pattern(pattern, flags)
+    if problem := problem or _parsed_problem(parsed, flags):
         raise fail(f"pattern rejected: {problem}")
     try:
         regex = re.compile(pattern, flags)
