@@ -60,8 +60,8 @@ def _worst(r: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| case | mode | attn / backend | dtype | shapes | stage % | category % | phase % | worst kernels |",
-        "|---|---|---|---|---|---:|---:|---:|---|",
+        "| case | mode | attn / backend | dtype | shapes | stage % | category % | phase % | step fields wrong / not given | worst kernels |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---|",
     ]
     for row in sorted(rows, key=lambda x: x["report"]["stage"]["agreement"] or 0):
         m, r = row["meta"], row["report"]
@@ -76,7 +76,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['case']} | {mode} | {attn} | {m.get('dtype', '')} | {'yes' if m.get('record_shapes') else 'no'} "
             f"| {_pct(r['stage']['agreement'])} | {_pct(r['category']['agreement'])} | {_pct(r['phase']['agreement'])} "
-            f"| {_worst(r)} |"
+            f"| {steps_wrong(r)} / {_steps_not_given(r)} | {_worst(r)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -90,6 +90,15 @@ def write_doc(text: str) -> None:
     DOC.write_text(f"{head}{BEGIN}\n{text}{END}{tail}", encoding="utf-8")
 
 
+def steps_wrong(r: dict[str, Any]) -> int:
+    """Step fields (phase, token counts, model, verify width) given and wrong, over the paired steps."""
+    return sum(v["wrong"] for v in r["steps"]["fields"].values())
+
+
+def _steps_not_given(r: dict[str, Any]) -> int:
+    return sum(v["not_given"] for v in r["steps"]["fields"].values())
+
+
 def pins(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         row["case"]: {
@@ -97,6 +106,8 @@ def pins(rows: list[dict[str, Any]]) -> dict[str, Any]:
             # floor: agreement where a phase was given; ceiling: the share left unknown
             "phase_decided": row["report"]["phase"]["decided_agreement"],
             "phase_undecided": row["report"]["phase"]["undecided"],
+            # ceiling: step fields given and wrong
+            "steps_wrong": steps_wrong(row["report"]),
         }
         for row in sorted(rows, key=lambda x: x["case"])
     }

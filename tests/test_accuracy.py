@@ -222,6 +222,11 @@ def test_zoo_accuracy_holds_its_pinned_floor(case: str) -> None:
     assert floor is None or (got is not None and got >= floor - 1e-6), f"{case} decided: {got} < {floor}"
     ceiling = PINS[case].get("phase_undecided") or 0.0
     assert (r["phase"]["undecided"] or 0.0) <= ceiling + 1e-6, f"{case} undecided above {ceiling}"
+    # each truth step is paired with one step row, and its fields (phase, token counts, model,
+    # verify width) are not wrong more often than pinned: null is allowed, a wrong value is not
+    assert r["steps"]["paired"] == r["steps"]["truth"], r["steps"]
+    wrong = {k: v["wrong"] for k, v in r["steps"]["fields"].items() if v["wrong"]}
+    assert sum(wrong.values()) <= PINS[case].get("steps_wrong", 0), f"{case} step fields wrong: {wrong}"
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -7,6 +7,8 @@ its tests, saying so.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -24,6 +26,8 @@ from analyzer.analyses.phases import (
     phase_from_shape,
     unshaped_prefill_runs,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LAYER = ["norm", "qkv_gemm", "rope", "kv_cache_store", "flash_attention", "o_gemm", "residual_add"]
 LAYER += ["norm", "gate_up_gemm", "activation", "down_gemm", "residual_add"]
@@ -216,13 +220,28 @@ def test_packed_steps_stay_undecided_when_requests_left_or_counts_contradict() -
 
 
 def test_back_to_back_prefills_without_token_counts_are_in_doubt() -> None:
-    # GIVEN steps told from kernels alone (no token counts): two prefills in a row, then decodes
+    # GIVEN steps told from kernels alone (no token counts): three prefills in a row, then decodes
     told = [StepLabel("prefill"), StepLabel("prefill"), StepLabel("prefill"), StepLabel("decode")]
-    # THEN the two that follow a prefill may be mixed and are counted; one prefill before decodes,
-    # or prefills whose shapes gave their tokens, are not in doubt
-    assert unshaped_prefill_runs(told) == 2
-    assert unshaped_prefill_runs([StepLabel("prefill"), StepLabel("decode"), StepLabel("prefill")]) == 0
-    assert unshaped_prefill_runs([StepLabel("prefill", 48), StepLabel("prefill", 48, 48, 0)]) == 0
+    # THEN the two that follow a prefill may be mixed; one prefill before decodes, prefills whose
+    # shapes gave their tokens, and a draft's prefill before its target's are not in doubt
+    assert unshaped_prefill_runs(told) == [1, 2]
+    assert unshaped_prefill_runs([StepLabel("prefill"), StepLabel("decode"), StepLabel("prefill")]) == []
+    assert unshaped_prefill_runs([StepLabel("prefill", 48), StepLabel("prefill", 48, 48, 0)]) == []
+    draft_then_target = [StepLabel("prefill", model="draft"), StepLabel("prefill", model="target")]
+    assert unshaped_prefill_runs(draft_then_target) == []
+
+
+def test_a_batchers_steps_without_shapes_leave_prompt_chunks_unknown() -> None:
+    # GIVEN a continuous batcher's run captured without shapes: two prompt chunks, three steps of
+    # chunks beside decodes (mixed), then decodes
+    from analyzer.cli.check_cmd import analyze_stripped
+
+    path = ROOT / "fixtures" / "zoo" / "qwen2-cb-paged-eager-bf16" / "trace.json.gz"
+    a = analyze_stripped(str(path), False, (), None, None)
+    # THEN the first step is a prefill, the decodes are decode, and the steps between, which
+    # kernels alone cannot tell from mixed ones, are unknown with a warning saying why
+    assert a.steps["phase"].tolist() == ["prefill"] + ["unknown"] * 4 + ["decode"] * 5
+    assert any("4 steps run a prefill's kernels right after another prefill step" in w for w in a.warnings)
 
 
 def test_padded_packed_steps_and_their_graph_replays_have_no_phase() -> None:

@@ -556,11 +556,14 @@ def _steps_from_structure(
         return []
     labels = label_steps(segments, df, shapes.get(int(tid)), warnings, tid)
     doubt = unshaped_prefill_runs(labels)
+    for i in doubt:
+        labels[i] = dataclasses.replace(labels[i], phase="unknown")
     if doubt and warnings is not None:
         warnings.append(
-            f"trace {tid}: {doubt} prefill steps follow another prefill step and no shapes were recorded: "
-            "under continuous batching or chunked prefill any of them may also hold decode tokens "
-            "(mixed); capture with record_shapes=True to count each step's prefill and decode tokens"
+            f"trace {tid}: {len(doubt)} steps run a prefill's kernels right after another prefill step "
+            "and no shapes were recorded: under continuous batching or chunked prefill each may be a "
+            "prompt chunk alone or one beside decode tokens (mixed), so their phase is unknown; "
+            "capture with record_shapes=True to count each step's prefill and decode tokens"
         )
     rows = []
     k_start = df["start"]
@@ -628,6 +631,7 @@ def label_steps(
     # prefill batch adds one token per decode step
     batches = {h[0] for h, p in zip(hits, phases, strict=True) if h is not None and p == "prefill"}
     batch = batches.pop() if len(batches) == 1 else None
+    speculative = "draft" in models
     out = []
     for h, ph, model, pk, d_packed in zip(hits, phases, models, packed, decodes, strict=True):
         tok = verify = None
@@ -635,8 +639,10 @@ def label_steps(
             b, q = h[0], h[1]
             tok = q * (b if b > 0 else 1)
             # a target's multi-token decode step verifies a speculation (its LM head scores every
-            # candidate: not packed, :func:`_is_packed`)
-            if ph == "decode" and q > 1 and model == "target" and not pk:
+            # candidate: not packed, :func:`_is_packed`); only where a draft model's steps show the
+            # speculation: a continuous batcher's step of decodes alone looks the same (one packed
+            # sequence, every token scored)
+            if ph == "decode" and q > 1 and model == "target" and not pk and speculative:
                 verify = q
         elif ph == "decode" and batch:
             tok = batch
@@ -672,15 +678,16 @@ def _padded_or_replayed(
     return sorted(out)
 
 
-def unshaped_prefill_runs(labels: Sequence[StepLabel]) -> int:
-    """How many prefill steps without token counts (told from kernels, not shapes) come right after
-    another prefill step: back-to-back forwards over many tokens are a continuous batcher's or a
-    chunked prefill's, and kernels alone cannot tell a pure prompt chunk from one beside decodes."""
-    return sum(
-        1
-        for a, b in zip(labels, labels[1:], strict=False)
-        if a.phase == b.phase == "prefill" and b.tokens is None
-    )
+def unshaped_prefill_runs(labels: Sequence[StepLabel]) -> list[int]:
+    """The prefill steps without token counts (told from kernels, not shapes) that come right after
+    another such prefill step of the same model: back-to-back forwards over many tokens are a
+    continuous batcher's or a chunked prefill's, and kernels alone cannot tell a pure prompt chunk
+    from one beside decodes. The first of a run is a prefill: nothing ran before it to decode."""
+    return [
+        i + 1
+        for i, (a, b) in enumerate(zip(labels, labels[1:], strict=False))
+        if a.phase == b.phase == "prefill" and a.tokens is None and b.tokens is None and a.model == b.model
+    ]
 
 
 def packed_decode_tokens(

@@ -38,9 +38,10 @@ def check_trace(
     truth_table: str | None = None,
 ) -> dict[str, Any]:
     """The agreement report of one trace (raises InputError when it holds no truth ranges)."""
+    from analyzer.knowledge.annotations import load_annotation_patterns
     from analyzer.knowledge.truth import load_truth_table
     from analyzer.readers.raw_json import read_json
-    from analyzer.results.accuracy import agreement, extract_truth, has_truth_ranges
+    from analyzer.results.accuracy import agreement, extract_truth, has_truth_ranges, step_agreement
 
     doc = read_json(path)
     if not has_truth_ranges(doc):
@@ -50,6 +51,7 @@ def check_trace(
     del doc
     analysis = analyze_stripped(path, keep_steps, rules, gpu, model)
     report = agreement(analysis.kernels, truth, table, worst=worst)
+    report["steps"] = step_agreement(analysis.kernels, truth, analysis.steps, load_annotation_patterns())
     return {"trace": str(path), "keep_steps": keep_steps, **report}
 
 

@@ -29,6 +29,13 @@ def render_text(report: Mapping[str, Any], stream: Any) -> None:
         if k == "phase" and v.get("undecided"):
             w(f"            {_pct(v['undecided'])} left unknown (the analysis says it cannot tell); "
               f"{_pct(v.get('decided_agreement'))} where a phase was given\n")  # fmt: skip
+    st = report.get("steps")
+    if st:
+        f = st["fields"]
+        wrong = ", ".join(f"{k} {v['wrong']}" for k, v in f.items() if v["wrong"])
+        unsaid = ", ".join(f"{k} {v['not_given']}" for k, v in f.items() if v["not_given"])
+        w(f"  steps     {st['paired']} of {st['truth']} truth steps paired ({st['found']} found); "
+          f"fields wrong: {wrong or 'none'}; not given: {unsaid or 'none'}\n")  # fmt: skip
     if report.get("unmatched"):
         w(f"  warning: {report['unmatched']} analysed kernels have no raw-trace match\n")
     if report["regions"]:

@@ -71,7 +71,9 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
 
     Columns: ``correlation``, ``start_ns`` (as the Kineto reader computes it), ``name``, ``dur_ns``,
     ``kind``, ``graph`` (replayed from a CUDA graph), ``region`` (null: no stage truth), ``gemm_op``,
-    ``phase`` (null: no phase truth), ``accepted`` (list of stages; empty without stage truth).
+    ``phase`` (null: no phase truth), ``accepted`` (list of stages; empty without stage truth),
+    ``step_id`` / ``step_name`` (the enclosing ``lkm::step`` range: its order in the document and
+    its name; null outside every step).
     """
     base = doc.get("baseTimeNanoseconds")
     base = base if isinstance(base, int) and base > 0 else 0
@@ -80,6 +82,7 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
     ops: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     launches: dict[int, tuple[Any, float, bool]] = {}
     gpu: list[tuple[int | None, float, float, str, str]] = []
+    step_names: list[str] = []
     for e in doc["traceEvents"]:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -94,7 +97,10 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
                 ranges[thread].append((ts, ts + dur, name[len(TRUTH_PREFIX) :].split()[0]))
             elif name.startswith(STEP_PREFIX):
                 m = _PHASE.search(name)
-                steps[thread].append((ts, ts + dur, [m.group(1) if m else None, False]))
+                steps[thread].append(
+                    (ts, ts + dur, [m.group(1) if m else None, False, name, len(step_names)])
+                )
+                step_names.append(name)
         elif cat == "cpu_op":
             ops[thread].append((ts, ts + dur, name))
         elif cat in _LAUNCH_CATS:
@@ -132,7 +138,8 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
             store.update(zip(corrs, found, strict=True))
     has_truth = bool(ranges)
     rows: dict[str, list[Any]] = {k: [] for k in ("correlation", "start_ns", "name", "dur_ns", "kind", "graph",
-                                                  "region", "gemm_op", "phase", "accepted")}  # fmt: skip
+                                                  "region", "gemm_op", "phase", "accepted", "step_id",
+                                                  "step_name")}  # fmt: skip
     for corr, ts, dur, name, kind in gpu:
         launch = launches.get(corr) if corr is not None else None
         graph = bool(launch and launch[2])
@@ -153,6 +160,8 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
         rows["region"].append(region)
         rows["gemm_op"].append(gemm)
         rows["phase"].append(step[0] if step else None)
+        rows["step_id"].append(step[3] if step else None)
+        rows["step_name"].append(step[2] if step else None)
         rows["accepted"].append(list(table.stages(region, gemm, kind)) if region else [])
     return pa.table(
         {
@@ -166,6 +175,8 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
             "gemm_op": pa.array(rows["gemm_op"], pa.bool_()),
             "phase": pa.array(rows["phase"], pa.string()),
             "accepted": pa.array(rows["accepted"], pa.list_(pa.string())),
+            "step_id": pa.array(rows["step_id"], pa.int64()),
+            "step_name": pa.array(rows["step_name"], pa.string()),
         }
     )
 
@@ -297,3 +308,83 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
         ],  # fmt: skip
     }
     return report
+
+
+# ----------------------------------------------------------------------------- step fields
+
+STEP_FIELDS = ("phase", "prefill_tokens", "decode_tokens", "model", "verify_k")
+
+
+def _field(v: Any) -> Any:
+    """A step row's value with pandas' missing markers (None, NaN, NA) and the phase ``unknown``
+    read as None (not given)."""
+    if v is None or v == "unknown":
+        return None
+    try:
+        if v != v:  # NaN
+            return None
+    except (TypeError, ValueError):
+        return None
+    return int(v) if isinstance(v, (float, np.floating, np.integer)) else v
+
+
+def step_agreement(
+    kernels: pa.Table, truth: pa.Table, steps: Any, patterns: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """How far the analysis's step rows agree with the capture's ``lkm::step`` ranges.
+
+    Each analysed step is paired with the truth step holding most of its kernel time, one to one
+    (a truth step split over several analysed steps pairs with the largest part). For each field of
+    :data:`STEP_FIELDS` it counts, over the paired steps: ``agree``; ``wrong``, a value given that
+    differs from the truth (a ``verify_k`` where the truth verifies nothing is wrong too); and
+    ``not_given``, a null where the truth has a value (the analysis said it cannot tell). A count
+    the truth leaves out is not scored.
+    ``patterns``: the annotation patterns that read the truth names (``rules/annotations.toml``).
+    """
+    from analyzer.analyses.phases import parse_annotation
+
+    key = {
+        (c, s): i
+        for i, (c, s) in enumerate(
+            zip(truth["correlation"].to_pylist(), truth["start_ns"].to_pylist(), strict=True)
+        )
+    }
+    t_step = truth["step_id"].to_pylist()
+    t_name = truth["step_name"].to_pylist()
+    names: dict[int, str] = {}
+    cols = kernels.select(["correlation", "start_ns", "dur_ns", "trace_id", "step"]).to_pydict()
+    time: dict[tuple[int, int], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for c, s, d, tid, st in zip(*(cols[k] for k in ("correlation", "start_ns", "dur_ns", "trace_id", "step")),
+                                strict=True):  # fmt: skip
+        j = key.get((c, s))
+        if j is None or st is None or t_step[j] is None:
+            continue
+        names[t_step[j]] = t_name[j]
+        time[(tid, st)][t_step[j]] += int(d or 0)
+    best: dict[int, tuple[int, tuple[int, int]]] = {}  # truth step -> (time, analysed step)
+    for found, by_truth in time.items():
+        t, d = max(by_truth.items(), key=lambda kv: (kv[1], -kv[0]))
+        if t not in best or d > best[t][0]:
+            best[t] = (d, found)
+    rows = {}
+    if steps is not None and len(steps):
+        for r in steps[["trace_id", "step", *STEP_FIELDS]].itertuples(index=False):
+            rows[(int(r.trace_id), int(r.step))] = r
+    fields = {f: {"agree": 0, "wrong": 0, "not_given": 0} for f in STEP_FIELDS}
+    paired = 0
+    for t, (_, found) in sorted(best.items()):
+        info = parse_annotation(names[t], patterns)
+        row = rows.get(found)
+        if info is None or info.phase is None or row is None:
+            continue
+        paired += 1
+        for f in STEP_FIELDS:
+            want, got = _field(getattr(info, f)), _field(getattr(row, f))
+            if got is None and want is not None:
+                fields[f]["not_given"] += 1
+            elif got == want:
+                fields[f]["agree"] += 1
+            elif want is not None or f == "verify_k":
+                fields[f]["wrong"] += 1
+    truth_steps = len({s for s in t_step if s is not None})
+    return {"truth": truth_steps, "found": len(rows), "paired": paired, "fields": fields}
