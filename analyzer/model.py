@@ -217,6 +217,20 @@ def objects(values: Any) -> np.ndarray:
     return uniq[codes.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)]
 
 
+def dict_from_codes(codes: np.ndarray, labels: Sequence[str]) -> pa.DictionaryArray:
+    """Per row ``labels[codes[row]]`` as dictionary<int32, string>, the same array
+    :func:`dict_strings` makes of those strings (the labels in use, by first appearance; labels
+    may repeat), without building them per row."""
+    if len(codes) == 0:
+        return dict_strings(pa.array([], pa.string()))
+    used, first = np.unique(codes, return_index=True)
+    lut = np.zeros(max(len(labels), 1), np.int32)
+    out: dict[str, int] = {}
+    for c in used[np.argsort(first, kind="stable")].tolist():
+        lut[c] = out.setdefault(labels[c], len(out))
+    return pa.DictionaryArray.from_arrays(pa.array(lut[codes], pa.int32()), pa.array(list(out), pa.string()))
+
+
 def pylist(values: Any) -> list[Any]:
     """:func:`objects` as a list."""
     return objects(values).tolist()

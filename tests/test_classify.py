@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from analyzer.analyses import layers
@@ -201,3 +202,23 @@ def test_training_kernels_make_the_self_check_warn() -> None:
     assert TRAINING_WARNING in _check_warnings(table(["softmax_warp_backward<float>"], ["elementwise"]), [])
     # AND an inference trace does not warn
     assert _check_warnings(table(["flash_fwd_kernel"], ["flash_attention"]), []) == []
+
+
+@pytest.mark.parametrize(
+    ("codes", "labels"),
+    [
+        ([2, 0, 2, 1, 0], ["norm", "gemm", "rope"]),
+        ([1, 3, 1, 0], ["a", "x", "b", "x"]),  # two codes share a label (stage -> category)
+        ([], ["a"]),
+    ],
+)
+def test_dict_from_codes_is_the_dictionary_of_the_labels(codes, labels) -> None:
+    # GIVEN per-row codes into labels WHEN built from the codes THEN the same dictionary array
+    # (values, dictionary order by first appearance, type) as encoding the strings row by row
+    from analyzer.model import dict_from_codes, dict_strings
+
+    got = dict_from_codes(np.asarray(codes, np.int16), labels)
+    want = dict_strings(pa.array([labels[c] for c in codes], pa.string()))
+    assert got.type == want.type
+    assert got.dictionary.to_pylist() == want.dictionary.to_pylist()
+    assert got.indices.to_pylist() == want.indices.to_pylist()

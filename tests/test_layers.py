@@ -8,6 +8,7 @@ replace the heuristic together with these tests, saying so.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from analyzer.analyses.layers import (
@@ -16,8 +17,10 @@ from analyzer.analyses.layers import (
     WEAK_WRITE,
     _kv_update_positions,
     _role,
+    topk_candidates,
     walk_sequence,
 )
+from analyzer.model import dict_isin, dict_strings
 
 # (stage after the rule table, kernel name, launching host op) of one kernel
 Kernel = tuple[str, str, "str | None"]
@@ -51,18 +54,26 @@ HEAD = [("embedding", "indexSelectLargeIndex", None)]
 TAIL = [NORM, GEMM, ("sampling", "topk_kernel", None)]
 
 
+def op_rows(names: list[str], ops: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
+    """The walk's per-row op masks, as classify computes them: top-k candidates, ``aten::pow``."""
+    column = dict_strings(pa.array(ops, pa.string()))
+    return topk_candidates(names, column), dict_isin(column, ["aten::pow"])
+
+
 def walk(kernels: list[Kernel]) -> tuple[list[str], list[int]]:
     """Run the walk over one device's kernels in time order; each kernel its own launching op."""
     n = len(kernels)
     stage = [k[0] for k in kernels]
     layer = np.full(n, -1, np.int64)
+    names, ops = [k[1] for k in kernels], [k[2] for k in kernels]
     walk_sequence(
         np.arange(n),
         stage,
-        [k[1] for k in kernels],
-        [k[2] for k in kernels],
+        names,
+        ops,
         np.arange(n, dtype=np.float64),  # distinct launch ids: no two GEMM kernels form one op
         layer,
+        *op_rows(names, ops),
     )
     return stage, layer.tolist()
 
@@ -282,7 +293,7 @@ def walk_composed(kernels: list[Kernel]) -> tuple[list[str], list[int]]:
     args = ([k[1] for k in kernels], [k[2] for k in kernels], np.arange(n, dtype=np.float64))
     compose_attention(np.arange(n), stage, *args)
     layer = np.full(n, -1, np.int64)
-    walk_sequence(np.arange(n), stage, *args, layer)
+    walk_sequence(np.arange(n), stage, *args, layer, *op_rows(args[0], args[1]))
     return stage, layer.tolist()
 
 

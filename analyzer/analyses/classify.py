@@ -33,7 +33,7 @@ from analyzer.analyses import layers, providers, shape_roles
 from analyzer.analyses.layers import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
-from analyzer.model import dict_isin, dict_strings, dict_take, pylist
+from analyzer.model import dict_from_codes, dict_isin, dict_strings, dict_take, pylist
 from analyzer.tables import launches
 
 # --------------------------------------------------------------------------- entry point
@@ -58,14 +58,14 @@ def classify_and_check(
     """:func:`classify_kernels` and its self-check: the table (with ``stage_source``, how each
     kernel's stage was decided: :data:`SOURCES`) and the warnings for what could not be decided."""
     cols = classify_by_name(kernels, ruleset)
-    op_names, op_dims = launching_ops(kernels, host_ops)
+    op_names, op_dims, op_column = launching_ops(kernels, host_ops)
     cols["provider"] = providers.attribute_providers(kernels, cols, op_names, host_ops, provider_facts)
     stage = cols["stage"]
     vocab: dict[str, int] = {}  # stage -> code: per-kernel copies of the stage as int16, not lists
     apply_op_hints(stage, op_names, op_hints, op_dims)
-    front = in_attention_front_end(kernels, host_ops, stage)
-    softmax = layers.softmax_rows(cols["norm_name"], op_names, stage)
     by_names = _stage_codes(stage, vocab)
+    front = in_attention_front_end(kernels, host_ops, by_names, vocab)
+    softmax = layers.softmax_rows(cols["norm_name"], op_column, stage)
     order = np.lexsort(
         (
             kernels["start_ns"].to_numpy(zero_copy_only=False),
@@ -78,7 +78,8 @@ def classify_and_check(
     tid = kernels["trace_id"].to_numpy(zero_copy_only=False)
     dev = kernels["device"].to_numpy(zero_copy_only=False)
     norm = pylist(cols["norm_name"])
-    topk = layers.topk_candidates(norm, op_names, kernels.num_rows)
+    topk = layers.topk_candidates(norm, op_column)
+    pow_rows = dict_isin(op_column, ["aten::pow"])
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     ordered = order[timed[order]]
     segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
@@ -90,7 +91,7 @@ def classify_and_check(
             layers.compose_attention(seg, stage, norm, op_names, launch, softmax)
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
                 stage[r] = layers.COMPOSED_ATTENTION
-            layers.walk_sequence(seg, stage, norm, op_names, launch, layer, topk)
+            layers.walk_sequence(seg, stage, norm, op_names, launch, layer, topk, pow_rows)
             why = layers.structure_problem(seg, stage, layer)
             if why:
                 # not found with confidence: keep what the names said (role-free GEMMs, generic kernels)
@@ -99,15 +100,17 @@ def classify_and_check(
                 layer[seg] = -1
                 undecided.append(why)
     shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model)
-    source = _stage_sources(by_names, stage, vocab, shaped)
+    final = _stage_codes(stage, vocab)
+    source = _stage_sources(by_names, final, vocab, shaped)
     categories = ruleset.taxonomy.stage_category
-    category = [categories.get(s, "other") for s in stage]
+    stage_names = list(vocab)
+    category_names = [categories.get(s, "other") for s in stage_names]
     out = kernels
     idx = out.schema.get_field_index("norm_name")
     out = out.set_column(idx, "norm_name", cols["norm_name"])
     extra = {
-        "stage": dict_strings(stage),
-        "category": dict_strings(category),
+        "stage": dict_from_codes(final, stage_names),
+        "category": dict_from_codes(final, category_names),
         "provider": cols["provider"],
         "rule_id": cols["rule_id"],
         "tile_m": cols["tile_m"],
@@ -190,12 +193,12 @@ def _stage_codes(stage: list[str], vocab: dict[str, int]) -> np.ndarray:
 
 
 def _stage_sources(
-    by_names: np.ndarray, stage: list[str], vocab: dict[str, int], shaped: np.ndarray | None = None
+    by_names: np.ndarray, fin: np.ndarray, vocab: dict[str, int], shaped: np.ndarray | None = None
 ) -> pa.DictionaryArray:
     """Per kernel: role_free (a stage that names no role), by_shapes (a GEMM role its recorded
     shape decided), by_structure (the layer walk changed it), else by_name_rule (the kernel rule
-    table or the launching host op's name; ``by_names``: its codes)."""
-    fin = _stage_codes(stage, vocab)
+    table or the launching host op's name). ``by_names`` / ``fin``: the stage codes (``vocab``)
+    before the structure and at the end."""
     free = np.array([x in ROLE_FREE for x in vocab], bool)[fin] if vocab else np.zeros(0, bool)
     out = np.where(free, 3, np.where(fin != by_names, 2, 0)).astype(np.int8)
     if shaped is not None:
@@ -280,13 +283,16 @@ def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- 2. host-op hints
 
 
-def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | None], dict[int, Any]]:
-    """Name of the innermost cpu_op that launched each kernel (External id), and the input shapes
-    of those ops that may be embedding lookups (by kernel row)."""
+def launching_ops(
+    kernels: pa.Table, host_ops: pa.Table
+) -> tuple[list[str | None], dict[int, Any], pa.DictionaryArray]:
+    """Name of the innermost cpu_op that launched each kernel (External id), the input shapes of
+    those ops that may be embedding lookups (by kernel row), and the names again as one dictionary
+    column (null: no launching op) for masks tested once per distinct op (:func:`dict_isin`)."""
     n = kernels.num_rows
     found = launches.launching_op_rows(kernels, host_ops)
     if found is None:
-        return [None] * n, {}
+        return [None] * n, {}, dict_strings(pa.nulls(n, pa.string()))
     ops, pos = found
     names = dict_strings(ops["name"]).take(pos)
     is_gather = pc.fill_null(
@@ -301,22 +307,24 @@ def launching_ops(kernels: pa.Table, host_ops: pa.Table) -> tuple[list[str | Non
         inside = inside_ops(host_ops, op_rows.to_numpy(zero_copy_only=False), _EMBEDDING_OPS)
         for r in rows[inside].tolist():
             dims[r] = EMBEDDING_OP  # launched inside nn.Embedding's op: a lookup, whatever the table size
-    return pylist(names), dims
+    return pylist(names), dims, names
 
 
-def in_attention_front_end(kernels: pa.Table, host_ops: pa.Table, stage: list[str]) -> np.ndarray:
+def in_attention_front_end(
+    kernels: pa.Table, host_ops: pa.Table, codes: np.ndarray, vocab: Mapping[str, int]
+) -> np.ndarray:
     """Per kernel: a generic, GEMM or softmax kernel launched inside ``aten::scaled_dot_product_attention``.
 
     The SDPA front end prepares its inputs (contiguous copies, the boolean mask turned into an
     additive one) and, on the math backend, computes attention from matmuls and a softmax: all of
-    it is attention, whatever the launching op's own name says."""
+    it is attention, whatever the launching op's own name says. ``codes``: each kernel's stage as
+    its code in ``vocab`` (:func:`_stage_codes`)."""
     n = kernels.num_rows
     found = launches.launching_op_rows(kernels, host_ops)
     if found is None or not dict_isin(host_ops["name"], list(_ATTENTION_FRONT_ENDS)).any():
         return np.zeros(n, bool)
     ops, pos = found
-    kinds = {k: k in _FRONT_END_PARTS for k in set(stage)}
-    wanted = np.fromiter(map(kinds.__getitem__, stage), bool, n)
+    wanted = np.array([k in _FRONT_END_PARTS for k in vocab], bool)[codes]
     rows = np.flatnonzero(wanted & pos.is_valid().to_numpy(zero_copy_only=False))
     out = np.zeros(n, bool)
     if len(rows):

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAGES
+from analyzer.model import dict_isin
 from analyzer.tables.launches import launching_op_rows
 
 # The stages the walk reads (sets for fast membership; derived from rules/taxonomy.toml):
@@ -153,9 +154,10 @@ def compose_attention(
     return found
 
 
-def softmax_rows(norm_names: Any, op_names: Sequence[str | None], stage: list[str]) -> np.ndarray:
+def softmax_rows(norm_names: Any, op_column: pa.Array, stage: list[str]) -> np.ndarray:
     """Per kernel row: a softmax kernel (by its name, once per distinct name) or one launched by a
-    softmax op; the candidates :func:`compose_attention` looks around."""
+    softmax op (``op_column``: the launching op's name per row); the candidates
+    :func:`compose_attention` looks around."""
     if isinstance(norm_names, pa.ChunkedArray):
         norm_names = norm_names.combine_chunks()
     codes = (
@@ -167,8 +169,7 @@ def softmax_rows(norm_names: Any, op_names: Sequence[str | None], stage: list[st
     out = by_name[idx]
     for r in np.flatnonzero(out).tolist():
         out[r] = stage[r] in ("sampling", "elementwise")
-    soft_ops = {o: o in _SOFTMAX_OPS for o in set(op_names)}
-    return out | np.fromiter(map(soft_ops.__getitem__, op_names), bool, len(op_names))
+    return out | dict_isin(op_column, list(_SOFTMAX_OPS))
 
 
 def _gemm_ops(
@@ -219,9 +220,11 @@ def walk_sequence(
     op_names: Sequence[str | None],
     launch: np.ndarray,
     layer: np.ndarray,
-    topk_rows: np.ndarray | None = None,
+    topk_rows: np.ndarray,
+    pow_rows: np.ndarray,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels.
+    ``topk_rows`` / ``pow_rows`` (per kernel row): :func:`topk_candidates`, launched by ``aten::pow``.
 
     Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store),
     ``attn`` (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm),
@@ -231,7 +234,7 @@ def walk_sequence(
     """
     rows = seq.tolist()
     n = len(rows)
-    _demote_lone_pow(rows, stage, norm, op_names)
+    _demote_lone_pow(rows, stage, norm, op_names, np.flatnonzero(pow_rows[seq]).tolist())
     st = list(map(stage.__getitem__, rows))
     # norm-like: a norm stage, or a name with a norm's word (tested once per distinct name; no
     # per-kernel tuples: millions of them would dominate the memory of a 10 GB trace)
@@ -353,7 +356,12 @@ def walk_sequence(
     shape = _norm_shape(rows, norm, op_names, normish, was_generic, qkv_starts)
     regions = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
     region_code = np.fromiter(map(regions.__getitem__, region_of), np.int32, n)
-    _label_generic(seq, stage, op_names, region_of, region_code, norm, normish, shape)
+    # the generic kernels now: the fix-ups made generic kernels of marked ones only (and took
+    # some generic ones: an embedding's scale)
+    candidates = was_generic.copy()
+    candidates[marks] = True
+    generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
+    _label_generic(seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
     _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm)
     layer[seq] = layer_of
@@ -367,14 +375,13 @@ _ROUTING_TAIL_OPS = frozenset({"aten::gather", "aten::sum", "aten::div", "aten::
 _ROUTING_PARTS = GENERIC | SAMPLING_LIKE | {"activation", "moe_sort"}
 
 
-def topk_candidates(norm: Any, op_names: Sequence[str | None], n: int) -> np.ndarray:
-    """Per kernel row: launched by ``aten::topk``, or without a launching op and named like a top-k
-    (tested once per distinct op and name); :func:`_mark_routers` looks at these only."""
-    by_op = {o: 2 if o is None else int(o == "aten::topk") for o in set(op_names)}
-    kind = np.fromiter(map(by_op.__getitem__, op_names), np.int8, n)
-    out = kind == 1
+def topk_candidates(norm: Any, op_column: pa.Array) -> np.ndarray:
+    """Per kernel row: launched by ``aten::topk``, or without a launching op (``op_column``: the
+    launching op's name, null: none) and named like a top-k (tested once per distinct op and
+    name); :func:`_mark_routers` looks at these only."""
+    out = dict_isin(op_column, ["aten::topk"])
     names = norm if isinstance(norm, list) else list(norm)
-    none = np.flatnonzero(kind == 2)
+    none = np.flatnonzero(op_column.is_null().to_numpy(zero_copy_only=False))
     memo: dict[str, bool] = {}
     for r in none.tolist():
         nm = names[r]
@@ -401,7 +408,7 @@ def _mark_routers(
     ops: tuple[np.ndarray, np.ndarray],
     hard: np.ndarray,
     experts: np.ndarray,
-    topk_rows: np.ndarray | None = None,
+    topk_rows: np.ndarray,
 ) -> bool:
     """MoE routers: a GEMM whose output goes to a top-k that more GEMMs follow within the block.
 
@@ -413,8 +420,6 @@ def _mark_routers(
     the last top-k become ``moe_topk``. Returns whether any router was found.
     """
     n = len(rows)
-    if topk_rows is None:
-        topk_rows = topk_candidates(norm, op_names, len(stage))
     topk = [
         q for q in np.flatnonzero(topk_rows[np.asarray(rows, np.int64)]).tolist() if st[q] in _ROUTING_PARTS
     ]
@@ -512,11 +517,11 @@ _REDUCE_OPS = frozenset({"aten::mean", "aten::var_mean", "aten::sum", "aten::var
 
 
 def _demote_lone_pow(
-    rows: list[int], stage: list[str], norm: list[str], op_names: Sequence[str | None]
+    rows: list[int], stage: list[str], norm: list[str], op_names: Sequence[str | None], pows: list[int]
 ) -> None:
-    """``aten::pow`` is a norm's square only when a reduction (the mean) follows it; elsewhere
-    (GELU-tanh's ``x ** 3``) it is generic work that the region labels."""
-    pos = [q for q, r in enumerate(rows) if op_names[r] == "aten::pow" and stage[r] == "norm"]
+    """``aten::pow`` (at positions ``pows``) is a norm's square only when a reduction (the mean)
+    follows it; elsewhere (GELU-tanh's ``x ** 3``) it is generic work that the region labels."""
+    pos = [q for q in pows if stage[rows[q]] == "norm"]
     n = len(rows)
     for q in pos:
         nxt = rows[q + 1 : min(q + 3, n)]
@@ -583,22 +588,26 @@ def _label_generic(
     op_names: Sequence[str | None],
     region_of: list[str],
     region_code: np.ndarray,
+    generic_at: list[int],
     norm: Sequence[str] = (),
     normish: np.ndarray | None = None,
     shape: dict[str, tuple[int, int]] | None = None,
 ) -> None:
-    """Generic kernels take the stage of the region they sit in (``region_code``: ``region_of`` as
-    one integer per region name, so the runs of one region are found at once)."""
+    """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
+    sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
+    are found at once). Each region's labelling changes only its own positions, so the generic
+    kernels of every region are the ones found before the first."""
     rows = seq.tolist()
     n = len(rows)
     clusters = _cluster_bounds(np.flatnonzero(normish)) if shape and normish is not None else None
     starts = [0, *(np.flatnonzero(np.diff(region_code)) + 1).tolist()]
     ends = [*starts[1:], n]
-    for p, q in zip(starts, ends, strict=True):
+    cut = np.searchsorted(np.asarray(generic_at, np.int64), np.asarray([*starts, n], np.int64)).tolist()
+    for k, (p, q) in enumerate(zip(starts, ends, strict=True)):
         if p >= n:
             break
         reg = region_of[p]
-        run = [i for i in range(p, q) if stage[rows[i]] in GENERIC]
+        run = generic_at[cut[k] : cut[k + 1]]
         if run and reg == "pre":
             _label_first_norm(rows, run, p, q, stage, norm)
             _label_rotary_module(rows, p, q, stage, op_names)
@@ -1022,33 +1031,32 @@ def structure_problem(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> s
     does not repeat (the most common per-layer sequence covers under half of the layers; a
     dense-then-MoE mix has two sequences, both repeating).
     """
-    rows = seq.tolist()
-    st = list(map(stage.__getitem__, rows))
-    counts = Counter(st)
-    gemms = sum(v for x, v in counts.items() if x in GEMM_STAGES or x == "moe_expert_gemm")
+    st = [stage[r] for r in seq.tolist()]
+    kinds = {x: i for i, x in enumerate(dict.fromkeys(st))}
+    code = np.fromiter(map(kinds.__getitem__, st), np.int32, len(st))
+    del st
+    counts = np.bincount(code, minlength=len(kinds))
+    names = list(kinds)
+    gemms = int(sum(counts[i] for i, x in enumerate(names) if x in GEMM_STAGES or x == "moe_expert_gemm"))
     if gemms < _MIN_GEMMS_FOR_LAYERS:
         return None
-    if not counts.keys() & ATTENTION:
+    if not kinds.keys() & ATTENTION:
         return f"no attention located among {gemms} GEMM kernels"
     # one run per layer instance (kernels of one layer number, back to back): its GEMM roles in
-    # order, repeats merged; only the GEMM positions are visited
-    kinds = {x: i for i, x in enumerate(counts)}
-    code = np.fromiter(map(kinds.__getitem__, st), np.int32, len(st))
-    role = np.array([x in GEMM_STAGES and x != "gemm" for x in kinds], bool)[code]
+    # order, repeats merged; only the GEMM positions are looked at
+    role = np.array([x in GEMM_STAGES and x != "gemm" for x in names], bool)[code]
     lay = layer[seq]
     instance = np.concatenate([[0], np.cumsum(lay[1:] != lay[:-1])])
-    by_instance: dict[int, list[str]] = {}
-    for q in np.flatnonzero(role & (lay >= 0)).tolist():
-        run = by_instance.setdefault(int(instance[q]), [])
-        if not run or run[-1] != st[q]:
-            run.append(st[q])
-    runs = list(by_instance.values())
-    if len(runs) >= 3:
-        counts: dict[tuple[str, ...], int] = {}
-        for v in runs:
-            counts[tuple(v)] = counts.get(tuple(v), 0) + 1
-        if 2 * max(counts.values()) < len(runs):
-            return f"the GEMM role sequence does not repeat over {len(runs)} layers"
+    at = np.flatnonzero(role & (lay >= 0))
+    c, inst = code[at], instance[at]
+    keep = np.ones(len(at), bool)
+    keep[1:] = (inst[1:] != inst[:-1]) | (c[1:] != c[:-1])
+    c, inst = c[keep], inst[keep]
+    starts = np.flatnonzero(np.concatenate([[True], inst[1:] != inst[:-1]])) if len(inst) else inst
+    if len(starts) >= 3:
+        seqs = Counter(part.tobytes() for part in np.split(c, starts[1:]))
+        if 2 * max(seqs.values()) < len(starts):
+            return f"the GEMM role sequence does not repeat over {len(starts)} layers"
     return None
 
 
