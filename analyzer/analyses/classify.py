@@ -209,13 +209,14 @@ def _stage_sources(
 def classification_shares(stage_source: Any, dur_ns: Any) -> dict[str, float]:
     """Share of kernel time per :data:`SOURCES` (the summary's ``classification``), from the
     ``stage_source`` and ``dur_ns`` columns (pandas or Arrow); zeros for an empty run."""
-    src = np.asarray(
-        pylist(stage_source) if isinstance(stage_source, (pa.Array, pa.ChunkedArray)) else stage_source,
-        object,
-    )
+    codes = dict_strings(pa.array(stage_source) if isinstance(stage_source, pd.Series) else stage_source)
     dur = np.nan_to_num(np.asarray(dur_ns, np.float64))
     total = float(dur.sum())
-    return {s: round(float(dur[src == s].sum()) / total, 6) if total > 0 else 0.0 for s in SOURCES}
+    idx = codes.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    names = codes.dictionary.to_pylist()
+    by = np.bincount(idx[idx >= 0], dur[idx >= 0], len(names)) if len(names) else np.zeros(0)
+    got = dict(zip(names, by.tolist(), strict=True))
+    return {s: round(got.get(s, 0.0) / total, 6) if total > 0 else 0.0 for s in SOURCES}
 
 
 _BACKWARD_WORDS = ("backward", "Backward", "_bwd", "bwd_", "BwdKernel", "wgrad", "dgrad")

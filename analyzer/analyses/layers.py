@@ -364,8 +364,8 @@ def walk_sequence(
     _label_generic(seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
     _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm)
+    _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts)
     layer[seq] = layer_of
-    _shift_prologue_to_next_layer(seq, stage, layer, qkv_starts)
 
 
 # what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
@@ -668,8 +668,13 @@ def _label_generic(
                 for part, last in parts:
                     if not part:
                         continue
-                    tokens = tuple((norm[rows[i]] if norm else "", op_names[rows[i]]) for i in part)
-                    writes = tuple(_write_kind(i in named, op_names[rows[i]]) for i in part)
+                    ops = [op_names[rows[i]] for i in part]
+                    names = [norm[rows[i]] for i in part] if norm else [""] * len(part)
+                    tokens = tuple(zip(names, ops, strict=True))
+                    writes = tuple(
+                        STRONG_WRITE if i in named else _OP_WRITES.get(o, 0)
+                        for i, o in zip(part, ops, strict=True)
+                    )
                     kv, attn = _kv_update_positions(tokens, writes, last)
                     kv_rows.update(part[j] for j in kv)
                     reads.update(part[j] for j in attn)
@@ -702,6 +707,10 @@ def _write_kind(named: bool, op: str | None) -> int:
     if op not in _KV_OPS:
         return 0
     return WEAK_WRITE if op == "aten::copy_" else STRONG_WRITE
+
+
+# :func:`_write_kind` of each op that is not a named store, looked up once per kernel
+_OP_WRITES = {op: _write_kind(False, op) for op in (*_KV_OPS, *_CACHE_READ_OPS)}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -780,12 +789,6 @@ def _last_square_end(tokens: tuple[Any, ...], writes: tuple[int, ...], limit: in
     return limit if end is None else end
 
 
-def _norm_clusters(pos: np.ndarray, gap: int = 3) -> list[tuple[int, int]]:
-    """(first, last) of each run of norm kernels at most ``gap`` apart (pow, mean, add, rsqrt)."""
-    first, last = _cluster_bounds(pos, gap)
-    return list(zip(first, last, strict=True))
-
-
 def _is_cast(r: int, norm: Sequence[str], op_names: Sequence[str | None]) -> bool:
     op = op_names[r]
     return op == "aten::copy_" if op is not None else "copy" in norm[r]
@@ -812,13 +815,19 @@ def _norm_shape(
     if not qkv_l:
         return None
     seen: dict[str, tuple[list[int], list[int]]] = {}
-    for c0, c1 in _norm_clusters(np.flatnonzero(normish)):
-        k = bisect.bisect_left(qkv_l, c1)
-        nxt = qkv_l[k] if k < len(qkv_l) else n
-        if nxt - c1 - 1 <= _MAX_NORM_TAIL and was_generic[c1 + 1 : nxt].all():
-            leads, tails = seen.setdefault(norm[rows[c0]], ([], []))
-            tails.append(int(nxt - c1 - 1))
-            leads.append(int(c0 > 0 and was_generic[c0 - 1] and _is_cast(rows[c0 - 1], norm, op_names)))
+    first, last = (np.asarray(x, np.int64) for x in _cluster_bounds(np.flatnonzero(normish)))
+    qkv = np.asarray(qkv_l, np.int64)
+    k = np.searchsorted(qkv, last)
+    nxt = np.where(k < len(qkv), qkv[np.minimum(k, len(qkv) - 1)], n)
+    tail = nxt - last - 1
+    # only generic kernels between the cluster and the GEMM (none when the GEMM comes right after)
+    other = np.concatenate([[0], np.cumsum(~was_generic)])
+    ok = (tail <= _MAX_NORM_TAIL) & (other[np.maximum(nxt, last + 1)] == other[last + 1])
+    cast_before = (first > 0) & was_generic[np.maximum(first - 1, 0)]
+    for c0, t, c in zip(first[ok].tolist(), tail[ok].tolist(), cast_before[ok].tolist(), strict=True):
+        leads, tails = seen.setdefault(norm[rows[c0]], ([], []))
+        tails.append(t)
+        leads.append(int(c and _is_cast(rows[c0 - 1], norm, op_names)))
     if not seen:
         return None
     return {k: (int(np.bincount(lv).argmax()), int(np.bincount(tv).argmax())) for k, (lv, tv) in seen.items()}
@@ -836,7 +845,7 @@ def _norm_windows(
     norm: Sequence[str],
 ) -> set[int]:
     """Positions in [lo, hi) covered by a norm of its learned shape around each norm-like cluster
-    (``clusters``: the first and last positions of every cluster, from :func:`_norm_clusters`)."""
+    (``clusters``: the first and last positions of every cluster, from :func:`_cluster_bounds`)."""
     first, last = clusters
     out: set[int] = set()
     for k in range(bisect.bisect_left(last, lo), bisect.bisect_left(first, hi)):
@@ -848,7 +857,8 @@ def _norm_windows(
 
 
 def _cluster_bounds(pos: np.ndarray, gap: int = 3) -> tuple[list[int], list[int]]:
-    """The first and the last positions of each cluster of :func:`_norm_clusters`, as two lists
+    """The first and the last positions of each run of norm kernels at most ``gap`` apart (pow,
+    mean, add, rsqrt), as two lists
     (searched with ``bisect``: one search per region, where numpy's per-call cost would dominate)."""
     if not len(pos):
         return [], []
@@ -1004,17 +1014,20 @@ def _has_norm_signal(
 
 
 def _shift_prologue_to_next_layer(
-    seq: np.ndarray, stage: list[str], layer: np.ndarray, qkv_starts: list[int]
+    rows: list[int], stage: list[str], layer_of: list[int], qkv_starts: list[int]
 ) -> None:
     """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one
-    (``qkv_starts``: the positions where a run of QKV GEMMs begins)."""
-    rows = seq.tolist()
+    (``qkv_starts``: the positions where a run of QKV GEMMs begins; ``layer_of``: each
+    position's layer)."""
     for q in qkv_starts:
-        r = rows[q]
+        v = layer_of[q]
         k = q - 1
-        while k >= 0 and stage[rows[k]] in ("norm", "elementwise", "quantize"):
-            layer[rows[k]] = layer[r]
+        while k >= 0 and stage[rows[k]] in _PROLOGUE_STAGES:
+            layer_of[k] = v
             k -= 1
+
+
+_PROLOGUE_STAGES = frozenset({"norm", "elementwise", "quantize"})
 
 
 # --------------------------------------------------------------------------- self-check

@@ -292,6 +292,7 @@ def split_phases(
         "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.int64),
         "agg": kernels["aggregate"].to_numpy(zero_copy_only=False),
         "stage": stage,
+        "stage_dict": dict_strings(kernels["stage"]),
         "is_attn": dict_isin(kernels["stage"], ATTENTION_KERNEL_STAGES),
         "is_heavy": dict_isin(kernels["stage"], HEAVY_STAGES),
         "fill": _is_fill(kernels),
@@ -497,23 +498,34 @@ def _step_row(
 # --------------------------------------------------------------------------- unannotated steps
 
 
-def forward_starts(stages: np.ndarray) -> np.ndarray:
+def _stage_is(stages: Any, wanted: Sequence[str]) -> np.ndarray:
+    """Per position: the stage is one of ``wanted``; ``stages`` as strings, or as a dictionary
+    array (tested once per distinct stage)."""
+    if isinstance(stages, (pa.Array, pa.ChunkedArray)):
+        return dict_isin(stages, wanted)
+    return np.isin(np.asarray(stages), list(wanted))
+
+
+def forward_starts(stages: Any) -> np.ndarray:
     """Positions (in time order) where a forward begins: its embedding lookup; for a forward without
     an embedding kernel (compiled into a fused kernel, replayed from a graph, run on the host), the
-    first norm / QKV GEMM / attention kernel after the previous forward's LM head."""
-    emb = np.flatnonzero(stages == "embedding")
+    first norm / QKV GEMM / attention kernel after the previous forward's LM head. ``stages``: the
+    kernels' stages in time order (strings, or a dictionary array)."""
+    is_emb = _stage_is(stages, ("embedding",))
+    emb = np.flatnonzero(is_emb)
     # consecutive embedding kernels (e.g. a gather + a scale) start one forward
     starts = emb[np.concatenate([[True], np.diff(emb) > 1])].tolist() if len(emb) else []
-    attn = np.isin(stages, ATTENTION_KERNEL_STAGES)
+    attn = _stage_is(stages, ATTENTION_KERNEL_STAGES)
     if not attn.any():
         return np.asarray(starts, np.int64)
-    opens = np.flatnonzero(np.isin(stages, ("norm", "qkv_gemm", "embedding", *ATTENTION_KERNEL_STAGES)))
-    lm = np.flatnonzero(stages == "lm_head_gemm")
+    is_open = _stage_is(stages, ("norm", "qkv_gemm", "embedding", *ATTENTION_KERNEL_STAGES))
+    opens = np.flatnonzero(is_open)
+    lm = np.flatnonzero(_stage_is(stages, ("lm_head_gemm",)))
     if not starts:
         starts = [0]
     for p in lm.tolist():
         k = int(np.searchsorted(opens, p + 1))
-        if k < len(opens) and stages[opens[k]] != "embedding":
+        if k < len(opens) and not is_emb[opens[k]]:
             starts.append(int(opens[k]))
     return np.unique(np.asarray(starts, np.int64))
 
@@ -531,7 +543,7 @@ def _steps_from_structure(
 ) -> list[dict[str, Any]]:
     stages = df["stage"][idx]
     starts = _graph_launch_start(
-        forward_starts(stages),
+        forward_starts(df["stage_dict"].take(pa.array(idx))),
         df["corr"][idx],
         df["graph"][idx],
         df["fill"][idx],
@@ -542,10 +554,10 @@ def _steps_from_structure(
     if len(starts) == 0:
         starts = _gap_starts(k_st, k_du)
         source = "gaps"
-    elif starts[0] > 0 and np.isin(stages[: starts[0]], HEAVY_STAGES).any():
+    elif starts[0] > 0 and df["is_heavy"][idx[: starts[0]]].any():
         # a forward before the first recognised one (its embedding ran elsewhere, e.g. on the
         # host): the prefix is a step of its own rather than time outside every step
-        first_heavy = int(np.flatnonzero(np.isin(stages[: starts[0]], HEAVY_STAGES))[0])
+        first_heavy = int(np.flatnonzero(df["is_heavy"][idx[: starts[0]]])[0])
         lead = first_heavy
         while lead > 0 and stages[lead - 1] not in ("memset", "memcpy"):
             lead -= 1
@@ -899,7 +911,7 @@ def attention_shapes(host_ops: pa.Table, table: AttentionOps) -> dict[int, dict[
     rows = np.flatnonzero(known[codes])
     if len(rows) == 0:
         return {}
-    sel = host_ops.take(pa.array(rows)).select(["trace_id", "external_id", "start_ns"])
+    sel = host_ops.select(["trace_id", "external_id", "start_ns"]).take(pa.array(rows))
     group_names, first, inverse = launches.distinct_op_shapes(host_ops, rows)
     group_layouts = [table.layout(nm) if nm is not None else None for nm in group_names]
     dims_of = host_ops["input_dims"].take(pa.array(rows[first])).to_pylist()
