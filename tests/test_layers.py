@@ -17,6 +17,7 @@ from analyzer.analyses.layers import (
     WEAK_WRITE,
     _kv_update_positions,
     _role,
+    reduction_rows,
     topk_candidates,
     walk_sequence,
 )
@@ -54,10 +55,12 @@ HEAD = [("embedding", "indexSelectLargeIndex", None)]
 TAIL = [NORM, GEMM, ("sampling", "topk_kernel", None)]
 
 
-def op_rows(names: list[str], ops: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-    """The walk's per-row op masks, as classify computes them: top-k candidates, ``aten::pow``."""
+def op_rows(names: list[str], ops: list[str | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The walk's per-row masks, as classify computes them: top-k candidates, ``aten::pow``,
+    reductions."""
     column = dict_strings(pa.array(ops, pa.string()))
-    return topk_candidates(names, column), dict_isin(column, ["aten::pow"])
+    reduce = reduction_rows(pa.array(names, pa.string()), column)
+    return topk_candidates(names, column), dict_isin(column, ["aten::pow"]), reduce
 
 
 def walk(kernels: list[Kernel]) -> tuple[list[str], list[int]]:

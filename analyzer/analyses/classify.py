@@ -80,6 +80,7 @@ def classify_and_check(
     norm = pylist(cols["norm_name"])
     topk = layers.topk_candidates(norm, op_column)
     pow_rows = dict_isin(op_column, ["aten::pow"])
+    reduce_rows = layers.reduction_rows(cols["norm_name"], op_column)
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     ordered = order[timed[order]]
     segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
@@ -91,7 +92,7 @@ def classify_and_check(
             layers.compose_attention(seg, stage, norm, op_names, launch, softmax)
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
                 stage[r] = layers.COMPOSED_ATTENTION
-            layers.walk_sequence(seg, stage, norm, op_names, launch, layer, topk, pow_rows)
+            layers.walk_sequence(seg, stage, norm, op_names, launch, layer, topk, pow_rows, reduce_rows)
             why = layers.structure_problem(seg, stage, layer)
             if why:
                 # not found with confidence: keep what the names said (role-free GEMMs, generic kernels)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAGES
-from analyzer.model import dict_isin
+from analyzer.model import dict_isin, dict_strings
 from analyzer.tables.launches import launching_op_rows
 
 # The stages the walk reads (sets for fast membership; derived from rules/taxonomy.toml):
@@ -222,9 +222,11 @@ def walk_sequence(
     layer: np.ndarray,
     topk_rows: np.ndarray,
     pow_rows: np.ndarray,
+    reduce_rows: np.ndarray,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels.
-    ``topk_rows`` / ``pow_rows`` (per kernel row): :func:`topk_candidates`, launched by ``aten::pow``.
+    ``topk_rows`` / ``pow_rows`` / ``reduce_rows`` (per kernel row): :func:`topk_candidates`,
+    launched by ``aten::pow``, :func:`reduction_rows`.
 
     Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store),
     ``attn`` (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm),
@@ -234,7 +236,7 @@ def walk_sequence(
     """
     rows = seq.tolist()
     n = len(rows)
-    _demote_lone_pow(rows, stage, norm, op_names, np.flatnonzero(pow_rows[seq]).tolist())
+    _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq])
     st = list(map(stage.__getitem__, rows))
     # norm-like: a norm stage, or a name with a norm's word (tested once per distinct name; no
     # per-kernel tuples: millions of them would dominate the memory of a 10 GB trace)
@@ -516,16 +518,28 @@ def _demote_sampling_before_layers(
 _REDUCE_OPS = frozenset({"aten::mean", "aten::var_mean", "aten::sum", "aten::var", "aten::norm"})
 
 
-def _demote_lone_pow(
-    rows: list[int], stage: list[str], norm: list[str], op_names: Sequence[str | None], pows: list[int]
-) -> None:
-    """``aten::pow`` (at positions ``pows``) is a norm's square only when a reduction (the mean)
-    follows it; elsewhere (GELU-tanh's ``x ** 3``) it is generic work that the region labels."""
-    pos = [q for q in pows if stage[rows[q]] == "norm"]
+def reduction_rows(norm_names: Any, op_column: pa.Array) -> np.ndarray:
+    """Per kernel row: a reduction, by its launching op (``op_column``) or a mean kernel's name
+    (tested once per distinct op and name)."""
+    codes = dict_strings(norm_names)
+    mean = np.array(["MeanOps" in x for x in codes.dictionary.to_pylist()] + [False], bool)
+    by_name = mean[codes.indices.fill_null(len(codes.dictionary)).to_numpy(zero_copy_only=False)]
+    return by_name | dict_isin(op_column, list(_REDUCE_OPS))
+
+
+def _demote_lone_pow(rows: list[int], stage: list[str], is_pow: np.ndarray, is_reduce: np.ndarray) -> None:
+    """``aten::pow`` (``is_pow``, per position) is a norm's square only when a reduction (the mean,
+    ``is_reduce``) follows within two kernels; elsewhere (GELU-tanh's ``x ** 3``) it is generic work
+    that the region labels."""
     n = len(rows)
-    for q in pos:
-        nxt = rows[q + 1 : min(q + 3, n)]
-        if not any(op_names[r] in _REDUCE_OPS or "MeanOps" in norm[r] for r in nxt):
+    pows = np.flatnonzero(is_pow)
+    reduced = np.zeros(len(pows), bool)
+    for step in (1, 2):
+        at = pows + step
+        inside = at < n
+        reduced[inside] |= is_reduce[at[inside]]
+    for q in pows[~reduced].tolist():
+        if stage[rows[q]] == "norm":
             stage[rows[q]] = "elementwise"
 
 
