@@ -106,8 +106,9 @@ def pins(rows: list[dict[str, Any]]) -> dict[str, Any]:
             # floor: agreement where a phase was given; ceiling: the share left unknown
             "phase_decided": row["report"]["phase"]["decided_agreement"],
             "phase_undecided": row["report"]["phase"]["undecided"],
-            # ceiling: step fields given and wrong
+            # ceilings: step fields given and wrong; step fields left null where the truth has them
             "steps_wrong": steps_wrong(row["report"]),
+            "steps_not_given": _steps_not_given(row["report"]),
         }
         for row in sorted(rows, key=lambda x: x["case"])
     }

@@ -227,6 +227,8 @@ def test_zoo_accuracy_holds_its_pinned_floor(case: str) -> None:
     assert r["steps"]["paired"] == r["steps"]["truth"], r["steps"]
     wrong = {k: v["wrong"] for k, v in r["steps"]["fields"].items() if v["wrong"]}
     assert sum(wrong.values()) <= PINS[case].get("steps_wrong", 0), f"{case} step fields wrong: {wrong}"
+    unsaid = sum(v["not_given"] for v in r["steps"]["fields"].values())
+    assert unsaid <= PINS[case].get("steps_not_given", 0), f"{case}: {unsaid} step fields not given"
 
 
 @pytest.mark.parametrize("case", CASES)

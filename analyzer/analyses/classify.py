@@ -352,29 +352,7 @@ def inside_ops(host_ops: pa.Table, op_rows: np.ndarray, outer: Sequence[str]) ->
     outer_rows = np.flatnonzero(
         dict_isin(host_ops["name"], list(outer)) & dict_isin(host_ops["category"], ["cpu_op"])
     )
-    if not len(outer_rows) or not len(op_rows):
-        return np.zeros(len(op_rows), bool)
-
-    def cols(rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        take = pa.array(rows)
-        return tuple(host_ops[c].take(take).to_numpy(zero_copy_only=False).astype(np.int64)
-                     for c in ("trace_id", "tid", "start_ns", "dur_ns"))  # fmt: skip
-
-    ot, oh, os_, od = cols(outer_rows)
-    qt, qh, qs, qd = cols(op_rows)
-    # one sorted key per (input, thread) and start: group number * span + start offset
-    thread = np.concatenate([ot, qt]) * (1 << 32) + (np.concatenate([oh, qh]) & 0xFFFFFFFF)
-    inv = pd.factorize(thread)[0].astype(np.int64)
-    base = min(int(os_.min()), int(qs.min()))
-    span = max(int(os_.max()), int(qs.max())) - base + 1
-    okey = inv[: len(outer_rows)] * span + (os_ - base)
-    qkey = inv[len(outer_rows) :] * span + (qs - base)
-    order = np.argsort(okey, kind="stable")
-    okey, oend, ogroup = okey[order], (os_ + od)[order], inv[: len(outer_rows)][order]
-    j = np.searchsorted(okey, qkey, side="right") - 1  # the latest outer op starting at or before
-    hit = j >= 0
-    jj = np.where(hit, j, 0)
-    return hit & (ogroup[jj] == inv[len(outer_rows) :]) & (oend[jj] >= qs + qd)
+    return launches.enclosing_op(host_ops, outer_rows, op_rows) >= 0
 
 
 def _is_embedding_lookup(op: str, dims: Any) -> bool:

@@ -309,7 +309,11 @@ def split_phases(
     }
     launch_ts, launched = _launch_times(kernels, host_ops)
     df["launch"], df["launched"] = launch_ts, launched
-    shapes = attention_shapes(host_ops, attention_ops if attention_ops is not None else load_attention_ops())
+    shapes = attention_shapes(
+        host_ops,
+        attention_ops if attention_ops is not None else load_attention_ops(),
+        _launchers_of(kernels, host_ops, df["is_attn"]),
+    )
     step_rows: list[dict[str, Any]] = []
     timed = np.flatnonzero(~df["agg"])
     for tid in np.unique(df["trace_id"][timed]).tolist():
@@ -332,6 +336,18 @@ def split_phases(
         step_rows.extend(rows)
     steps = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     return phase, step, tokens, steps, warnings
+
+
+def _launchers_of(kernels: pa.Table, host_ops: pa.Table, which: np.ndarray) -> np.ndarray:
+    """The host-op rows that launched the kernels ``which`` marks (their innermost launching op)."""
+    rows = np.flatnonzero(which)
+    found = launches.launching_op_rows(kernels, host_ops) if len(rows) else None
+    if found is None:
+        return np.empty(0, np.int64)
+    ops, pos = found
+    at = pos.take(pa.array(rows))
+    at = at.filter(at.is_valid())
+    return np.unique(ops["row"].take(at).to_numpy(zero_copy_only=False).astype(np.int64))
 
 
 def _name_codes(kernels: pa.Table) -> np.ndarray:
@@ -895,20 +911,32 @@ def _gap_starts(start: np.ndarray, dur: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], cuts]).astype(np.int64)
 
 
-def attention_shapes(host_ops: pa.Table, table: AttentionOps) -> dict[int, dict[str, np.ndarray]]:
+def attention_shapes(
+    host_ops: pa.Table, table: AttentionOps, attention_launchers: np.ndarray
+) -> dict[int, dict[str, np.ndarray]]:
     """Per trace, the attention host ops of ``table`` with recorded input shapes, in start order:
     ``start``, ``ext`` (external id, -1: none), ``batch`` (-1: packed), ``q`` (query length),
     ``kv`` (key length, -1: unknown), ``layout`` (the layout's id) and ``head`` (head size, -1: unknown).
 
     Each op is read by its own layout (``rules/attention_ops.toml``): the backends put the query
-    length in different dimensions."""
+    length in different dimensions. An op of a ``composed`` layout (a plain matmul) counts only
+    where it encloses one of ``attention_launchers`` (the host-op rows that launched attention
+    kernels: the matmul's own bmm)."""
     if host_ops.num_rows == 0 or "input_dims" not in host_ops.column_names:
         return {}
     names = dict_strings(host_ops["name"])
     layouts = [table.layout(n) for n in names.dictionary.to_pylist()]
     known = np.asarray([lay is not None for lay in layouts] + [False], bool)
+    composed = np.asarray([lay is not None and lay.composed for lay in layouts] + [False], bool)
     codes = names.indices.fill_null(len(layouts)).to_numpy(zero_copy_only=False)
-    rows = np.flatnonzero(known[codes])
+    wanted = known[codes]
+    maybe = np.flatnonzero(wanted & composed[codes])
+    if len(maybe):
+        # a composed layout's op counts where it encloses an attention kernel's launching op
+        inside = launches.enclosing_op(host_ops, maybe, attention_launchers)
+        wanted[maybe] = False
+        wanted[maybe[np.unique(inside[inside >= 0])]] = True
+    rows = np.flatnonzero(wanted)
     if len(rows) == 0:
         return {}
     sel = host_ops.select(["trace_id", "external_id", "start_ns"]).take(pa.array(rows))

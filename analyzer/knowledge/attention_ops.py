@@ -5,6 +5,8 @@ Each has ``id``, ``note``, ``names`` (exact host-op names) and/or ``pattern`` (a
 ReDoS-checked), ``query`` and ``rank`` (which input is the query tensor and how many dimensions it
 has), ``q_dim`` (its query-length dimension) and optionally ``batch_dim``, ``head_dim``, ``key`` and
 ``kv_dim`` (the key tensor and its length dimension). Dimensions are 0-based and below ``rank``.
+``composed = true`` marks an op that does other work too (a plain matmul): it counts only where the
+kernels it launched are attention (the score product of an attention composed of matmuls).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ __all__ = ["ATTENTION_OPS_TOML", "AttentionLayout", "AttentionOps", "load_attent
 ATTENTION_OPS_TOML = RULES_DIR / "attention_ops.toml"
 _REQUIRED = ("id", "note", "query", "rank", "q_dim")
 _OPTIONAL_DIMS = ("batch_dim", "head_dim", "kv_dim")
-_KEYS = {*_REQUIRED, "names", "pattern", "key", *_OPTIONAL_DIMS}
+_KEYS = {*_REQUIRED, "names", "pattern", "key", "composed", *_OPTIONAL_DIMS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,7 @@ class AttentionLayout:
     head_dim: int | None = None
     key: int | None = None
     kv_dim: int | None = None
+    composed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +108,10 @@ def _parse(doc: dict[str, Any], path: Path) -> AttentionOps:
                 raise fail(f"{k} = {e[k]} is not a dimension of a rank-{e['rank']} input")
         if ("key" in e) != ("kv_dim" in e):
             raise fail("key and kv_dim go together")
-        lay = AttentionLayout(id=oid, **{k: v for k, v in ints.items()})
+        composed = e.get("composed", False)
+        if not isinstance(composed, bool):
+            raise fail("composed must be true or false")
+        lay = AttentionLayout(id=oid, composed=composed, **{k: v for k, v in ints.items()})
         names = e.get("names", [])
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise fail("names must be a list of host-op names")

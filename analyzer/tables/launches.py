@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.model import dict_isin, dict_strings
 from analyzer.tables import lookup
 
-__all__ = ["distinct_op_shapes", "forget_launching_ops", "launching_op_rows"]
+__all__ = ["distinct_op_shapes", "enclosing_op", "forget_launching_ops", "launching_op_rows"]
 
 _LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
 
@@ -96,3 +97,34 @@ def _dense_key(columns: list[np.ndarray]) -> np.ndarray:
         rank = np.unique(col, return_inverse=True)[1].ravel().astype(np.int64)
         key = np.unique(key * (int(rank.max(initial=0)) + 1) + rank, return_inverse=True)[1].ravel()
     return key.astype(np.int64)
+
+
+def enclosing_op(host_ops: pa.Table, outer_rows: np.ndarray, op_rows: np.ndarray) -> np.ndarray:
+    """Per op of ``op_rows``: the position in ``outer_rows`` of the host op that encloses it on
+    the same thread (the latest to start at or before it, ending at or after it; an op encloses
+    itself), else -1. Host ops nest by time on their thread."""
+    out = np.full(len(op_rows), -1, np.int64)
+    if not len(outer_rows) or not len(op_rows):
+        return out
+
+    def cols(rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        take = pa.array(rows)
+        return tuple(host_ops[c].take(take).to_numpy(zero_copy_only=False).astype(np.int64)
+                     for c in ("trace_id", "tid", "start_ns", "dur_ns"))  # fmt: skip
+
+    ot, oh, os_, od = cols(outer_rows)
+    qt, qh, qs, qd = cols(op_rows)
+    # one sorted key per (input, thread) and start: group number * span + start offset
+    thread = np.concatenate([ot, qt]) * (1 << 32) + (np.concatenate([oh, qh]) & 0xFFFFFFFF)
+    inv = pd.factorize(thread)[0].astype(np.int64)
+    base = min(int(os_.min()), int(qs.min()))
+    span = max(int(os_.max()), int(qs.max())) - base + 1
+    okey = inv[: len(outer_rows)] * span + (os_ - base)
+    qkey = inv[len(outer_rows) :] * span + (qs - base)
+    order = np.argsort(okey, kind="stable")
+    okey, oend, ogroup = okey[order], (os_ + od)[order], inv[: len(outer_rows)][order]
+    j = np.searchsorted(okey, qkey, side="right") - 1  # the latest outer op starting at or before
+    jj = np.where(j >= 0, j, 0)
+    hit = (j >= 0) & (ogroup[jj] == inv[len(outer_rows) :]) & (oend[jj] >= qs + qd)
+    out[hit] = order[jj[hit]]
+    return out
