@@ -358,6 +358,24 @@ def test_walk_post_norm_forward_and_a_trace_that_begins_mid_layer() -> None:
     assert stage[0] == "gemm"
 
 
+def test_an_embedding_projection_and_an_output_projection_are_no_layer_gemms() -> None:
+    # GIVEN OPT-350m's layout: the token and the learned position lookups, the embeddings' own
+    # projection (project_in) and the positions' add, post-norm layers of three projection GEMMs,
+    # the last norm, the output projection (project_out) and the LM head
+    emb: Kernel = ("embedding", "indexSelectLargeIndex", None)
+    add: Kernel = ("elementwise", "vectorized_elementwise_kernel<add>", "aten::add")
+    post = [GEMM, GEMM, GEMM, ATTN, GEMM, ADD, NORM, GEMM, ACT, GEMM, ADD, NORM]
+    stage, layer = walk([emb, add, emb, GEMM, add] + post * 2 + [GEMM, GEMM, ("sampling", "argmax", None)])
+    # THEN project_in is role-free and outside the layers, each layer opens with its three QKV
+    # GEMMs, and of the two GEMMs after the last norm the second is the LM head
+    assert stage[3] == "gemm" and layer[3] == -1
+    assert stage[5:8] == ["qkv_gemm"] * 3 and stage[17:20] == ["qkv_gemm"] * 3
+    assert stage[-3:-1] == ["gemm", "lm_head_gemm"]
+    # GIVEN the same layers with no embedding projection: layer 0's first GEMM stays its projection
+    stage, _ = walk([emb, add, emb, add] + post * 2 + [GEMM, ("sampling", "argmax", None)])
+    assert stage[4:7] == ["qkv_gemm"] * 3 and stage[-2] == "lm_head_gemm"
+
+
 def test_copies_after_the_cache_writes_are_the_attentions_and_gathers_the_caches() -> None:
     # GIVEN RoPE on q and k, two index_copy_ writes, a paged cache's two gathers and the attention
     # interface's three contiguous copies before attention

@@ -17,6 +17,7 @@ from analyzer.analyses.phases import (
     StepAnnotation,
     StepLabel,
     _depth_models,
+    _every_token_scored,
     _is_packed,
     _label_from_signature,
     _padded_or_replayed,
@@ -61,6 +62,14 @@ def test_consecutive_embedding_kernels_start_one_forward() -> None:
     # a gather followed by a scale kernel, both embedding: one forward, not two
     one = ["embedding", *forward(1)]
     stages = np.array(one * 2)
+    assert forward_starts(stages).tolist() == [0, len(one)]
+
+
+def test_a_position_lookup_after_the_mask_work_starts_no_forward() -> None:
+    # GIVEN forwards that look up tokens, build the mask, then look up learned positions (OPT)
+    one = ["embedding", "elementwise", "elementwise", "embedding", *forward(1)[1:]]
+    stages = np.array(one * 2)
+    # THEN each forward starts once, at its token lookup
     assert forward_starts(stages).tolist() == [0, len(one)]
 
 
@@ -289,3 +298,13 @@ def test_two_alternating_depths_are_draft_and_target() -> None:
     assert _depth_models([1, 2, 2, 2, 1, 1]) is None  # two switches: phases of one run, not a pair
     assert _depth_models([3, 4, 3, 4, 3, 4]) is None  # similar depths: not a draft beside a target
     assert _depth_models([1, 2, 0, 1, 2, 1, 2]) == ["draft", "target", "target"] + ["draft", "target"] * 2
+
+
+def test_one_sequence_scoring_every_token_over_a_cache_is_flagged() -> None:
+    # GIVEN steps as (batch, queries, keys, model key) and the LM-head rows: a batcher's step of 24
+    # decodes packed into one sequence; a prefill of one sequence with every logit kept (no cache);
+    # a batch of two sequences; a step scoring one row
+    hits = [(1, 24, 400, (2, 32)), (1, 48, 48, (2, 32)), (2, 3, 60, (2, 32)), (1, 24, 400, (2, 32))]
+    # THEN only the first scores every token of one sequence over a cached context
+    assert _every_token_scored(hits, [24, 48, 6, 1]) == [True, False, False, False]
+    assert _every_token_scored([None], [5]) == [False]

@@ -191,3 +191,33 @@ def test_attention_op_layouts_are_data_per_op(tmp_path) -> None:
     bad.write_text('[[op]]\nid = "x"\nnote = "n"\nnames = ["o"]\nquery = 0\nrank = 3\nq_dim = 3\n')
     with pytest.raises(InputError, match="q_dim = 3 is not a dimension"):
         load_attention_ops(bad)
+    # a softmax is an attention op only inside a composed attention; the SDPA ops always are
+    assert t.layout("aten::_softmax").composed and not t.layout("aten::scaled_dot_product_attention").composed
+    bad.write_text(
+        '[[op]]\nid = "x"\nnote = "n"\nnames = ["o"]\nquery = 0\nrank = 3\nq_dim = 1\ncomposed = 1\n'
+    )
+    with pytest.raises(InputError, match="composed must be true or false"):
+        load_attention_ops(bad)
+
+
+def test_a_softmax_outside_attention_gives_no_step_shapes() -> None:
+    # GIVEN host ops: a router's softmax (its kernel is no attention) and an eager attention's
+    # softmax over (batch 2, heads 4, 48 queries, 48 keys), launched by its own kernel
+    import pyarrow as pa
+
+    from analyzer.analyses.phases import attention_shapes
+    from analyzer.knowledge.attention_ops import load_attention_ops
+    from analyzer.model import HOST_OP_SCHEMA
+
+    rows = {
+        "trace_id": [0, 0], "rank": [0, 0], "name": ["aten::_softmax", "aten::_softmax"],
+        "start_ns": [100, 200], "dur_ns": [10, 10], "external_id": [1, 2],
+        "input_dims": [[[2, 4, 48, 8], [], []], [[2, 4, 48, 48], [], []]],
+        "input_types": [["float"], ["float"]], "category": ["cpu_op", "cpu_op"], "tid": [1, 1],
+        "correlation": [None, None], "shape_id": [None, None],
+    }  # fmt: skip
+    host = pa.Table.from_pydict(rows, HOST_OP_SCHEMA)
+    # WHEN only the second launched an attention kernel
+    got = attention_shapes(host, load_attention_ops(), np.array([1]))
+    # THEN only it gives the step's shapes: batch 2, 48 queries, 48 keys
+    assert got[0]["batch"].tolist() == [2] and got[0]["q"].tolist() == [48] and got[0]["kv"].tolist() == [48]

@@ -271,6 +271,7 @@ def walk_sequence(
     after = op_last + 1
     at = _next_where(anchor, after).tolist()
     follow = [st[q] if q < n else "" for q in at]
+    anchor_at = at  # per GEMM op: the position of the next anchor kernel after it
     next_anchor_or_gemm = _next_where(anchor | gemm, after)
     at = next_anchor_or_gemm.tolist()
     lead = [("gemm" if not anchor[q] else st[q]) if q < n else "" for q in at]
@@ -290,6 +291,8 @@ def walk_sequence(
     layer_no = -1
     norm_seen = False
     fresh = False  # no GEMM op since an embedding lookup (a trace may begin mid-forward)
+    last_head = -1  # the GEMM op that took the LM head's role, if it was the last GEMM op
+    opened: list[int] = []  # GEMM ops that opened a forward as its first projection
     region_of = [""] * n
     layer_of = [-1] * n  # lists: numpy item assignment per kernel is slower
     p = 0
@@ -308,12 +311,22 @@ def walk_sequence(
             b = int(op_last[k])
             if router[p]:  # found by _mark_routers
                 role, region = "moe_gate_gemm", "moe"
+            elif region == "tail" and last_head == k - 1 and anchor_at[k - 1] > p:
+                # two GEMMs after the final norm with nothing between: an output projection, then
+                # the LM head (OPT-350m's project_out): the last one is the head
+                for q in range(int(op_first[k - 1]), int(op_last[k - 1]) + 1):
+                    if stage[rows[q]] == "lm_head_gemm":
+                        stage[rows[q]] = "gemm"
+                role = "lm_head_gemm"
             else:
                 routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
                 opens = fresh and not rotary_next[k]
                 role, region, layer_no = _role(
                     region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next, opens
                 )
+                if opens and role == "qkv_gemm":
+                    opened.append(k)
+            last_head = k if role == "lm_head_gemm" else -1
             fresh = fresh and bool(rotary_next[k])  # the rotary module's product opens nothing
             norm_seen = False
             for q in range(p, b + 1):
@@ -338,12 +351,14 @@ def walk_sequence(
         region_of[p] = region
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
+    _demote_embedding_projection(rows, stage, region_of, layer_of, op_first, op_last, opened)
     # one pass finds the positions the three fix-ups below look at (none relabels another's)
     # (stages the walk itself sets are GEMM roles and moe_topk: only the candidates need a look)
     marked = ("sampling", "embedding", "rope")
     marks = [q for q in np.flatnonzero(stages(marked)).tolist() if stage[rows[q]] in marked]
     _demote_sampling_before_layers(rows, stage, region_of, marks)
     _label_embedding_scale(rows, stage, op_names, marks)
+    _label_position_ids(rows, stage, op_names, marks)
     for q in marks:
         if stage[rows[q]] == "rope" and region_of[q] == "tail":
             stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
@@ -493,6 +508,28 @@ def _label_embedding_scale(
                 stage[rows[j]] = "embedding"
 
 
+_INDEX_OPS = frozenset({"aten::add", "aten::add_", "aten::sub", "aten::sub_"})
+
+
+def _label_position_ids(
+    rows: list[int], stage: list[str], op_names: Sequence[str | None], marks: list[int]
+) -> None:
+    """A second lookup before the first layer (learned positions after the tokens: OPT) computes its
+    indices right before it: the adds right before that lookup (position ids plus an offset) are
+    the embedding's, when only generic work and copies ran since the first lookup."""
+    lookups = [q for q in marks if stage[rows[q]] == "embedding"]
+    for p, q in zip(lookups, lookups[1:], strict=False):
+        if q - p < 2 or not all(stage[rows[i]] in _PRE_WORK for i in range(p + 1, q)):
+            continue
+        k = q - 1
+        while k > p and op_names[rows[k]] in _INDEX_OPS and stage[rows[k]] in GENERIC:
+            stage[rows[k]] = "embedding"
+            k -= 1
+
+
+_PRE_WORK = GENERIC | {"memcpy", "memset", "embedding"}
+
+
 def _demote_sampling_before_layers(
     rows: list[int], stage: list[str], region_of: list[str], marks: list[int]
 ) -> None:
@@ -513,6 +550,47 @@ def _demote_sampling_before_layers(
             # the same "pre" run: no other region between the embedding and here
             if all(x == "pre" for x in region_of[last_emb:q]):
                 stage[r] = "elementwise"
+
+
+def _demote_embedding_projection(
+    rows: list[int],
+    stage: list[str],
+    region_of: list[str],
+    layer_of: list[int],
+    op_first: np.ndarray,
+    op_last: np.ndarray,
+    opened: list[int],
+) -> None:
+    """A GEMM that opened a forward as its first layer's first projection (``opened``: the GEMM op
+    indices) whose layer then runs one QKV GEMM op more than the other layers do is the embeddings'
+    own projection (OPT-350m's project_in, before the learned positions are added): role-free,
+    before the first layer, and the work up to the next projection with it."""
+    if not opened:
+        return
+    first = op_first.tolist()
+    runs: dict[int, int] = {}  # first op of a run of QKV GEMM ops of one layer -> ops in the run
+    head = -1
+    for k, q in enumerate(first):
+        if stage[rows[q]] != "qkv_gemm":
+            head = -1
+            continue
+        if head >= 0 and layer_of[q] == layer_of[first[head]]:
+            runs[head] += 1
+        else:
+            head = k
+            runs[k] = 1
+    counts = Counter(v for k, v in runs.items() if k not in opened)
+    if not counts:
+        return
+    usual = counts.most_common(1)[0][0]
+    for k in opened:
+        if runs.get(k) != usual + 1 or k + 1 >= len(first):
+            continue
+        for q in range(first[k], first[k + 1]):
+            if stage[rows[q]] == "qkv_gemm" and q <= int(op_last[k]):
+                stage[rows[q]] = "gemm"
+            region_of[q] = "pre"
+            layer_of[q] = -1
 
 
 _REDUCE_OPS = frozenset({"aten::mean", "aten::var_mean", "aten::sum", "aten::var", "aten::norm"})

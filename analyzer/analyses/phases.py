@@ -523,14 +523,17 @@ def _stage_is(stages: Any, wanted: Sequence[str]) -> np.ndarray:
 
 
 def forward_starts(stages: Any) -> np.ndarray:
-    """Positions (in time order) where a forward begins: its embedding lookup; for a forward without
+    """Positions (in time order) where a forward begins: its first embedding lookup; for a forward without
     an embedding kernel (compiled into a fused kernel, replayed from a graph, run on the host), the
     first norm / QKV GEMM / attention kernel after the previous forward's LM head. ``stages``: the
     kernels' stages in time order (strings, or a dictionary array)."""
     is_emb = _stage_is(stages, ("embedding",))
     emb = np.flatnonzero(is_emb)
-    # consecutive embedding kernels (e.g. a gather + a scale) start one forward
-    starts = emb[np.concatenate([[True], np.diff(emb) > 1])].tolist() if len(emb) else []
+    # embedding kernels with no GEMM, attention or norm between them start one forward: a gather
+    # and its scale, or the token lookup and a learned position lookup after the mask work (OPT)
+    work = np.concatenate([[0], np.cumsum(_stage_is(stages, (*HEAVY_STAGES, "norm")))])
+    joined = work[emb[1:]] == work[emb[:-1] + 1] if len(emb) else np.zeros(0, bool)
+    starts = emb[np.concatenate([[True], ~joined])].tolist() if len(emb) else []
     attn = _stage_is(stages, ATTENTION_KERNEL_STAGES)
     if not attn.any():
         return np.asarray(starts, np.int64)
@@ -627,10 +630,31 @@ def label_steps(
     hits = [_step_shapes(seg, df, shapes) for seg in segments]
     rows_out = [int(df["lm_rows"][seg].max()) if len(seg) else -1 for seg in segments]
     packed = [h is not None and _is_packed(h[0], h[1], r) for h, r in zip(hits, rows_out, strict=True)]
+    scored = _every_token_scored(hits, rows_out)
+    one_model = len({h[3] for h in hits if h is not None}) <= 1
+    if any(packed) and one_model:
+        # a continuous batcher's run: its step of decodes alone packs one token per request
+        packed = [pk or sc for pk, sc in zip(packed, scored, strict=True)]
     phases: list[str | None] = [
         None if h is None else phase_of_packed(h[1], h[2], r) if pk else phase_from_shape(*h[:3])
         for h, r, pk in zip(hits, rows_out, packed, strict=True)
     ]
+    # outside a batcher's run, one sequence of many tokens that all score over a cached context is
+    # a batcher's decodes or a continuation with every logit kept: no phase
+    doubtful = [
+        i
+        for i, (h, sc, pk) in enumerate(zip(hits, scored, packed, strict=True))
+        if sc and not pk and h is not None and h[1] > MAX_VERIFY_TOKENS
+    ]
+    for i in doubtful:
+        phases[i] = "unknown"
+    if doubtful and warnings is not None:
+        warnings.append(
+            f"trace {tid}: {len(doubtful)} steps score every token of one sequence over a cached "
+            "context: a continuous batcher's decodes (one token per request) or a continuation that "
+            "keeps every logit, so their phase is unknown (capture a step that also holds a prompt "
+            "chunk, or engine step annotations, to tell them)"
+        )
     depth = [int(df["layer"][seg].max()) + 1 if "layer" in df and len(seg) else 0 for seg in segments]
     by_depth = _depth_models(depth)  # draft / target without shapes, or None
     if any(p is None for p in phases):
@@ -681,6 +705,19 @@ def label_steps(
             pre, dec = tok - d_packed, d_packed
         out.append(StepLabel(str(ph), tok, pre, dec, model, verify))
     return out
+
+
+def _every_token_scored(
+    hits: Sequence[tuple[int, int, int, tuple[int, int]] | None], rows_out: Sequence[int]
+) -> list[bool]:
+    """Per step: one sequence (or a batch unknown) of several query tokens over a cached context
+    whose every token the LM head scores: a continuous batcher's step of decodes alone (one token
+    per request, packed), or one sequence continued with every logit kept (a speculation's verify,
+    a perplexity window)."""
+    return [
+        h is not None and h[0] <= 1 and 1 < h[1] < h[2] and r == h[1]
+        for h, r in zip(hits, rows_out, strict=True)
+    ]
 
 
 def _padded_or_replayed(

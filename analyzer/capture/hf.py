@@ -74,6 +74,7 @@ class CaptureSpec:
     prompt: int = 32
     new_tokens: int = 8
     requests: int = 4  # continuous batching: requests (prompt lengths spread around ``prompt``)
+    batch_tokens: int | None = None  # continuous batching: token budget per step (None: max(16, prompt))
     cuda_graphs: bool | None = None  # continuous batching: None = transformers' choice
     truth: bool = True
     shapes: bool = True
@@ -244,7 +245,7 @@ def _run(spec: CaptureSpec, model: Any, draft: Any, ids: torch.Tensor, inst: Ins
             # a token budget of one prompt per batch: later prompts are chunked beside earlier decodes
             cb = ContinuousBatchingConfig(
                 use_cuda_graph=spec.cuda_graphs,
-                max_batch_tokens=max(16, spec.prompt),
+                max_batch_tokens=spec.batch_tokens or max(16, spec.prompt),
                 block_size=32,
                 num_blocks=max(16, 4 * spec.requests * (2 * spec.prompt + spec.new_tokens) // 32),
             )
@@ -365,6 +366,7 @@ def capture(spec: CaptureSpec) -> dict[str, Any]:
         "prompt": spec.prompt,
         "new_tokens": spec.new_tokens,
         "requests": spec.requests if cb else None,
+        "batch_tokens": (spec.batch_tokens or max(16, spec.prompt)) if cb else None,
         "cuda_graphs": spec.cuda_graphs if cb else None,
         "truth": spec.truth,
         "record_shapes": spec.shapes,

@@ -66,6 +66,19 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"mode": "continuous-batching", "attn": "paged|sdpa", "requests": 8, "prompt": 40, "new_tokens": 4},
         "continuous batching of 8 requests: some finish while later prompts are still prefilled",
     ),  # fmt: skip
+    "llama-cb-wide-sdpa-bf16": (
+        LLAMA,
+        {
+            "mode": "continuous-batching",
+            "attn": "paged|sdpa",
+            "cuda_graphs": False,
+            "requests": 24,
+            "prompt": 8,
+            "new_tokens": 8,
+            "batch_tokens": 64,
+        },
+        "continuous batching of 24 short requests: a step of decodes alone packs more tokens than a verify",
+    ),  # fmt: skip
     "llama-cb-graphs-sdpa-bf16": (
         LLAMA,
         {"mode": "continuous-batching", "attn": "paged|sdpa", "cuda_graphs": True},
@@ -139,6 +152,21 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         {"shapes": False},
         "partial rotary, parallel residual, fused qkv",
     ),  # fmt: skip
+    "opt-sdpa-fp16": (
+        {
+            "model_type": "opt",
+            "hidden_size": 128,
+            "ffn_dim": 256,
+            "word_embed_proj_dim": 64,
+            "do_layer_norm_before": False,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "vocab_size": 512,
+            "max_position_embeddings": 512,
+        },
+        {"dtype": "fp16"},
+        "post-norm blocks, learned positions, embeddings projected in and out (OPT-350m's layout)",
+    ),
     "phi-eager-fp16": (
         {
             "model_type": "phi",

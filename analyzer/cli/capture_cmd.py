@@ -82,6 +82,8 @@ from analyzer.errors import UsageError
 @click.option("--sampling", is_flag=True, help="Sample (temperature, top-k, top-p) instead of greedy.")
 @click.option("--assistant", metavar="CONFIG", help="Draft model's config.json: assisted generation.")
 @click.option("--requests", default=4, show_default=True, help="Continuous batching: requests.")
+@click.option("--batch-tokens", type=click.IntRange(min=1), default=None,
+              help="Continuous batching: token budget per step (default: the prompt length, at least 16).")  # fmt: skip
 @click.option("--no-shapes", is_flag=True, help="Record no host-op input shapes.")
 def command(
     model_spec: str,
@@ -106,6 +108,7 @@ def command(
     sampling: bool = False,
     assistant: str | None = None,
     requests: int = 4,
+    batch_tokens: int | None = None,
     no_shapes: bool = False,
 ) -> int:
     """Profile one greedy generate of a model with random weights (nothing is downloaded).
@@ -135,7 +138,7 @@ def command(
             model_spec, output, layers=layers, batch=batch, prompt=prompt, new_tokens=new_tokens,
             device=device, dtype=dtype, seed=seed, mode=mode or "generate", truth=truth, attn=attn or "sdpa",
             sdpa_backend=sdpa_backend, experts=experts, sampling=sampling, assistant=assistant,
-            requests=requests, shapes=not no_shapes,
+            requests=requests, batch_tokens=batch_tokens, shapes=not no_shapes,
         )  # fmt: skip
         click.echo(
             f"captured {output} ({Path(output).stat().st_size / 1e6:.1f} MB): {meta['model_type']} x{meta['layers']} "
