@@ -579,7 +579,8 @@ def _demote_embedding_projection(
         else:
             head = k
             runs[k] = 1
-    counts = Counter(v for k, v in runs.items() if k not in opened)
+    firsts = set(opened)
+    counts = Counter(v for k, v in runs.items() if k not in firsts)
     if not counts:
         return
     usual = counts.most_common(1)[0][0]
