@@ -8,7 +8,7 @@ checks types, units and invariants, and :func:`concat_traces` joins several inpu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -234,6 +234,13 @@ def dict_from_codes(codes: np.ndarray, labels: Sequence[str]) -> pa.DictionaryAr
 def pylist(values: Any) -> list[Any]:
     """:func:`objects` as a list."""
     return objects(values).tolist()
+
+
+def dict_where(values: Any, test: Callable[[str], bool]) -> np.ndarray:
+    """Per row: ``test`` holds for the string (nulls: False), called once per distinct value."""
+    codes = dict_strings(values)
+    hit = np.array([bool(test(x)) for x in codes.dictionary.to_pylist()] + [False], bool)
+    return hit[codes.indices.fill_null(len(codes.dictionary)).to_numpy(zero_copy_only=False)]
 
 
 def dict_isin(values: Any, wanted: Sequence[str]) -> np.ndarray:

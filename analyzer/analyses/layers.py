@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAGES
-from analyzer.model import dict_isin, dict_strings
+from analyzer.model import dict_isin, dict_where
 from analyzer.tables.launches import launching_op_rows
 
 # The stages the walk reads (sets for fast membership; derived from rules/taxonomy.toml):
@@ -158,15 +158,7 @@ def softmax_rows(norm_names: Any, op_column: pa.Array, stage: list[str]) -> np.n
     """Per kernel row: a softmax kernel (by its name, once per distinct name) or one launched by a
     softmax op (``op_column``: the launching op's name per row); the candidates
     :func:`compose_attention` looks around."""
-    if isinstance(norm_names, pa.ChunkedArray):
-        norm_names = norm_names.combine_chunks()
-    codes = (
-        norm_names if isinstance(norm_names, pa.DictionaryArray) else pa.array(norm_names).dictionary_encode()
-    )
-    names = codes.dictionary.to_pylist()
-    by_name = np.array(["softmax" in x.lower() and "backward" not in x for x in names] + [False], bool)
-    idx = codes.indices.fill_null(len(names)).to_numpy(zero_copy_only=False)
-    out = by_name[idx]
+    out = dict_where(norm_names, lambda x: "softmax" in x.lower() and "backward" not in x)
     for r in np.flatnonzero(out).tolist():
         out[r] = stage[r] in ("sampling", "elementwise")
     return out | dict_isin(op_column, list(_SOFTMAX_OPS))
@@ -600,10 +592,7 @@ _REDUCE_OPS = frozenset({"aten::mean", "aten::var_mean", "aten::sum", "aten::var
 def reduction_rows(norm_names: Any, op_column: pa.Array) -> np.ndarray:
     """Per kernel row: a reduction, by its launching op (``op_column``) or a mean kernel's name
     (tested once per distinct op and name)."""
-    codes = dict_strings(norm_names)
-    mean = np.array(["MeanOps" in x for x in codes.dictionary.to_pylist()] + [False], bool)
-    by_name = mean[codes.indices.fill_null(len(codes.dictionary)).to_numpy(zero_copy_only=False)]
-    return by_name | dict_isin(op_column, list(_REDUCE_OPS))
+    return dict_where(norm_names, lambda x: "MeanOps" in x) | dict_isin(op_column, list(_REDUCE_OPS))
 
 
 def _demote_lone_pow(rows: list[int], stage: list[str], is_pow: np.ndarray, is_reduce: np.ndarray) -> None:

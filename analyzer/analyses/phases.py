@@ -646,15 +646,13 @@ def label_steps(
         for i, (h, sc, pk) in enumerate(zip(hits, scored, packed, strict=True))
         if sc and not pk and h is not None and h[1] > MAX_VERIFY_TOKENS
     ]
-    for i in doubtful:
-        phases[i] = "unknown"
-    if doubtful and warnings is not None:
-        warnings.append(
-            f"trace {tid}: {len(doubtful)} steps score every token of one sequence over a cached "
-            "context: a continuous batcher's decodes (one token per request) or a continuation that "
-            "keeps every logit, so their phase is unknown (capture a step that also holds a prompt "
-            "chunk, or engine step annotations, to tell them)"
-        )
+    _no_phase(
+        phases, doubtful, warnings,
+        f"trace {tid}: {len(doubtful)} steps score every token of one sequence over a cached "
+        "context: a continuous batcher's decodes (one token per request) or a continuation that "
+        "keeps every logit, so their phase is unknown (capture a step that also holds a prompt "
+        "chunk, or engine step annotations, to tell them)",
+    )  # fmt: skip
     depth = [int(df["layer"][seg].max()) + 1 if "layer" in df and len(seg) else 0 for seg in segments]
     by_depth = _depth_models(depth)  # draft / target without shapes, or None
     if any(p is None for p in phases):
@@ -669,15 +667,13 @@ def label_steps(
         if d is not None and hits[i] is not None:
             q = hits[i][1]
             phases[i] = "prefill" if d == 0 else "decode" if d == q else "mixed"
-    for i in undecided:
-        phases[i] = "unknown"
-    if undecided and warnings is not None:
-        warnings.append(
-            f"trace {tid}: {len(undecided)} steps of a continuous batcher have no phase: their attention "
-            "ops are padded to fixed sizes or replayed from a CUDA graph, so they show neither their "
-            "prompt nor their decode tokens (capture without CUDA graphs, or with engine step "
-            "annotations, to tell them)"
-        )
+    _no_phase(
+        phases, undecided, warnings,
+        f"trace {tid}: {len(undecided)} steps of a continuous batcher have no phase: their attention "
+        "ops are padded to fixed sizes or replayed from a CUDA graph, so they show neither their "
+        "prompt nor their decode tokens (capture without CUDA graphs, or with engine step "
+        "annotations, to tell them)",
+    )  # fmt: skip
     models = _models(hits, phases, by_depth)
     # graph-replayed decode steps record no shapes: with static batching each sequence of the
     # prefill batch adds one token per decode step
@@ -705,6 +701,14 @@ def label_steps(
             pre, dec = tok - d_packed, d_packed
         out.append(StepLabel(str(ph), tok, pre, dec, model, verify))
     return out
+
+
+def _no_phase(phases: list[str | None], steps: Any, warnings: list[str] | None, why: str) -> None:
+    """Mark ``steps`` (positions) ``unknown`` and, if there are any, say ``why`` among the warnings."""
+    for i in steps:
+        phases[i] = "unknown"
+    if steps and warnings is not None:
+        warnings.append(why)
 
 
 def _every_token_scored(

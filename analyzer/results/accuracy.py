@@ -204,6 +204,12 @@ def _frac(num: float, den: float) -> float | None:
     return round(num / den, 6) if den > 0 else None
 
 
+def _truth_rows(truth: pa.Table) -> dict[tuple[Any, Any], int]:
+    """The truth row of each (correlation, start_ns): how analysed kernels are matched to it."""
+    pairs = zip(truth["correlation"].to_pylist(), truth["start_ns"].to_pylist(), strict=True)
+    return {pair: i for i, pair in enumerate(pairs)}
+
+
 def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: int = 10) -> dict[str, Any]:
     """Time-weighted agreement of an analysed kernels table with the truth rows of its trace.
 
@@ -211,12 +217,7 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
     and ``phase``; rows are matched on (correlation, start_ns). Returns the report dict (its keys are
     documented in docs/accuracy.md).
     """
-    key = {
-        (c, s): i
-        for i, (c, s) in enumerate(
-            zip(truth["correlation"].to_pylist(), truth["start_ns"].to_pylist(), strict=True)
-        )
-    }
+    key = _truth_rows(truth)
     t_region = truth["region"].to_pylist()
     t_phase = truth["phase"].to_pylist()
     t_acc = truth["accepted"].to_pylist()
@@ -343,12 +344,7 @@ def step_agreement(
     """
     from analyzer.analyses.phases import parse_annotation
 
-    key = {
-        (c, s): i
-        for i, (c, s) in enumerate(
-            zip(truth["correlation"].to_pylist(), truth["start_ns"].to_pylist(), strict=True)
-        )
-    }
+    key = _truth_rows(truth)
     t_step = truth["step_id"].to_pylist()
     t_name = truth["step_name"].to_pylist()
     names: dict[int, str] = {}
