@@ -24,6 +24,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,12 @@ from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.finding_settings import load_finding_settings
 from analyzer.knowledge.op_hints import load_op_hints
 from analyzer.knowledge.provider_ops import ProviderFacts, load_provider_facts
+from analyzer.knowledge.structure_rules import (
+    SETTING_PREFIX,
+    StructureKnowledge,
+    load_structure,
+    with_overrides,
+)
 from analyzer.model import Trace
 from analyzer.options import Options
 from analyzer.tables import launches
@@ -54,6 +61,7 @@ class Context:
     annotation_patterns: Sequence[Mapping[str, Any]]
     attention_ops: AttentionOps  # where each attention op keeps its query length (rules/attention_ops.toml)
     finding_settings: Mapping[str, Mapping[str, Any]]
+    structure: StructureKnowledge  # the structure / phase rules and their thresholds (rules/structure.toml)
     provider_facts: ProviderFacts  # host op -> provider for shared kernel names (rules/providers.toml)
     gpu: tuple[hardware.GpuSpec, str] | None  # the ``--gpu`` override and its name; None: detect it
     gpu_table: Mapping[str, hardware.GpuSpec]  # rules/hardware.toml: the GPUs detection chooses from
@@ -79,7 +87,10 @@ def resolve_context(options: Options | None = None) -> Context:
         op_hints=load_op_hints(),
         annotation_patterns=load_annotation_patterns(),
         attention_ops=load_attention_ops(),
-        finding_settings=load_finding_settings(dict(options.settings)),
+        finding_settings=load_finding_settings(
+            {k: v for k, v in options.settings.items() if not k.startswith(SETTING_PREFIX)}
+        ),
+        structure=with_overrides(load_structure(), options.settings),
         provider_facts=load_provider_facts(),
         gpu=gpu,
         gpu_table=hardware.default_table(),
@@ -100,6 +111,9 @@ class Analysis:
     warnings: list[str] = dataclasses.field(default_factory=list)
     annotations_found: list[str] = dataclasses.field(default_factory=list)
     rules_sha256: str = ""
+    # kernels per id of the structure rules that decided layers only, or dropped a walk (the
+    # stage deciders are in the kernels' stage_rule column)
+    layer_rules: dict[str, int] = dataclasses.field(default_factory=dict)
     _frame: tuple[pa.Table, pd.DataFrame] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
     )
@@ -120,11 +134,23 @@ Step = Callable[[Analysis, Context], Analysis]
 
 
 def classify_step(a: Analysis, ctx: Context) -> Analysis:
+    fired: Counter = Counter()
     kernels, warnings = classify.classify_and_check(
-        a.kernels, a.trace.host_ops, ctx.ruleset, ctx.op_hints, ctx.provider_facts, ctx.model
+        a.kernels,
+        a.trace.host_ops,
+        ctx.ruleset,
+        ctx.op_hints,
+        ctx.provider_facts,
+        ctx.model,
+        ctx.structure,
+        fired,
     )
     return dataclasses.replace(
-        a, kernels=kernels, rules_sha256=ctx.ruleset.sha256, warnings=[*a.warnings, *warnings]
+        a,
+        kernels=kernels,
+        rules_sha256=ctx.ruleset.sha256,
+        warnings=[*a.warnings, *warnings],
+        layer_rules=dict(fired),
     )
 
 

@@ -197,12 +197,20 @@ def test_op_hints_map_ops_to_taxonomy_stages():
     assert set(hints.values()) <= set(TAXONOMY.stage_category)
 
 
+_HINT = '[[hint]]\nid = "OPH001"\nnote = "n"\n'
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ('[stages]\nfoo = ["aten::x"]\n', "stages.foo: unknown stage 'foo'"),
-        ('[stages]\nnorm = "aten::x"\n', "stages.norm: must be a list"),
-        ('[stages]\nnorm = ["aten::x"]\nrope = ["aten::x"]\n', "already listed under 'norm'"),
+        (_HINT + 'stage = "foo"\nops = ["aten::x"]\n', "hint OPH001.stage: unknown stage 'foo'"),
+        (_HINT + 'stage = "norm"\nops = "aten::x"\n', "hint OPH001.ops: must be a list"),
+        (
+            _HINT + 'stage = "norm"\nops = ["aten::x"]\n[[hint]]\nid = "OPH002"\nnote = "n"\n'
+            'stage = "rope"\nops = ["aten::x"]\n',
+            "already listed under 'norm'",
+        ),
+        (_HINT.replace("OPH001", "X1") + 'stage = "norm"\nops = ["aten::x"]\n', "distinct OPH###"),
         ("[other]\nx = 1\n", "other: unknown top-level key"),
     ],
 )

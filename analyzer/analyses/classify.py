@@ -20,6 +20,7 @@ Contract (pure over the kernels and host_ops tables):
 
 from __future__ import annotations
 
+import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,6 +33,8 @@ import pyarrow.compute as pc
 from analyzer.analyses import layers, providers, shape_roles
 from analyzer.analyses.layers import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
+from analyzer.knowledge.op_hints import op_hint_ids
+from analyzer.knowledge.structure_rules import StructureKnowledge
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
 from analyzer.model import dict_from_codes, dict_isin, dict_strings, dict_take, pylist
 from analyzer.tables import launches
@@ -54,16 +57,25 @@ def classify_and_check(
     op_hints: Mapping[str, str],
     provider_facts: Any = None,
     model: Any = None,
+    structure: StructureKnowledge | None = None,
+    fired: Counter | None = None,
 ) -> tuple[pa.Table, list[str]]:
     """:func:`classify_kernels` and its self-check: the table (with ``stage_source``, how each
-    kernel's stage was decided: :data:`SOURCES`) and the warnings for what could not be decided."""
+    kernel's stage was decided: :data:`SOURCES`, and ``stage_rule``, the id of the rule that gave
+    it) and the warnings for what could not be decided. ``structure``: the registry with the run's
+    thresholds (default: ``rules/structure.toml``); ``fired`` (optional): counts kernels per id of
+    the rules that decide layers only (and of the self-check that drops a walk)."""
+    know = structure if structure is not None else layers.KNOWLEDGE
+    th = know.thresholds
     cols = classify_by_name(kernels, ruleset)
     op_names, op_dims, op_column = launching_ops(kernels, host_ops)
     cols["provider"] = providers.attribute_providers(kernels, cols, op_names, host_ops, provider_facts)
     stage = cols["stage"]
     vocab: dict[str, int] = {}  # stage -> code: per-kernel copies of the stage as int16, not lists
-    apply_op_hints(stage, op_names, op_hints, op_dims)
+    rule_ids, why = _rule_codes(cols["rule_id"], know)
+    apply_op_hints(stage, op_names, op_hints, op_dims, why, _hint_codes(rule_ids), th)
     by_names = _stage_codes(stage, vocab)
+    why_names = array.array("h", why)  # what the names and op hints said: kept where the walk is dropped
     front = in_attention_front_end(kernels, host_ops, by_names, vocab)
     softmax = layers.softmax_rows(cols["norm_name"], op_column, stage)
     order = np.lexsort(
@@ -87,22 +99,32 @@ def classify_and_check(
     bounds = np.flatnonzero(np.diff(segment)) + 1
     undecided: list[str] = []
     names_of = list(vocab)
+    counts: Counter = Counter()
     for seg in np.split(ordered, bounds):
         if len(seg):
-            layers.compose_attention(seg, stage, norm, op_names, launch, softmax)
+            layers.compose_attention(seg, stage, norm, op_names, launch, softmax, why)
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
                 stage[r] = layers.COMPOSED_ATTENTION
-            layers.walk_sequence(seg, stage, norm, op_names, launch, layer, topk, pow_rows, reduce_rows)
-            why = layers.structure_problem(seg, stage, layer)
-            if why:
+                why[r] = SDPA_FRONT_END
+            layers.walk_sequence(
+                seg, stage, norm, op_names, launch, layer, topk, pow_rows, reduce_rows, why, th, counts
+            )
+            problem = layers.structure_problem(seg, stage, layer, th)
+            if problem:
                 # not found with confidence: keep what the names said (role-free GEMMs, generic kernels)
                 for r in seg.tolist():
                     stage[r] = names_of[by_names[r]]
+                    why[r] = why_names[r]
                 layer[seg] = -1
-                undecided.append(why)
-    shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model)
+                undecided.append(problem)
+                counts[layers.SELF_CHECK] += len(seg)
+    shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th)
     final = _stage_codes(stage, vocab)
     source = _stage_sources(by_names, final, vocab, shaped)
+    codes = np.frombuffer(why, np.int16).copy()
+    codes[shaped] = SHAPE_ROLES
+    if fired is not None:
+        fired.update({rule_ids[c]: n for c, n in counts.items()})
     categories = ruleset.taxonomy.stage_category
     stage_names = list(vocab)
     category_names = [categories.get(s, "other") for s in stage_names]
@@ -121,6 +143,7 @@ def classify_and_check(
         "group_key": cols["group_key"],
         "layer": pa.array(np.where(layer >= 0, layer, 0).astype(np.int32), mask=layer < 0),
         "stage_source": dict_strings(source),
+        "stage_rule": _used_codes(codes, rule_ids),
     }
     for name, arr in extra.items():
         if name in out.column_names:
@@ -138,11 +161,11 @@ ROLE_FREE = frozenset({"gemm", "elementwise", "other"})
 TRAINING_WARNING = "training, not inference: no phases or inference findings"
 
 
-SHAPE_DISAGREEMENT = 0.01  # share of shape-decided GEMM time where a disagreement is reported
+SHAPE_DISAGREEMENT = layers.DEFAULT_THRESHOLDS.shape_disagreement  # rules/structure.toml
 
 
 def _apply_shape_roles(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], model: Any
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], model: Any, th: Any = None
 ) -> tuple[np.ndarray, str | None]:
     """GEMM roles from recorded shapes (:mod:`analyzer.analyses.shape_roles`): taken where the
     layer walk gave none (``gemm``) or the same one; where the two disagree the walk's role stays
@@ -176,7 +199,8 @@ def _apply_shape_roles(
         else:
             other += int(dur[r])
             said[(stage[r], role)] += int(dur[r])
-    if decided and other > SHAPE_DISAGREEMENT * decided:
+    limit = th.shape_disagreement if th is not None else SHAPE_DISAGREEMENT
+    if decided and other > limit * decided:
         (walk, shape), _ = said.most_common(1)[0]
         return shaped, (
             f"GEMM roles from shapes (hidden {dims.hidden}, vocab {dims.vocab}) and from the layer "
@@ -184,6 +208,48 @@ def _apply_shape_roles(
             f"(mostly {walk} by structure, {shape} by shape): the structure's roles are kept"
         )
     return shaped, None
+
+
+SDPA_FRONT_END = layers.KNOWLEDGE.code_of("sdpa-front-end")
+SHAPE_ROLES = layers.KNOWLEDGE.code_of("shape-roles")
+EMBEDDING_LOOKUP = layers.KNOWLEDGE.code_of("embedding-lookup")
+
+
+def _rule_codes(rule_id: pa.Array, know: StructureKnowledge) -> tuple[list[str], array.array]:
+    """The rule-id vocabulary of a run and each kernel's code in it, from the kernel rules' ids.
+
+    Codes 0.. are the structure rules in registry order (what the walk writes), then the kernel
+    rules' ids that occur, then the op hints' (:func:`_hint_codes`). Kept as a typed array: the walk
+    sets one code per relabelled kernel, and the column is built from its buffer at once."""
+    ids = [r.id for r in know.rules]
+    col = dict_strings(rule_id)
+    names = [x if x is not None else "UNCLASSIFIED" for x in col.dictionary.to_pylist()]
+    at = {x: i for i, x in enumerate(ids)}
+    for x in names:
+        at.setdefault(x, len(at))
+        if len(ids) < len(at):
+            ids.append(x)
+    lut = np.asarray([at[x] for x in names] + [at.get("UNCLASSIFIED", 0)], np.int16)
+    idx = col.indices.fill_null(len(names)).to_numpy(zero_copy_only=False)
+    return ids, array.array("h", lut[idx].tobytes())
+
+
+def _hint_codes(ids: list[str]) -> dict[str, int]:
+    """Host op -> the code of the op hint that names it (appended to ``ids``)."""
+    out: dict[str, int] = {}
+    for op, hid in op_hint_ids().items():
+        if hid not in ids:
+            ids.append(hid)
+        out[op] = ids.index(hid)
+    return out
+
+
+def _used_codes(codes: np.ndarray, ids: list[str]) -> pa.DictionaryArray:
+    """The ``stage_rule`` column: ``codes`` over ``ids``, the dictionary cut to the ids used."""
+    used = np.flatnonzero(np.bincount(codes, minlength=len(ids)))
+    remap = np.zeros(len(ids), np.int16)
+    remap[used] = np.arange(len(used), dtype=np.int16)
+    return pa.DictionaryArray.from_arrays(pa.array(remap[codes]), pa.array([ids[i] for i in used.tolist()]))
 
 
 def _stage_codes(stage: list[str], vocab: dict[str, int]) -> np.ndarray:
@@ -220,7 +286,7 @@ def classification_shares(stage_source: Any, dur_ns: Any) -> dict[str, float]:
     return {s: round(got.get(s, 0.0) / total, 6) if total > 0 else 0.0 for s in SOURCES}
 
 
-_BACKWARD_WORDS = ("backward", "Backward", "_bwd", "bwd_", "BwdKernel", "wgrad", "dgrad")
+_BACKWARD_WORDS = layers.KNOWLEDGE.words("backward_words")
 
 
 def _check_warnings(kernels: pa.Table, undecided: list[str]) -> list[str]:
@@ -335,12 +401,12 @@ def in_attention_front_end(
     return out
 
 
-_GATHER_OPS = ("aten::gather", "aten::take_along_dim", "aten::index_select", "aten::embedding")
-_EMBEDDING_OPS = ("aten::embedding", "aten::embedding_bag")
-_ATTENTION_FRONT_ENDS = ("aten::scaled_dot_product_attention",)
+_GATHER_OPS = layers.KNOWLEDGE.words("gather_ops")
+_EMBEDDING_OPS = layers.KNOWLEDGE.words("embedding_ops")
+_ATTENTION_FRONT_ENDS = layers.KNOWLEDGE.words("attention_front_end_ops")
 # what a kernel launched inside the SDPA front end may have been called by its name or op: generic
 # work, a GEMM (the math backend's matmuls), its softmax (an op hint says sampling)
-_FRONT_END_PARTS = GENERIC | layers.GEMM_STAGES | {"sampling", "activation"}
+_FRONT_END_PARTS = layers.KNOWLEDGE.set_of("front_end_parts") | layers.GEMM_STAGES
 EMBEDDING_OP = "inside aten::embedding"  # an op_dims value: the gather runs inside an embedding op
 
 
@@ -355,14 +421,19 @@ def inside_ops(host_ops: pa.Table, op_rows: np.ndarray, outer: Sequence[str]) ->
     return launches.enclosing_op(host_ops, outer_rows, op_rows) >= 0
 
 
-def _is_embedding_lookup(op: str, dims: Any) -> bool:
+def _is_embedding_lookup(op: str, dims: Any, th: Any = layers.DEFAULT_THRESHOLDS) -> bool:
     """A gather from a [vocab, hidden] table: many more rows than columns, and a vocabulary's rows."""
     if op not in _GATHER_OPS or dims is None or len(dims) == 0:
         return False
     if dims == EMBEDDING_OP:
         return True
     table = dims[0]
-    return table is not None and len(table) == 2 and table[0] >= 8192 and table[0] >= 4 * table[1]
+    return (
+        table is not None
+        and len(table) == 2
+        and table[0] >= th.embedding_min_rows
+        and table[0] >= th.embedding_rows_per_column * table[1]
+    )
 
 
 def apply_op_hints(
@@ -370,17 +441,29 @@ def apply_op_hints(
     op_names: Sequence[str | None],
     table: Mapping[str, str],
     op_dims: dict[int, Any] | None = None,
+    why: Any = None,
+    hint_codes: Mapping[str, int] | None = None,
+    th: Any = layers.DEFAULT_THRESHOLDS,
 ) -> None:
+    """Generic kernels take the stage their launching host op names (``table``), and gathers that
+    are embedding lookups (:func:`_is_embedding_lookup`) take ``embedding``; ``why`` (per kernel)
+    records the deciding rule's code (``hint_codes``: host op -> its hint's code)."""
     op_dims = op_dims or {}
+    why = {} if why is None else why
+    hint_codes = hint_codes or {}
     # only ops the table names or that can be an embedding's gather matter: test each distinct op
     # once, then visit just their kernels
     wanted = {op: op in table or op in _GATHER_OPS for op in set(op_names) if op is not None}
     for i, op in enumerate(op_names):
         if op is not None and wanted[op] and stage[i] in GENERIC:
             d = op_dims.get(i)
-            if _is_embedding_lookup(op, d):
+            if _is_embedding_lookup(op, d, th):
                 stage[i] = "embedding"
+                why[i] = EMBEDDING_LOOKUP
                 continue
             s = table.get(op)
-            if s is not None and (s != "embedding" or d is None or _is_embedding_lookup(op, d)):
+            if s is not None and (s != "embedding" or d is None or _is_embedding_lookup(op, d, th)):
                 stage[i] = s
+                code = hint_codes.get(op)
+                if code is not None:
+                    why[i] = code

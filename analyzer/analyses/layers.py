@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from analyzer.knowledge.structure_rules import Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAGES
 from analyzer.model import dict_isin, dict_where
 from analyzer.tables.launches import launching_op_rows
@@ -30,10 +31,13 @@ from analyzer.tables.launches import launching_op_rows
 # The stages the walk reads (sets for fast membership; derived from rules/taxonomy.toml):
 GEMM_STAGES = frozenset(DENSE_GEMM_STAGES)  # a GEMM the walk gives a role (moe_expert_gemm keeps its own)
 ATTENTION = frozenset(ATTENTION_KERNEL_STAGES)  # attention kernels: the anchor of a layer's sequence
-# Heuristic groups of the walk (its choices, not vocabularies; every member is a taxonomy stage, tested):
+# The registry (rules/structure.toml): the rules' ids, the vocabularies and the default thresholds
+KNOWLEDGE = load_structure()
+_V = KNOWLEDGE.set_of
+DEFAULT_THRESHOLDS: Thresholds = KNOWLEDGE.thresholds
 # kernels whose stage the structure may refine: generic framework kernels only
-GENERIC = frozenset({"elementwise", "residual_add"})  # a bare ATen add is only a guess
-SAMPLING_LIKE = frozenset({"sampling", "moe_topk"})  # a top-k after the LM head or in a MoE router
+GENERIC = _V("generic_stages")  # a bare ATen add is only a guess
+SAMPLING_LIKE = _V("sampling_like_stages")  # a top-k after the LM head or in a MoE router
 
 
 # --------------------------------------------------------------------------- the walk
@@ -42,21 +46,70 @@ SAMPLING_LIKE = frozenset({"sampling", "moe_topk"})  # a top-k after the LM head
 # --------------------------------------------------------------------------- attention by composition
 
 COMPOSED_ATTENTION = "flash_attention"  # the attention category's general stage (fused or not)
-_SOFTMAX_OPS = frozenset({"aten::_softmax", "aten::softmax", "aten::_safe_softmax"})
+_SOFTMAX_OPS = _V("softmax_ops")
 # ops that end the stretch of work before a composed attention: the KV-cache write (and a paged
 # cache's gathers of it), RoPE's final add
-_BEFORE_ATTENTION_STOP = frozenset({"aten::cat", "aten::add", "aten::add_", *("aten::index_copy_",
-    "aten::index_put_", "aten::slice_scatter", "aten::embedding", "aten::index_select",
-    "aten::gather")})  # fmt: skip
-_KV_WRITE_WORDS = ("CatArrayBatchedCopy", "index_copy", "scatter", "CUDAFunctor_add", "AddFunctor")
+_BEFORE_ATTENTION_STOP = _V("attention_front_stop_ops")
+_KV_WRITE_WORDS = KNOWLEDGE.words("kv_write_words")
+_SOFTMAX_WORDS = KNOWLEDGE.words("softmax_words")
+_ADD_OPS = _V("add_ops")
+_COPY_OPS = _V("copy_ops")
+_COPY_WORDS = KNOWLEDGE.words("copy_words")
 
 
 # generic work inside a composed attention; activation: the tanh of Gemma-2's logit softcapping
-_COMPOSED_PARTS = GENERIC | {"memcpy", "memset", "activation"}
+_COMPOSED_PARTS = _V("composed_attention_parts")
+
+# the rules of this module, by the names the registry gives them: each constant is the rule's code
+# (its position in the registry), what the walk records per kernel in ``why``
+_ID = KNOWLEDGE.code_of
+COMPOSED = _ID("composed-attention")
+LONE_POW = _ID("lone-pow")
+MOE_ROUTER = _ID("moe-router")
+ROLE_O = _ID("role-o")
+ROLE_QKV = _ID("role-qkv")
+ROLE_QKV_MORE = _ID("role-qkv-more")
+ROLE_POST_NORM_QKV = _ID("role-post-norm-qkv")
+ROLE_MOE_GATE = _ID("role-moe-gate")
+ROLE_GATE_UP = _ID("role-gate-up")
+ROLE_DOWN = _ID("role-down")
+ROLE_EXPERT = _ID("role-expert")
+ROLE_LM_HEAD = _ID("role-lm-head")
+SECOND_HEAD = _ID("second-head")
+ROLE_NONE = _ID("role-none")
+MOE_SAMPLING_TOPK = _ID("moe-sampling-topk")
+EMBEDDING_PROJECTION = _ID("embedding-projection")
+PRE_LAYER_SAMPLING = _ID("pre-layer-sampling")
+EMBEDDING_SCALE = _ID("embedding-scale")
+POSITION_IDS = _ID("position-ids")
+TAIL_NEG = _ID("tail-neg")
+FIRST_NORM = _ID("first-norm")
+ROTARY_MODULE = _ID("rotary-module")
+MOE_BLOCK = _ID("moe-block")
+MOE_SHARED_GATE = _ID("moe-shared-gate")
+MOE_GLU_PRODUCT = _ID("moe-glu-product")
+SANDWICH_NORM = _ID("sandwich-norm")
+ROUTER_CAST = _ID("router-cast")
+RESIDUAL_ADD = _ID("residual-add")
+KV_UPDATE = _ID("kv-update")
+KV_UPDATE_BEFORE_GEMM = _ID("kv-update-before-gemm")
+ATTENTION_INPUT_COPIES = _ID("attention-input-copies")
+INNER_NORMS = _ID("inner-norms")
+PROLOGUE_SHIFT = _ID("prologue-shift")
+SELF_CHECK = _ID("structure-self-check")
+# the region defaults: region -> (stage, rule id)
+_REGION_RULE = {
+    reg: _ID(f"region-{reg.replace('_', '-')}")
+    for reg in ("attn_in", "attn", "attn_out", "mlp_in", "mlp_out", "moe", "tail")
+}
 
 
 def _is_softmax(stage: str, name: str) -> bool:
-    return stage in ("sampling", "elementwise") and "softmax" in name.lower() and "backward" not in name
+    return (
+        stage in ("sampling", "elementwise")
+        and any(w in name.lower() for w in _SOFTMAX_WORDS)
+        and "backward" not in name
+    )
 
 
 def compose_attention(
@@ -66,6 +119,7 @@ def compose_attention(
     op_names: Sequence[str | None],
     launch: np.ndarray,
     softmax: np.ndarray | None = None,
+    why: Any = None,
 ) -> int:
     """Attention that the framework composes from GEMMs and generic kernels is attention.
 
@@ -79,8 +133,10 @@ def compose_attention(
 
     ``softmax`` (optional, per kernel row): the softmax kernels, found once per distinct name and op
     by the caller. Only the stretches around them are looked at, so a trace without composed
-    attention costs one pass over those rows.
+    attention costs one pass over those rows. ``why`` (per kernel row, optional): the id of the rule
+    that set each kernel's stage, kept up to date here (as in every relabelling below).
     """
+    why = {} if why is None else why
     rows = seq.tolist()
     n = len(rows)
     if softmax is None:
@@ -142,13 +198,14 @@ def compose_attention(
             if (op in _BEFORE_ATTENTION_STOP) if op is not None else kind(lo - 1)[3]:
                 break
             lo -= 1
-        while hi + 1 < n and clean(hi + 1) and op_names[rows[hi + 1]] not in ("aten::add", "aten::add_"):
+        while hi + 1 < n and clean(hi + 1) and op_names[rows[hi + 1]] not in _ADD_OPS:
             if op_names[rows[hi + 1]] is None and kind(hi + 1)[3]:
                 break
             hi += 1
         for q in range(lo, hi + 1):
             if stage[rows[q]] not in ("memcpy", "memset"):
                 stage[rows[q]] = COMPOSED_ATTENTION
+                why[rows[q]] = COMPOSED
         done = hi
         found += 1
     return found
@@ -158,7 +215,9 @@ def softmax_rows(norm_names: Any, op_column: pa.Array, stage: list[str]) -> np.n
     """Per kernel row: a softmax kernel (by its name, once per distinct name) or one launched by a
     softmax op (``op_column``: the launching op's name per row); the candidates
     :func:`compose_attention` looks around."""
-    out = dict_where(norm_names, lambda x: "softmax" in x.lower() and "backward" not in x)
+    out = dict_where(
+        norm_names, lambda x: any(w in x.lower() for w in _SOFTMAX_WORDS) and "backward" not in x
+    )
     for r in np.flatnonzero(out).tolist():
         out[r] = stage[r] in ("sampling", "elementwise")
     return out | dict_isin(op_column, list(_SOFTMAX_OPS))
@@ -192,13 +251,16 @@ def _next_where(mask: np.ndarray, at: np.ndarray) -> np.ndarray:
     return where[np.searchsorted(where[:-1], at)]
 
 
+_SPLITK_REDUCE_WORDS = KNOWLEDGE.words("splitk_reduce_words")
+
+
 def _is_reduce(name: str) -> bool:
     n = name.lower()
-    return "splitkreduce" in n or "reduce_kernel" in n and "gemm" in n
+    return any(all(w in n for w in words) for words in _SPLITK_REDUCE_WORDS)
 
 
-_NORM_WORDS = ("rsqrt", "MeanOps", "layer_norm", "rms_norm", "rmsnorm", "RMSNorm", "Rmsnorm")
-_MOE_ROUTING = frozenset({"moe_topk", "moe_sort"})
+_NORM_WORDS = KNOWLEDGE.words("norm_words")
+_MOE_ROUTING = _V("moe_routing_stages")
 
 
 def _norm_like(stage: str, name: str) -> bool:
@@ -215,10 +277,15 @@ def walk_sequence(
     topk_rows: np.ndarray,
     pow_rows: np.ndarray,
     reduce_rows: np.ndarray,
+    why: Any = None,
+    th: Thresholds = DEFAULT_THRESHOLDS,
+    fired: Counter | None = None,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels.
     ``topk_rows`` / ``pow_rows`` / ``reduce_rows`` (per kernel row): :func:`topk_candidates`,
-    launched by ``aten::pow``, :func:`reduction_rows`.
+    launched by ``aten::pow``, :func:`reduction_rows`. ``why`` (per kernel row): the id of the rule
+    that set the stage, updated for every kernel a rule here relabels; ``th``: the thresholds;
+    ``fired``: rule id -> kernels, counted for the rules that decide layers only.
 
     Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store),
     ``attn`` (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm),
@@ -226,9 +293,10 @@ def walk_sequence(
     GEMM: residual add, next input norm), ``moe`` / ``moe_experts`` (routing, expert GEMMs), ``tail``
     (after the LM head: sampling). A GEMM's role follows from its region and what comes next.
     """
+    why = {} if why is None else why
     rows = seq.tolist()
     n = len(rows)
-    _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq])
+    _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq], why)
     st = list(map(stage.__getitem__, rows))
     # norm-like: a norm stage, or a name with a norm's word (tested once per distinct name; no
     # per-kernel tuples: millions of them would dominate the memory of a 10 GB trace)
@@ -249,7 +317,16 @@ def walk_sequence(
     op_first, op_last = _gemm_ops(seq, gemm, norm, launch)
     hard = normish | stages(ATTENTION, ("embedding",))
     if _mark_routers(
-        rows, st, stage, norm, op_names, (op_first, op_last), hard, stages(("moe_expert_gemm",)), topk_rows
+        rows,
+        st,
+        stage,
+        norm,
+        op_names,
+        (op_first, op_last),
+        hard,
+        stages(("moe_expert_gemm",)),
+        topk_rows,
+        why,
     ):
         st = list(map(stage.__getitem__, rows))
         kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
@@ -302,18 +379,19 @@ def walk_sequence(
         if k >= 0:
             b = int(op_last[k])
             if router[p]:  # found by _mark_routers
-                role, region = "moe_gate_gemm", "moe"
+                role, region, rid = "moe_gate_gemm", "moe", MOE_ROUTER
             elif region == "tail" and last_head == k - 1 and anchor_at[k - 1] > p:
                 # two GEMMs after the final norm with nothing between: an output projection, then
                 # the LM head (OPT-350m's project_out): the last one is the head
                 for q in range(int(op_first[k - 1]), int(op_last[k - 1]) + 1):
                     if stage[rows[q]] == "lm_head_gemm":
                         stage[rows[q]] = "gemm"
-                role = "lm_head_gemm"
+                        why[rows[q]] = SECOND_HEAD
+                role, rid = "lm_head_gemm", SECOND_HEAD
             else:
                 routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
                 opens = fresh and not rotary_next[k]
-                role, region, layer_no = _role(
+                role, region, layer_no, rid = _role(
                     region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next, opens
                 )
                 if opens and role == "qkv_gemm":
@@ -324,6 +402,7 @@ def walk_sequence(
             for q in range(p, b + 1):
                 if stage[rows[q]] in GEMM_STAGES:
                     stage[rows[q]] = role
+                    why[rows[q]] = rid
                 region_of[q] = region
                 layer_of[q] = -1 if region in ("pre", "tail") else layer_no
             p = b + 1
@@ -336,6 +415,7 @@ def walk_sequence(
             region = "moe"
         elif s == "sampling" and region == "moe":
             stage[rows[p]] = "moe_topk"
+            why[rows[p]] = MOE_SAMPLING_TOPK
         elif s == "moe_expert_gemm":
             region = "moe_experts"
         elif normish[p]:
@@ -343,17 +423,18 @@ def walk_sequence(
         region_of[p] = region
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
-    _demote_embedding_projection(rows, stage, region_of, layer_of, op_first, op_last, opened)
+    _demote_embedding_projection(rows, stage, region_of, layer_of, op_first, op_last, opened, why)
     # one pass finds the positions the three fix-ups below look at (none relabels another's)
     # (stages the walk itself sets are GEMM roles and moe_topk: only the candidates need a look)
     marked = ("sampling", "embedding", "rope")
     marks = [q for q in np.flatnonzero(stages(marked)).tolist() if stage[rows[q]] in marked]
-    _demote_sampling_before_layers(rows, stage, region_of, marks)
-    _label_embedding_scale(rows, stage, op_names, marks)
-    _label_position_ids(rows, stage, op_names, marks)
+    _demote_sampling_before_layers(rows, stage, region_of, marks, why)
+    _label_embedding_scale(rows, stage, op_names, marks, why)
+    _label_position_ids(rows, stage, op_names, marks, why)
     for q in marks:
         if stage[rows[q]] == "rope" and region_of[q] == "tail":
             stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
+            why[rows[q]] = TAIL_NEG
     was_generic = stages(GENERIC)
     # where each run of QKV GEMMs begins (a run begins where a GEMM op does); the labelling below
     # changes no QKV role, so the norm shapes and the prologue shift read the same positions
@@ -362,7 +443,7 @@ def walk_sequence(
         for q in op_first.tolist()
         if stage[rows[q]] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm")
     ]
-    shape = _norm_shape(rows, norm, op_names, normish, was_generic, qkv_starts)
+    shape = _norm_shape(rows, norm, op_names, normish, was_generic, qkv_starts, th)
     regions = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
     region_code = np.fromiter(map(regions.__getitem__, region_of), np.int32, n)
     # the generic kernels now: the fix-ups made generic kernels of marked ones only (and took
@@ -370,25 +451,27 @@ def walk_sequence(
     candidates = was_generic.copy()
     candidates[marks] = True
     generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
-    _label_generic(seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape)
+    _label_generic(seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape, why, th)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
-    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm)
-    _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts)
+    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm, why, th)
+    moved = _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts)
+    if fired is not None and moved:
+        fired[PROLOGUE_SHIFT] += moved
     layer[seq] = layer_of
 
 
 # what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
-_ROUTING_TAIL_OPS = frozenset({"aten::gather", "aten::sum", "aten::div", "aten::div_", "aten::mul",
-    "aten::mul_", "aten::add", "aten::add_", "aten::to", "aten::_to_copy", "aten::copy_", "aten::softmax",
-    "aten::_softmax"})  # fmt: skip
-_ROUTING_PARTS = GENERIC | SAMPLING_LIKE | {"activation", "moe_sort"}
+_ROUTING_TAIL_OPS = _V("routing_tail_ops")
+_ROUTING_PARTS = _V("routing_parts")
+_TOPK_OPS = _V("topk_ops")
+_TOPK_WORDS = KNOWLEDGE.words("topk_words")
 
 
 def topk_candidates(norm: Any, op_column: pa.Array) -> np.ndarray:
     """Per kernel row: launched by ``aten::topk``, or without a launching op (``op_column``: the
     launching op's name, null: none) and named like a top-k (tested once per distinct op and
     name); :func:`_mark_routers` looks at these only."""
-    out = dict_isin(op_column, ["aten::topk"])
+    out = dict_isin(op_column, list(_TOPK_OPS))
     names = norm if isinstance(norm, list) else list(norm)
     none = np.flatnonzero(op_column.is_null().to_numpy(zero_copy_only=False))
     memo: dict[str, bool] = {}
@@ -396,7 +479,7 @@ def topk_candidates(norm: Any, op_column: pa.Array) -> np.ndarray:
         nm = names[r]
         hit = memo.get(nm)
         if hit is None:
-            hit = memo[nm] = "topk" in nm.lower()
+            hit = memo[nm] = any(w in nm.lower() for w in _TOPK_WORDS)
         out[r] = hit
     return out
 
@@ -404,8 +487,8 @@ def topk_candidates(norm: Any, op_column: pa.Array) -> np.ndarray:
 def _is_topk(stage: str, name: str, op: str | None) -> bool:
     """A router's ``torch.topk`` (a sort or argsort is dispatch, or sampling)."""
     if op is not None:
-        return op == "aten::topk"
-    return stage in SAMPLING_LIKE and "topk" in name.lower()
+        return op in _TOPK_OPS
+    return stage in SAMPLING_LIKE and any(w in name.lower() for w in _TOPK_WORDS)
 
 
 def _mark_routers(
@@ -418,6 +501,7 @@ def _mark_routers(
     hard: np.ndarray,
     experts: np.ndarray,
     topk_rows: np.ndarray,
+    why: Any,
 ) -> bool:
     """MoE routers: a GEMM whose output goes to a top-k that more GEMMs follow within the block.
 
@@ -470,6 +554,7 @@ def _mark_routers(
         for q in range(a, b + 1):
             if st[q] in GEMM_STAGES:
                 stage[rows[q]] = "moe_gate_gemm"
+                why[rows[q]] = MOE_ROUTER
         last = topk[bisect.bisect_left(topk, nxt) - 1]  # the last top-k before the experts
         end = last + 1
         while end < nxt and op_names[rows[end]] in _ROUTING_TAIL_OPS and st[end] in _ROUTING_PARTS:
@@ -477,17 +562,18 @@ def _mark_routers(
         for q in range(b + 1, end):
             if st[q] in _ROUTING_PARTS:
                 stage[rows[q]] = "moe_topk"
+                why[rows[q]] = MOE_ROUTER
         done = nxt
         found = True
     return found
 
 
-_SCALE_OPS = frozenset({"aten::mul", "aten::mul_"})
-_CAST_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+_SCALE_OPS = _V("scale_ops")
+_CAST_OPS = _V("cast_ops")
 
 
 def _label_embedding_scale(
-    rows: list[int], stage: list[str], op_names: Sequence[str | None], marks: list[int]
+    rows: list[int], stage: list[str], op_names: Sequence[str | None], marks: list[int], why: Any
 ) -> None:
     """A scaled embedding (Gemma: the looked-up rows times sqrt(hidden)): the multiply launched right
     after the lookup (a cast of the scale before it) is the embedding's."""
@@ -498,13 +584,14 @@ def _label_embedding_scale(
         if k < len(rows) and op_names[rows[k]] in _SCALE_OPS and stage[rows[k]] in GENERIC:
             for j in range(q + 1, k + 1):
                 stage[rows[j]] = "embedding"
+                why[rows[j]] = EMBEDDING_SCALE
 
 
-_INDEX_OPS = frozenset({"aten::add", "aten::add_", "aten::sub", "aten::sub_"})
+_INDEX_OPS = _V("index_ops")
 
 
 def _label_position_ids(
-    rows: list[int], stage: list[str], op_names: Sequence[str | None], marks: list[int]
+    rows: list[int], stage: list[str], op_names: Sequence[str | None], marks: list[int], why: Any
 ) -> None:
     """A second lookup before the first layer (learned positions after the tokens: OPT) computes its
     indices right before it: the adds right before that lookup (position ids plus an offset) are
@@ -516,14 +603,15 @@ def _label_position_ids(
         k = q - 1
         while k > p and op_names[rows[k]] in _INDEX_OPS and stage[rows[k]] in GENERIC:
             stage[rows[k]] = "embedding"
+            why[rows[k]] = POSITION_IDS
             k -= 1
 
 
-_PRE_WORK = GENERIC | {"memcpy", "memset", "embedding"}
+_PRE_WORK = _V("pre_layer_work")
 
 
 def _demote_sampling_before_layers(
-    rows: list[int], stage: list[str], region_of: list[str], marks: list[int]
+    rows: list[int], stage: list[str], region_of: list[str], marks: list[int], why: Any
 ) -> None:
     """Between a forward's embedding and its first layer nothing samples a token: a cumsum of the
     position ids, the sort of a flex block mask there is generic work (its name or op says
@@ -542,6 +630,7 @@ def _demote_sampling_before_layers(
             # the same "pre" run: no other region between the embedding and here
             if all(x == "pre" for x in region_of[last_emb:q]):
                 stage[r] = "elementwise"
+                why[r] = PRE_LAYER_SAMPLING
 
 
 def _demote_embedding_projection(
@@ -552,6 +641,7 @@ def _demote_embedding_projection(
     op_first: np.ndarray,
     op_last: np.ndarray,
     opened: list[int],
+    why: Any,
 ) -> None:
     """A GEMM that opened a forward as its first layer's first projection (``opened``: the GEMM op
     indices) whose layer then runs one QKV GEMM op more than the other layers do is the embeddings'
@@ -582,20 +672,27 @@ def _demote_embedding_projection(
         for q in range(first[k], first[k + 1]):
             if stage[rows[q]] == "qkv_gemm" and q <= int(op_last[k]):
                 stage[rows[q]] = "gemm"
+                why[rows[q]] = EMBEDDING_PROJECTION
             region_of[q] = "pre"
             layer_of[q] = -1
 
 
-_REDUCE_OPS = frozenset({"aten::mean", "aten::var_mean", "aten::sum", "aten::var", "aten::norm"})
+_REDUCE_OPS = _V("reduce_ops")
+_MEAN_WORDS = KNOWLEDGE.words("mean_words")
+POW_OPS = KNOWLEDGE.words("pow_ops")
 
 
 def reduction_rows(norm_names: Any, op_column: pa.Array) -> np.ndarray:
     """Per kernel row: a reduction, by its launching op (``op_column``) or a mean kernel's name
     (tested once per distinct op and name)."""
-    return dict_where(norm_names, lambda x: "MeanOps" in x) | dict_isin(op_column, list(_REDUCE_OPS))
+    return dict_where(norm_names, lambda x: any(w in x for w in _MEAN_WORDS)) | dict_isin(
+        op_column, list(_REDUCE_OPS)
+    )
 
 
-def _demote_lone_pow(rows: list[int], stage: list[str], is_pow: np.ndarray, is_reduce: np.ndarray) -> None:
+def _demote_lone_pow(
+    rows: list[int], stage: list[str], is_pow: np.ndarray, is_reduce: np.ndarray, why: Any
+) -> None:
     """``aten::pow`` (``is_pow``, per position) is a norm's square only when a reduction (the mean,
     ``is_reduce``) follows within two kernels; elsewhere (GELU-tanh's ``x ** 3``) it is generic work
     that the region labels."""
@@ -609,6 +706,7 @@ def _demote_lone_pow(rows: list[int], stage: list[str], is_pow: np.ndarray, is_r
     for q in pows[~reduced].tolist():
         if stage[rows[q]] == "norm":
             stage[rows[q]] = "elementwise"
+            why[rows[q]] = LONE_POW
 
 
 def _role(
@@ -619,49 +717,40 @@ def _role(
     layer_no: int,
     routing_next: bool = False,
     opens_forward: bool = False,
-) -> tuple[str, str, int]:
-    """(role, new region, layer number) of a GEMM from where we are and what comes next.
-    ``opens_forward``: the first GEMM op after an embedding lookup, no RoPE kernel right after it."""
+) -> tuple[str, str, int, str]:
+    """(role, new region, layer number, the deciding rule's id) of a GEMM from where we are and
+    what comes next. ``opens_forward``: the first GEMM op after an embedding lookup, no RoPE kernel
+    right after it."""
     if region == "attn":
-        return "o_gemm", "attn_out", layer_no
+        return "o_gemm", "attn_out", layer_no, ROLE_O
     if region == "attn_in":
-        return "qkv_gemm", "attn_in", layer_no
+        return "qkv_gemm", "attn_in", layer_no, ROLE_QKV_MORE
     if region in ("attn_out", "mlp_in"):
         if region == "attn_out" and routing_next:
-            return "moe_gate_gemm", "moe", layer_no
+            return "moe_gate_gemm", "moe", layer_no, ROLE_MOE_GATE
         if gemm_ahead:
-            return "gate_up_gemm", "mlp_in", layer_no
-        return "down_gemm", "mlp_out", layer_no
+            return "gate_up_gemm", "mlp_in", layer_no, ROLE_GATE_UP
+        return "down_gemm", "mlp_out", layer_no, ROLE_DOWN
     if region == "moe":
-        return "moe_expert_gemm", "moe_experts", layer_no
+        return "moe_expert_gemm", "moe_experts", layer_no, ROLE_EXPERT
     if region == "moe_experts" and not norm_seen:
-        return "moe_expert_gemm", "moe_experts", layer_no
+        return "moe_expert_gemm", "moe_experts", layer_no, ROLE_EXPERT
     # pre, mlp_out, moe_experts (after a norm), tail
     if norm_seen and follow in ATTENTION:
-        return "qkv_gemm", "attn_in", layer_no + 1
+        return "qkv_gemm", "attn_in", layer_no + 1, ROLE_QKV
     if norm_seen and follow in ("sampling", "embedding", ""):
-        return "lm_head_gemm", "tail", layer_no
+        return "lm_head_gemm", "tail", layer_no, ROLE_LM_HEAD
     if region == "pre" and follow in ATTENTION and opens_forward:
         # the first projection of a post-norm block (OLMo-2: no norm before layer 0's q_proj)
-        return "qkv_gemm", "attn_in", layer_no + 1
-    return "gemm", region, layer_no
+        return "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
+    return "gemm", region, layer_no, ROLE_NONE
 
 
-# Region -> stage for generic kernels found there.
-_REGION_STAGE = {
-    "attn_in": "rope",
-    # between the attention kernel and the O GEMM: the output's transpose / contiguous copy, the
-    # attention interface's own work (eager dropout, an output cast)
-    "attn": COMPOSED_ATTENTION,
-    "attn_out": "norm",
-    "mlp_in": "activation",
-    "mlp_out": "norm",
-    "moe": "moe_sort",
-    "moe_experts": "moe_accumulate",
-    "tail": "sampling",
-}
-_KV_OPS = ("aten::cat", "aten::copy_", "aten::index_copy_", "aten::index_put_", "aten::slice_scatter")
-_NORM_OPS = {"aten::rsqrt", "aten::mean", "aten::pow", "aten::var_mean", "aten::native_layer_norm"}
+# Region -> stage for generic kernels found there (rules/structure.toml [regions]); "attn": between
+# the attention kernel and the O GEMM, the attention interface's own work (output transpose ...)
+_REGION_STAGE = dict(KNOWLEDGE.regions)
+_KV_OPS = KNOWLEDGE.words("kv_write_ops")
+_NORM_OPS = _V("norm_ops")
 
 
 def _label_generic(
@@ -674,14 +763,18 @@ def _label_generic(
     norm: Sequence[str] = (),
     normish: np.ndarray | None = None,
     shape: dict[str, tuple[int, int]] | None = None,
+    why: Any = None,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> None:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
     are found at once). Each region's labelling changes only its own positions, so the generic
     kernels of every region are the ones found before the first."""
+    why = {} if why is None else why
     rows = seq.tolist()
     n = len(rows)
-    clusters = _cluster_bounds(np.flatnonzero(normish)) if shape and normish is not None else None
+    gap = int(th.norm_cluster_gap)
+    clusters = _cluster_bounds(np.flatnonzero(normish), gap) if shape and normish is not None else None
     starts = [0, *(np.flatnonzero(np.diff(region_code)) + 1).tolist()]
     ends = [*starts[1:], n]
     cut = np.searchsorted(np.asarray(generic_at, np.int64), np.asarray([*starts, n], np.int64)).tolist()
@@ -691,12 +784,13 @@ def _label_generic(
         reg = region_of[p]
         run = generic_at[cut[k] : cut[k + 1]]
         if run and reg == "pre":
-            _label_first_norm(rows, run, p, q, stage, norm)
-            _label_rotary_module(rows, p, q, stage, op_names)
+            _label_first_norm(rows, run, p, q, stage, norm, why)
+            _label_rotary_module(rows, p, q, stage, op_names, why, th)
         if run and reg in _REGION_STAGE:
             target = _REGION_STAGE[reg]
+            target_rule = _REGION_RULE.get(reg, MOE_BLOCK)
             if reg == "moe_experts":
-                _label_moe_block(rows, run, p, q, stage, op_names)
+                _label_moe_block(rows, run, p, q, stage, op_names, why)
                 continue
             if reg in ("attn_out", "mlp_out") and shape and clusters is not None:
                 inside = _norm_windows(clusters, p, q, shape, rows, norm)
@@ -709,6 +803,7 @@ def _label_generic(
                             stage[rows[i]] = "residual_add"  # by op, or the rule's 16-bit add
                         else:
                             stage[rows[i]] = "elementwise"
+                        why[rows[i]] = SANDWICH_NORM
                     if q < n and stage[rows[q]] == "moe_gate_gemm":
                         # casts after the norm, right before the router's GEMM, are the router's
                         # (DeepSeek's router multiplies in fp32)
@@ -716,12 +811,14 @@ def _label_generic(
                             if stage[rows[i]] != "elementwise" or i in inside:
                                 break
                             stage[rows[i]] = "moe_topk"
+                            why[rows[i]] = ROUTER_CAST
                     continue
             if reg in ("attn_out", "mlp_out"):
                 # the residual add opens the block, the input norm of the next block follows
                 add = next((i for i in run if _is_add(rows[i], op_names)), None)
                 if add is not None:
                     stage[rows[add]] = "residual_add"
+                    why[rows[add]] = RESIDUAL_ADD
                     run = [i for i in run if i > add]
                 if reg == "mlp_out":
                     target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
@@ -747,6 +844,7 @@ def _label_generic(
                 parts.append((part, True))
                 kv_rows: set[int] = set()
                 reads: set[int] = set()
+                kv_rule = KV_UPDATE
                 for part, last in parts:
                     if not part:
                         continue
@@ -757,25 +855,29 @@ def _label_generic(
                         STRONG_WRITE if i in named else _OP_WRITES.get(o, 0)
                         for i, o in zip(part, ops, strict=True)
                     )
-                    kv, attn = _kv_update_positions(tokens, writes, last)
+                    kv, attn = _kv_update_positions(
+                        tokens, writes, last, int(th.max_square_search), int(th.kv_writes)
+                    )
                     kv_rows.update(part[j] for j in kv)
                     reads.update(part[j] for j in attn)
+                    if kv and not last:
+                        kv_rule = KV_UPDATE_BEFORE_GEMM
                 kv_rows -= named
                 if kv_rows or reads:
                     for i in kv_rows:
                         stage[rows[i]] = "kv_cache_store"
+                        why[rows[i]] = kv_rule
                     for i in reads:
                         stage[rows[i]] = COMPOSED_ATTENTION
+                        why[rows[i]] = ATTENTION_INPUT_COPIES
                     run = [i for i in run if i not in kv_rows and i not in reads]
             for i in run:
                 stage[rows[i]] = target
-
-
-KV_WRITES = 2  # a KV-cache update writes two tensors per layer: the keys and the values
+                why[rows[i]] = target_rule
 
 
 WEAK_WRITE, STRONG_WRITE, CACHE_READ = 1, 2, 3
-_CACHE_READ_OPS = frozenset({"aten::gather", "aten::index_select", "aten::index"})
+_CACHE_READ_OPS = _V("cache_read_ops")
 
 
 def _write_kind(named: bool, op: str | None) -> int:
@@ -788,7 +890,7 @@ def _write_kind(named: bool, op: str | None) -> int:
         return CACHE_READ
     if op not in _KV_OPS:
         return 0
-    return WEAK_WRITE if op == "aten::copy_" else STRONG_WRITE
+    return WEAK_WRITE if op in _COPY_OPS else STRONG_WRITE
 
 
 # :func:`_write_kind` of each op that is not a named store, looked up once per kernel
@@ -797,7 +899,11 @@ _OP_WRITES = {op: _write_kind(False, op) for op in (*_KV_OPS, *_CACHE_READ_OPS)}
 
 @functools.lru_cache(maxsize=4096)
 def _kv_update_positions(
-    tokens: tuple[tuple[str, str | None], ...], writes: tuple[int, ...], before_attention: bool = True
+    tokens: tuple[tuple[str, str | None], ...],
+    writes: tuple[int, ...],
+    before_attention: bool = True,
+    max_search: int = int(DEFAULT_THRESHOLDS.max_square_search),
+    kv_writes: int = int(DEFAULT_THRESHOLDS.kv_writes),
 ) -> tuple[frozenset[int], frozenset[int]]:
     """Which generic kernels between the QKV GEMMs and attention are the KV-cache update, and which
     are the attention's own input copies.
@@ -814,17 +920,17 @@ def _kv_update_positions(
     Without a repeated sequence only the trailing writes (at most two) are the update. Where a GEMM,
     not attention, follows (MLA caches the latent before decompressing it; the query's cat may come
     after the update), the update is the first two writes after RoPE. Memoised: the same region
-    repeats in every layer and step."""
+    repeats in every layer and step. ``max_search`` / ``kv_writes``: the thresholds of those names."""
     n = len(tokens)
     if not before_attention:
-        end = _last_square_end(tokens, writes, n)
+        end = _last_square_end(tokens, writes, n, max_search)
         if end < n:
-            first_writes = [j for j in range(end, n) if writes[j] == STRONG_WRITE][:KV_WRITES]
+            first_writes = [j for j in range(end, n) if writes[j] == STRONG_WRITE][:kv_writes]
             return frozenset(first_writes), frozenset()
         # no repeated RoPE sequence: the first two cat / store ops; plain copies before a GEMM
         # are casts (a q/k norm's, say), never the update
         strong = [j for j in range(n) if writes[j] == STRONG_WRITE]
-        return frozenset(strong[:KV_WRITES] if len(strong) >= KV_WRITES else ()), frozenset()
+        return frozenset(strong[:kv_writes] if len(strong) >= kv_writes else ()), frozenset()
     reads: frozenset[int] = frozenset()
     gathered: set[int] = set()
     if n and writes[n - 1] in (WEAK_WRITE, CACHE_READ):
@@ -837,26 +943,28 @@ def _kv_update_positions(
             n = last_strong + 1
     tail: list[int] = []
     for j in range(n - 1, -1, -1):
-        if writes[j] not in (WEAK_WRITE, STRONG_WRITE) or len(tail) == KV_WRITES:
+        if writes[j] not in (WEAK_WRITE, STRONG_WRITE) or len(tail) == kv_writes:
             break
         tail.append(j)
     if not tail:
         return frozenset(gathered), reads
     first = min(tail)
-    end = _last_square_end(tokens, writes, first)
+    end = _last_square_end(tokens, writes, first, max_search)
     out = set(tail) | gathered
     out.update(j for j in range(end, first) if not writes[j])
     return frozenset(out), reads
 
 
-MAX_SQUARE_SEARCH = 256  # generic kernels of one region part; RoPE on q and k takes a few dozen
-
-
-def _last_square_end(tokens: tuple[Any, ...], writes: tuple[int, ...], limit: int) -> int:
+def _last_square_end(
+    tokens: tuple[Any, ...],
+    writes: tuple[int, ...],
+    limit: int,
+    max_search: int = int(DEFAULT_THRESHOLDS.max_square_search),
+) -> int:
     """End of the last back-to-back repeated block (unit of >= 2 kernels, not only writes) found
     greedily from the start of ``tokens[:limit]``; ``limit`` when there is none. A kernel is its
     launching op where known (the same op on q and on k may pick another vectorized kernel)."""
-    if limit > MAX_SQUARE_SEARCH:
+    if limit > max_search:
         return limit  # an unrecognised stretch, not a RoPE region: the search is quadratic and more
     tokens = tuple(t[1] or t[0] for t in tokens)
     s, end = 0, None
@@ -873,7 +981,7 @@ def _last_square_end(tokens: tuple[Any, ...], writes: tuple[int, ...], limit: in
 
 def _is_cast(r: int, norm: Sequence[str], op_names: Sequence[str | None]) -> bool:
     op = op_names[r]
-    return op == "aten::copy_" if op is not None else "copy" in norm[r]
+    return op in _COPY_OPS if op is not None else any(w in norm[r] for w in _COPY_WORDS)
 
 
 def _norm_shape(
@@ -883,6 +991,7 @@ def _norm_shape(
     normish: np.ndarray,
     was_generic: np.ndarray,
     qkv_l: list[int],
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> dict[str, tuple[int, int]] | None:
     """(lead, tail) of each composed norm of the model, learned from the layers' input norms.
 
@@ -897,14 +1006,16 @@ def _norm_shape(
     if not qkv_l:
         return None
     seen: dict[str, tuple[list[int], list[int]]] = {}
-    first, last = (np.asarray(x, np.int64) for x in _cluster_bounds(np.flatnonzero(normish)))
+    first, last = (
+        np.asarray(x, np.int64) for x in _cluster_bounds(np.flatnonzero(normish), int(th.norm_cluster_gap))
+    )
     qkv = np.asarray(qkv_l, np.int64)
     k = np.searchsorted(qkv, last)
     nxt = np.where(k < len(qkv), qkv[np.minimum(k, len(qkv) - 1)], n)
     tail = nxt - last - 1
     # only generic kernels between the cluster and the GEMM (none when the GEMM comes right after)
     other = np.concatenate([[0], np.cumsum(~was_generic)])
-    ok = (tail <= _MAX_NORM_TAIL) & (other[np.maximum(nxt, last + 1)] == other[last + 1])
+    ok = (tail <= th.max_norm_tail) & (other[np.maximum(nxt, last + 1)] == other[last + 1])
     cast_before = (first > 0) & was_generic[np.maximum(first - 1, 0)]
     for c0, t, c in zip(first[ok].tolist(), tail[ok].tolist(), cast_before[ok].tolist(), strict=True):
         leads, tails = seen.setdefault(norm[rows[c0]], ([], []))
@@ -913,9 +1024,6 @@ def _norm_shape(
     if not seen:
         return None
     return {k: (int(np.bincount(lv).argmax()), int(np.bincount(tv).argmax())) for k, (lv, tv) in seen.items()}
-
-
-_MAX_NORM_TAIL = 6  # mul by rsqrt, cast, (1 + weight), mul by the weight, cast
 
 
 def _norm_windows(
@@ -938,7 +1046,9 @@ def _norm_windows(
     return out
 
 
-def _cluster_bounds(pos: np.ndarray, gap: int = 3) -> tuple[list[int], list[int]]:
+def _cluster_bounds(
+    pos: np.ndarray, gap: int = int(DEFAULT_THRESHOLDS.norm_cluster_gap)
+) -> tuple[list[int], list[int]]:
     """The first and the last positions of each run of norm kernels at most ``gap`` apart (pow,
     mean, add, rsqrt), as two lists
     (searched with ``bisect``: one search per region, where numpy's per-call cost would dominate)."""
@@ -956,24 +1066,29 @@ def _label_inner_norms(
     was_generic: np.ndarray,
     shape: dict[str, tuple[int, int]] | None,
     norm: Sequence[str] = (),
+    why: Any = None,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> None:
     """Norms inside the attention input (Qwen3 / OLMo-2 / Gemma-3 q/k norms) are norms, not RoPE:
     the learned norm shape (:func:`_norm_shape`) is applied to the norm clusters found between the
     QKV GEMM and attention. ``attn_in``: per position, in that region."""
     if shape is None:
         return
+    why = {} if why is None else why
     rows = seq.tolist()
     n = len(rows)
     inner = attn_in & normish
     if not inner.any():
         return
-    for q in sorted(_norm_windows(_cluster_bounds(np.flatnonzero(inner)), 0, n, shape, rows, norm)):
+    bounds = _cluster_bounds(np.flatnonzero(inner), int(th.norm_cluster_gap))
+    for q in sorted(_norm_windows(bounds, 0, n, shape, rows, norm)):
         if attn_in[q] and was_generic[q] and stage[rows[q]] in ("rope", *GENERIC):
             stage[rows[q]] = "norm"
+            why[rows[q]] = INNER_NORMS
 
 
 def _label_first_norm(
-    rows: list[int], run: list[int], lo: int, hi: int, stage: list[str], norm: Sequence[str] = ()
+    rows: list[int], run: list[int], lo: int, hi: int, stage: list[str], norm: Sequence[str], why: Any
 ) -> None:
     """Before the first layer: the generic kernels of the trailing norm (input norm of layer 0).
 
@@ -994,14 +1109,20 @@ def _label_first_norm(
     for i in run:
         if i >= start and stage[rows[i]] in GENERIC:
             stage[rows[i]] = "norm"
+            why[rows[i]] = FIRST_NORM
 
 
-_FUSED_NORM_WORDS = ("layer_norm", "rms_norm", "rmsnorm", "RMSNorm", "Rmsnorm", "LayerNorm", "layernorm")
-_ROPE_MODULE_LEAD = 2  # generic kernels before the frequency GEMM (inv_freq expand / float casts)
+_FUSED_NORM_WORDS = KNOWLEDGE.words("fused_norm_words")
 
 
 def _label_rotary_module(
-    rows: list[int], lo: int, hi: int, stage: list[str], op_names: Sequence[str | None]
+    rows: list[int],
+    lo: int,
+    hi: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> None:
     """Before the first layer: the rotary module (HF ``*RotaryEmbedding.forward``) multiplies
     ``inv_freq`` by the positions (a small GEMM), concatenates the halves and takes cos and sin
@@ -1011,14 +1132,18 @@ def _label_rotary_module(
         return
     a, b = ropes[0], ropes[-1]
     g = a - 1
-    while g >= lo and stage[rows[g]] in GENERIC and op_names[rows[g]] != "aten::copy_":
+    while g >= lo and stage[rows[g]] in GENERIC and op_names[rows[g]] not in _COPY_OPS:
         g -= 1
     if g >= lo and stage[rows[g]] in GEMM_STAGES:
         a = g
         while g >= lo and stage[rows[g]] in GEMM_STAGES:
             g -= 1
-        for _ in range(_ROPE_MODULE_LEAD):
-            if g >= lo and stage[rows[g]] in GENERIC and op_names[rows[g]] in ("aten::copy_", None):
+        for _ in range(int(th.rope_module_lead)):
+            if (
+                g >= lo
+                and stage[rows[g]] in GENERIC
+                and (op_names[rows[g]] is None or op_names[rows[g]] in _COPY_OPS)
+            ):
                 a = g
                 g -= 1
     z = b + 1
@@ -1027,10 +1152,17 @@ def _label_rotary_module(
     for i in range(a, z):
         if stage[rows[i]] in GENERIC or stage[rows[i]] in GEMM_STAGES:
             stage[rows[i]] = "rope"
+            why[rows[i]] = ROTARY_MODULE
 
 
 def _label_moe_block(
-    rows: list[int], run: list[int], lo: int, hi: int, stage: list[str], op_names: Sequence[str | None]
+    rows: list[int],
+    run: list[int],
+    lo: int,
+    hi: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
 ) -> None:
     """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm."""
     gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
@@ -1049,16 +1181,20 @@ def _label_moe_block(
     for i in range(last + 1, first_norm if first_norm is not None else hi):
         if stage[rows[i]] == "activation":
             stage[rows[i]] = "moe_accumulate"
+            why[rows[i]] = MOE_SHARED_GATE
             gate = True
     if gate:  # the GEMM before that activation is the gate's (hidden -> 1), not an expert's
         g = last
         while g >= lo and stage[rows[g]] == "moe_expert_gemm":
             stage[rows[g]] = "moe_gate_gemm"
+            why[rows[g]] = MOE_SHARED_GATE
             g -= 1
     for i in run:
         if i < last and _glu_product(rows, i, lo, stage):
             stage[rows[i]] = "activation"  # act(gate) * up between an expert's two GEMMs
-        elif i < last:
+            why[rows[i]] = MOE_GLU_PRODUCT
+            continue
+        if i < last:
             stage[rows[i]] = "moe_sort"
         elif add is None or i < add:
             stage[rows[i]] = "moe_accumulate"
@@ -1066,6 +1202,7 @@ def _label_moe_block(
             stage[rows[i]] = "residual_add"
         else:
             stage[rows[i]] = "norm"
+        why[rows[i]] = MOE_BLOCK
 
 
 def _glu_product(rows: list[int], i: int, lo: int, stage: list[str]) -> bool:
@@ -1083,7 +1220,7 @@ _EXPERT_OR_DENSE_GEMM = GEMM_STAGES | {"moe_expert_gemm"}
 
 
 def _is_add(r: int, op_names: Sequence[str | None]) -> bool:
-    return op_names[r] in ("aten::add", "aten::add_")
+    return op_names[r] in _ADD_OPS
 
 
 def _has_norm_signal(
@@ -1097,28 +1234,30 @@ def _has_norm_signal(
 
 def _shift_prologue_to_next_layer(
     rows: list[int], stage: list[str], layer_of: list[int], qkv_starts: list[int]
-) -> None:
+) -> int:
     """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one
     (``qkv_starts``: the positions where a run of QKV GEMMs begins; ``layer_of``: each
-    position's layer)."""
+    position's layer). Returns how many kernels changed layer."""
+    moved = 0
     for q in qkv_starts:
         v = layer_of[q]
         k = q - 1
         while k >= 0 and stage[rows[k]] in _PROLOGUE_STAGES:
+            moved += layer_of[k] != v
             layer_of[k] = v
             k -= 1
+    return moved
 
 
-_PROLOGUE_STAGES = frozenset({"norm", "elementwise", "quantize"})
+_PROLOGUE_STAGES = _V("prologue_stages")
 
 
 # --------------------------------------------------------------------------- self-check
 
 
-_MIN_GEMMS_FOR_LAYERS = 4  # fewer GEMMs than one decoder layer has: no structure to expect
-
-
-def structure_problem(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> str | None:
+def structure_problem(
+    seq: np.ndarray, stage: list[str], layer: np.ndarray, th: Thresholds = DEFAULT_THRESHOLDS
+) -> str | None:
     """Why the walk's answer for one device's kernels cannot be trusted, or None.
 
     The structure is not found with confidence when the kernels hold GEMMs but no attention was
@@ -1133,7 +1272,7 @@ def structure_problem(seq: np.ndarray, stage: list[str], layer: np.ndarray) -> s
     counts = np.bincount(code, minlength=len(kinds))
     names = list(kinds)
     gemms = int(sum(counts[i] for i, x in enumerate(names) if x in GEMM_STAGES or x == "moe_expert_gemm"))
-    if gemms < _MIN_GEMMS_FOR_LAYERS:
+    if gemms < th.min_gemms_for_layers:
         return None
     if not kinds.keys() & ATTENTION:
         return f"no attention located among {gemms} GEMM kernels"
