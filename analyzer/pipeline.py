@@ -156,7 +156,12 @@ def classify_step(a: Analysis, ctx: Context) -> Analysis:
 
 def phases_step(a: Analysis, ctx: Context) -> Analysis:
     got = phases.label_phases(
-        a.kernels, a.trace.host_ops, a.trace.annotations, ctx.annotation_patterns, ctx.attention_ops
+        a.kernels,
+        a.trace.host_ops,
+        a.trace.annotations,
+        ctx.annotation_patterns,
+        ctx.attention_ops,
+        ctx.structure,
     )
     return dataclasses.replace(
         a,

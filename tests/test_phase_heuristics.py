@@ -151,26 +151,26 @@ def test_one_long_step_before_short_ones_is_prefill() -> None:
     # GIVEN a prompt step whose heavy kernels run 20x longer than those of the steps after it
     segments, df = signature_frame([[200.0] * 4] + [[10.0] * 4] * 6)
     # WHEN labelled by signature
-    got = _label_from_signature(segments, df)
+    got = _label_from_signature(segments, df)[0]
     # THEN that step is prefill and the rest decode
     assert got == ["prefill"] + ["decode"] * 6
 
 
 def test_steps_of_similar_work_are_all_decode() -> None:
     segments, df = signature_frame([[10.0, 11.0]] * 5)
-    assert _label_from_signature(segments, df) == ["decode"] * 5
+    assert _label_from_signature(segments, df)[0] == ["decode"] * 5
 
 
 def test_work_just_below_the_ratio_is_not_prefill() -> None:
     base = 10.0
     segments, df = signature_frame([[base * PREFILL_WORK_RATIO * 0.99]] + [[base]] * 4)
-    assert _label_from_signature(segments, df) == ["decode"] * 5
+    assert _label_from_signature(segments, df)[0] == ["decode"] * 5
 
 
 def test_a_single_step_is_one_forward_over_the_prompt() -> None:
     # replaces "a single step cannot be told apart": one forward pass runs over its whole input
     segments, df = signature_frame([[50.0, 60.0]])
-    assert _label_from_signature(segments, df) == ["prefill"]
+    assert _label_from_signature(segments, df)[0] == ["prefill"]
 
 
 def test_a_step_under_names_the_other_steps_never_run_is_prefill() -> None:
@@ -178,14 +178,14 @@ def test_a_step_under_names_the_other_steps_never_run_is_prefill() -> None:
     segments, df = signature_frame([[11.0] * 4] + [[10.0] * 4] * 5)
     df["name"] = np.where(np.arange(len(df)) < 4, 1, 0)
     # THEN the step with novel kernel names is prefill, the repeated ones decode
-    assert _label_from_signature(segments, df) == ["prefill"] + ["decode"] * 5
+    assert _label_from_signature(segments, df)[0] == ["prefill"] + ["decode"] * 5
 
 
 def test_a_rare_kernel_name_in_a_decode_step_does_not_make_it_prefill() -> None:
     segments, df = signature_frame([[10.0] * 10] * 5)
     df["name"] = 0
     df.loc[25, "name"] = 7  # one kernel of ten in step 2 under another name
-    assert _label_from_signature(segments, df) == ["decode"] * 5
+    assert _label_from_signature(segments, df)[0] == ["decode"] * 5
 
 
 def test_query_layouts_decide_decode_verify_and_prefill() -> None:
@@ -203,7 +203,7 @@ def test_light_kernels_do_not_decide_when_heavy_ones_exist() -> None:
     for seg in segments[1:]:
         df.loc[seg[1], "is_heavy"] = False
     # THEN the light kernel's time does not make it prefill
-    assert _label_from_signature(segments, df) == ["decode"] * 5
+    assert _label_from_signature(segments, df)[0] == ["decode"] * 5
 
 
 # --------------------------------------------------------------------------- packed steps

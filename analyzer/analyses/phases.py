@@ -39,18 +39,48 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
+from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
 from analyzer.model import dict_isin, dict_strings, launch_calls, objects
 from analyzer.tables import intervals, launches, lookup
 
 # the GEMM and attention kernels: their run time says how much work a step did
 HEAVY_STAGES = ALL_GEMM_STAGES + ATTENTION_KERNEL_STAGES
+# the registry (rules/structure.toml): the phase rules' ids and the default thresholds
+KNOWLEDGE = load_structure()
+DEFAULT_THRESHOLDS: Thresholds = KNOWLEDGE.thresholds
 # how many times longer a step's typical heavy kernel must be than in the run's lightest steps
-PREFILL_WORK_RATIO = 3.0
+PREFILL_WORK_RATIO = DEFAULT_THRESHOLDS.prefill_work_ratio
 # an idle gap this many times the median inter-kernel gap (and >= 200 us) cuts a step when there
 # is no forward structure at all
-GAP_FACTOR = 50.0
-MIN_GAP_NS = 200_000
+GAP_FACTOR = DEFAULT_THRESHOLDS.gap_factor
+MIN_GAP_NS = DEFAULT_THRESHOLDS.min_gap_ns
+_FILL_WORDS = KNOWLEDGE.words("fill_words")
+_ID = KNOWLEDGE.id_of
+ANNOTATION_STEPS = _ID("annotation-steps")
+MERGE_NESTED = _ID("merge-nested")
+FORWARD_STARTS = _ID("forward-starts")
+GRAPH_LAUNCH_START = _ID("graph-launch-start")
+HEAVY_PREFIX = _ID("heavy-prefix-step")
+GAP_STEPS = _ID("gap-steps")
+SHAPE_ONE_TOKEN = _ID("shape-one-token")
+SHAPE_VERIFY = _ID("shape-verify")
+SHAPE_PREFILL = _ID("shape-prefill")
+PACKED_STEP = _ID("packed-step")
+PACKED_PHASE = _ID("packed-phase")
+PACKED_BOOKKEEPING = _ID("packed-bookkeeping")
+SCORED_UNKNOWN = _ID("scored-unknown")
+SIGNATURE_WORK = _ID("signature-work")
+SIGNATURE_NOVEL = _ID("signature-novel-names")
+SINGLE_STEP = _ID("single-step-prefill")
+SIGNATURE_ALL_HEAVY = _ID("signature-all-heavy")
+PADDED_OR_REPLAYED = _ID("padded-or-replayed")
+UNSHAPED_PREFILL_RUN = _ID("unshaped-prefill-run")
+SIGNATURE_BY_MODEL = _ID("signature-by-model")
+MODELS_BY_SHAPE = _ID("models-by-shape")
+MODELS_BY_DEPTH = _ID("models-by-depth")
+VERIFY_WIDTH = _ID("verify-width")
+STATIC_BATCH = _ID("static-batch-decode")
 
 
 @dataclasses.dataclass
@@ -70,6 +100,8 @@ class StepAnnotation:
     decode_tokens: int | None = None
     model: str = "target"
     verify_k: int | None = None
+    engine: str = ""  # the id of the annotation pattern that matched
+    merged: bool = False  # two annotations of one step merged (:func:`merge_nested`)
 
 
 # --------------------------------------------------------------------------- annotation patterns
@@ -191,6 +223,7 @@ def step_annotations(
                 decode_tokens=hit.decode_tokens,
                 model=hit.model,
                 verify_k=hit.verify_k,
+                engine=hit.engine,
             )
         )
     return out, sorted(engines)
@@ -215,12 +248,15 @@ def label_phases(
     annotations: pa.Table,
     patterns: Sequence[Mapping[str, Any]],
     attention_ops: AttentionOps | None = None,
+    structure: StructureKnowledge | None = None,
 ) -> Labelled:
     """Phase, step and tokens of every kernel, and the steps table. Each input's steps depend on
     that input alone, so inputs may be labelled apart and joined. ``attention_ops``: the layouts of
-    ``rules/attention_ops.toml`` (loaded when not given)."""
+    ``rules/attention_ops.toml`` (loaded when not given); ``structure``: the registry with the run's
+    thresholds (default: ``rules/structure.toml``)."""
     anns, engines = step_annotations(annotations, patterns)
-    phase, step, tokens, steps, warnings = split_phases(kernels, host_ops, anns, attention_ops)
+    th = structure.thresholds if structure is not None else DEFAULT_THRESHOLDS
+    phase, step, tokens, steps, warnings = split_phases(kernels, host_ops, anns, attention_ops, th)
     for name, arr in (
         ("phase", dict_strings(pa.array(phase, pa.string()))),
         ("step", pa.array(step, pa.int32())),
@@ -267,6 +303,8 @@ STEP_COLUMNS = [
     "model",
     "verify_k",
     "source",
+    "phase_rule",
+    "phase_evidence",
 ]
 
 
@@ -275,6 +313,7 @@ def split_phases(
     host_ops: pa.Table,
     anns: list[StepAnnotation],
     attention_ops: AttentionOps | None = None,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.DataFrame, list[str]]:
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
@@ -332,7 +371,7 @@ def split_phases(
                 idx, df, launch_ts, launched, execs, step, phase, tokens, warnings, tid
             )
         else:
-            rows = _steps_from_structure(idx, df, kernels, shapes, step, phase, tokens, tid, warnings)
+            rows = _steps_from_structure(idx, df, kernels, shapes, step, phase, tokens, tid, warnings, th)
         step_rows.extend(rows)
     steps = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     return phase, step, tokens, steps, warnings
@@ -360,7 +399,10 @@ def _is_fill(kernels: pa.Table) -> np.ndarray:
     """Buffer fills: memsets and the framework's fill kernels."""
     names = dict_strings(kernels["norm_name"] if "norm_name" in kernels.column_names else kernels["name"])
     # matched once per distinct name: the names themselves are never expanded per row
-    fill = pc.fill_null(pc.match_substring(names.dictionary, "FillFunctor"), False).take(names.indices)
+    fill = pc.fill_null(pc.match_substring(names.dictionary, _FILL_WORDS[0]), False)
+    for w in _FILL_WORDS[1:]:
+        fill = pc.or_(fill, pc.fill_null(pc.match_substring(names.dictionary, w), False))
+    fill = fill.take(names.indices)
     return pc.fill_null(fill, False).to_numpy(zero_copy_only=False) | dict_isin(kernels["kind"], ["memset"])
 
 
@@ -432,7 +474,10 @@ def _steps_from_annotations(
         ks, ke = k_start[members], k_start[members] + k_dur[members]
         lo_t = min(int(ks.min()), a.start_ns) if on_gpu else int(ks.min())
         hi_t = max(int(ke.max()), a.end_ns) if on_gpu else int(ke.max())
-        label = StepLabel(a.phase, a.tokens, a.prefill_tokens, a.decode_tokens, a.model, a.verify_k)
+        evidence = (ANNOTATION_STEPS, MERGE_NESTED) if a.merged else (ANNOTATION_STEPS,)
+        label = StepLabel(
+            a.phase, a.tokens, a.prefill_tokens, a.decode_tokens, a.model, a.verify_k, a.engine, evidence
+        )
         rows.append(_step_row(tid, df, members, s, label, lo_t, hi_t, "annotation:" + a.name[:60]))
     return rows
 
@@ -462,6 +507,8 @@ def merge_nested(anns: list[StepAnnotation]) -> list[StepAnnotation]:
                     model=b.model if b.model != "target" else a.model,
                     verify_k=b.verify_k if b.verify_k is not None else a.verify_k,
                     name=b.name if len(b.name) <= len(a.name) else a.name,
+                    engine=b.engine if len(b.name) <= len(a.name) else a.engine,
+                    merged=True,
                 )
                 continue
         out.append(a)
@@ -478,6 +525,8 @@ class StepLabel:
     decode_tokens: int | None = None
     model: str = "target"
     verify_k: int | None = None
+    rule: str = ""  # the id of the rule (or annotation pattern) that decided the phase
+    evidence: tuple[str, ...] = ()  # the ids of the rules whose evidence the decision used
 
 
 def _step_row(
@@ -508,6 +557,8 @@ def _step_row(
         "model": label.model,
         "verify_k": label.verify_k,
         "source": source,
+        "phase_rule": label.rule,
+        "phase_evidence": list(dict.fromkeys(label.evidence)),
     }
 
 
@@ -559,20 +610,19 @@ def _steps_from_structure(
     tokens: np.ndarray,
     tid: int,
     warnings: list[str] | None = None,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> list[dict[str, Any]]:
     stages = df["stage"][idx]
-    starts = _graph_launch_start(
-        forward_starts(df["stage_dict"].take(pa.array(idx))),
-        df["corr"][idx],
-        df["graph"][idx],
-        df["fill"][idx],
-    )
-    source = "forward"
+    found = forward_starts(df["stage_dict"].take(pa.array(idx)))
+    starts = _graph_launch_start(found, df["corr"][idx], df["graph"][idx], df["fill"][idx], th)
+    moved = set(starts.tolist()) - set(found.tolist())  # starts a graph replay moved back
+    source, finder = "forward", FORWARD_STARTS
     k_st = df["start"][idx]
     k_du = df["dur"][idx]
+    prefix = -1
     if len(starts) == 0:
-        starts = _gap_starts(k_st, k_du)
-        source = "gaps"
+        starts = _gap_starts(k_st, k_du, th)
+        source, finder = "gaps", GAP_STEPS
     elif starts[0] > 0 and df["is_heavy"][idx[: starts[0]]].any():
         # a forward before the first recognised one (its embedding ran elsewhere, e.g. on the
         # host): the prefix is a step of its own rather than time outside every step
@@ -581,14 +631,29 @@ def _steps_from_structure(
         while lead > 0 and stages[lead - 1] not in ("memset", "memcpy"):
             lead -= 1
         starts = np.unique(np.concatenate([[lead], starts]))
+        prefix = lead
     bounds = list(starts.tolist()) + [len(idx)]
+    found_by = [
+        (finder, HEAVY_PREFIX) if a == prefix else (finder, GRAPH_LAUNCH_START) if a in moved else (finder,)
+        for a, b in zip(bounds, bounds[1:], strict=False)
+        if b > a
+    ]
     segments = [idx[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     if not segments:
         return []
-    labels = label_steps(segments, df, shapes.get(int(tid)), warnings, tid)
+    labels = label_steps(segments, df, shapes.get(int(tid)), warnings, tid, th)
+    labels = [
+        dataclasses.replace(lab, evidence=(*f, *lab.evidence))
+        for lab, f in zip(labels, found_by, strict=True)
+    ]
     doubt = unshaped_prefill_runs(labels)
     for i in doubt:
-        labels[i] = dataclasses.replace(labels[i], phase="unknown")
+        labels[i] = dataclasses.replace(
+            labels[i],
+            phase="unknown",
+            rule=UNSHAPED_PREFILL_RUN,
+            evidence=(*labels[i].evidence, labels[i].rule),
+        )
     if doubt and warnings is not None:
         warnings.append(
             f"trace {tid}: {len(doubt)} steps run a prefill's kernels right after another prefill step "
@@ -617,6 +682,7 @@ def label_steps(
     shapes: dict[str, np.ndarray] | None,
     warnings: list[str] | None = None,
     tid: int = 0,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> list[StepLabel]:
     """The label of each unannotated step: from its attention ops' shapes where recorded
     (:func:`phase_from_shape`), else from the kernels' signature (:func:`_label_from_signature`);
@@ -635,17 +701,27 @@ def label_steps(
     if any(packed) and one_model:
         # a continuous batcher's run: its step of decodes alone packs one token per request
         packed = [pk or sc for pk, sc in zip(packed, scored, strict=True)]
+    verify_max = int(th.max_verify_tokens)
     phases: list[str | None] = [
-        None if h is None else phase_of_packed(h[1], h[2], r) if pk else phase_from_shape(*h[:3])
+        None if h is None else phase_of_packed(h[1], h[2], r) if pk else phase_from_shape(*h[:3], verify_max)
         for h, r, pk in zip(hits, rows_out, packed, strict=True)
     ]
+    # which rule decided each phase, and the rules whose evidence it used
+    rules: list[str] = [
+        "" if h is None else PACKED_PHASE if pk else _shape_rule(h[1], h[2], verify_max)
+        for h, pk in zip(hits, packed, strict=True)
+    ]
+    evidence: list[list[str]] = [[PACKED_STEP] if pk else [] for pk in packed]
     # outside a batcher's run, one sequence of many tokens that all score over a cached context is
     # a batcher's decodes or a continuation with every logit kept: no phase
     doubtful = [
         i
         for i, (h, sc, pk) in enumerate(zip(hits, scored, packed, strict=True))
-        if sc and not pk and h is not None and h[1] > MAX_VERIFY_TOKENS
+        if sc and not pk and h is not None and h[1] > verify_max
     ]
+    for i in doubtful:
+        evidence[i].append(rules[i])
+        rules[i] = SCORED_UNKNOWN
     _no_phase(
         phases, doubtful, warnings,
         f"trace {tid}: {len(doubtful)} steps score every token of one sequence over a cached "
@@ -656,8 +732,12 @@ def label_steps(
     depth = [int(df["layer"][seg].max()) + 1 if "layer" in df and len(seg) else 0 for seg in segments]
     by_depth = _depth_models(depth)  # draft / target without shapes, or None
     if any(p is None for p in phases):
-        sig = _signature_by_model(segments, df, by_depth)
-        phases = [p if p is not None else sig[i] for i, p in enumerate(phases)]
+        sig, sig_rules = _signature_by_model(segments, df, by_depth, th)
+        for i, p in enumerate(phases):
+            if p is None:
+                phases[i], rules[i] = sig[i], sig_rules[i]
+                if by_depth is not None:
+                    evidence[i] += [SIGNATURE_BY_MODEL, MODELS_BY_DEPTH]
     undecided = set(_padded_or_replayed(segments, df, hits, packed))
     decodes = packed_decode_tokens(
         [(h[1], h[2], r) if h is not None else None for h, r in zip(hits, rows_out, strict=True)],
@@ -667,6 +747,11 @@ def label_steps(
         if d is not None and hits[i] is not None:
             q = hits[i][1]
             phases[i] = "prefill" if d == 0 else "decode" if d == q else "mixed"
+            evidence[i].append(rules[i])
+            rules[i] = PACKED_BOOKKEEPING
+    for i in undecided:
+        evidence[i].append(rules[i])
+        rules[i] = PADDED_OR_REPLAYED
     _no_phase(
         phases, undecided, warnings,
         f"trace {tid}: {len(undecided)} steps of a continuous batcher have no phase: their attention "
@@ -675,13 +760,19 @@ def label_steps(
         "annotations, to tell them)",
     )  # fmt: skip
     models = _models(hits, phases, by_depth)
+    by_shape = len({h[3] for h, p in zip(hits, phases, strict=True) if h is not None and p == "decode"}) >= 2
+    if by_shape or by_depth is not None:
+        for ev in evidence:
+            ev.append(MODELS_BY_SHAPE if by_shape else MODELS_BY_DEPTH)
     # graph-replayed decode steps record no shapes: with static batching each sequence of the
     # prefill batch adds one token per decode step
     batches = {h[0] for h, p in zip(hits, phases, strict=True) if h is not None and p == "prefill"}
     batch = batches.pop() if len(batches) == 1 else None
     speculative = "draft" in models
     out = []
-    for h, ph, model, pk, d_packed in zip(hits, phases, models, packed, decodes, strict=True):
+    for h, ph, model, pk, d_packed, rule, ev in zip(
+        hits, phases, models, packed, decodes, rules, evidence, strict=True
+    ):
         tok = verify = None
         if h is not None:
             b, q = h[0], h[1]
@@ -692,14 +783,16 @@ def label_steps(
             # sequence, every token scored)
             if ph == "decode" and q > 1 and model == "target" and not pk and speculative:
                 verify = q
+                ev.append(VERIFY_WIDTH)
         elif ph == "decode" and batch:
             tok = batch
+            ev.append(STATIC_BATCH)
         pre = dec = None
         if tok is not None:
             pre, dec = (tok, 0) if ph == "prefill" else (0, tok) if ph == "decode" else (None, None)
         if pk and d_packed is not None and tok is not None:
             pre, dec = tok - d_packed, d_packed
-        out.append(StepLabel(str(ph), tok, pre, dec, model, verify))
+        out.append(StepLabel(str(ph), tok, pre, dec, model, verify, rule, tuple(dict.fromkeys(ev))))
     return out
 
 
@@ -805,18 +898,27 @@ def packed_decode_tokens(
 
 # a decode step scores this many query tokens per sequence at most (one, or a speculation's
 # candidates being verified); a longer continuation of a cached sequence is a prefill chunk
-MAX_VERIFY_TOKENS = 16
+MAX_VERIFY_TOKENS = int(DEFAULT_THRESHOLDS.max_verify_tokens)
 
 
-def phase_from_shape(batch: int, q: int, kv: int) -> str:
+def phase_from_shape(batch: int, q: int, kv: int, max_verify: int = MAX_VERIFY_TOKENS) -> str:
     """Phase of a step from its attention op's query length ``q`` and key length ``kv`` (-1: unknown):
     one query token per sequence is decode; a few tokens appended to a longer cached context are
     a speculation being verified (decode); a query as long as its keys, or a long chunk, is prefill."""
     if q == 1:
         return "decode"
-    if 0 < q < kv and q <= MAX_VERIFY_TOKENS:
+    if 0 < q < kv and q <= max_verify:
         return "decode"
     return "prefill"
+
+
+def _shape_rule(q: int, kv: int, max_verify: int) -> str:
+    """The id of the rule :func:`phase_from_shape` decided by."""
+    if q == 1:
+        return SHAPE_ONE_TOKEN
+    if 0 < q < kv and q <= max_verify:
+        return SHAPE_VERIFY
+    return SHAPE_PREFILL
 
 
 def _is_packed(batch: int, q: int, rows_out: int) -> bool:
@@ -873,18 +975,23 @@ def _gemm_rows(op: str | None, dims: Any) -> int:
     return int(np.prod(a[:-1]))
 
 
-def _signature_by_model(segments: list[np.ndarray], df: Any, models: list[str] | None) -> list[str]:
+def _signature_by_model(
+    segments: list[np.ndarray], df: Any, models: list[str] | None, th: Thresholds = DEFAULT_THRESHOLDS
+) -> tuple[list[str], list[str]]:
     """:func:`_label_from_signature`, within each model of a speculative run told by its layer count
     (``models``, from :func:`_depth_models`; None: one model): a large target's verify steps
-    outweigh its draft's decode steps many times and would all look like prefills beside them."""
+    outweigh its draft's decode steps many times and would all look like prefills beside them.
+    Returns the phases and the ids of the rules that decided them."""
     if models is None:
-        return _label_from_signature(segments, df)
+        return _label_from_signature(segments, df, th)
     out = [""] * len(segments)
+    why = [""] * len(segments)
     for name in ("draft", "target"):
         at = [i for i, m in enumerate(models) if m == name]
-        for i, ph in zip(at, _label_from_signature([segments[i] for i in at], df), strict=True):
-            out[i] = ph
-    return out
+        phases, rules = _label_from_signature([segments[i] for i in at], df, th)
+        for i, ph, rule in zip(at, phases, rules, strict=True):
+            out[i], why[i] = ph, rule
+    return out, why
 
 
 def _depth_models(depth: Sequence[int]) -> list[str] | None:
@@ -918,11 +1025,15 @@ def _models(
     return ["target"] * len(hits)
 
 
-MAX_STAGING_FILLS = 4
+MAX_STAGING_FILLS = int(DEFAULT_THRESHOLDS.max_staging_fills)
 
 
 def _graph_launch_start(
-    starts: np.ndarray, corr: np.ndarray, graph: np.ndarray, fill: np.ndarray
+    starts: np.ndarray,
+    corr: np.ndarray,
+    graph: np.ndarray,
+    fill: np.ndarray,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> np.ndarray:
     """A forward replayed from a CUDA/HIP graph begins with the graph's first kernel (position ids,
     buffer fills ... come before the embedding), so move each start back to it; the eager fills
@@ -933,21 +1044,21 @@ def _graph_launch_start(
             while s > 0 and graph[s - 1] and corr[s - 1] == corr[s]:
                 s -= 1
             k = 0
-            while s > 0 and k < MAX_STAGING_FILLS and not graph[s - 1] and fill[s - 1]:
+            while s > 0 and k < th.max_staging_fills and not graph[s - 1] and fill[s - 1]:
                 s -= 1
                 k += 1
         out.append(s)
     return np.unique(np.asarray(out, np.int64))
 
 
-def _gap_starts(start: np.ndarray, dur: np.ndarray) -> np.ndarray:
+def _gap_starts(start: np.ndarray, dur: np.ndarray, th: Thresholds = DEFAULT_THRESHOLDS) -> np.ndarray:
     if len(start) == 0:
         return np.empty(0, np.int64)
     end = np.maximum.accumulate(start + dur)
     gaps = start[1:] - end[:-1]
     if len(gaps) == 0:
         return np.array([0])
-    thresh = max(MIN_GAP_NS, GAP_FACTOR * float(np.median(np.maximum(gaps, 0))))
+    thresh = max(th.min_gap_ns, th.gap_factor * float(np.median(np.maximum(gaps, 0))))
     cuts = np.flatnonzero(gaps > thresh) + 1
     return np.concatenate([[0], cuts]).astype(np.int64)
 
@@ -1057,13 +1168,16 @@ def _step_shapes(
     return int(shapes["batch"][first]), int(shapes["q"][first]), int(shapes["kv"][first]), key
 
 
-def _label_from_signature(segments: list[np.ndarray], df: Any) -> list[str]:
+def _label_from_signature(
+    segments: list[np.ndarray], df: Any, th: Thresholds = DEFAULT_THRESHOLDS
+) -> tuple[list[str], list[str]]:
     """Prefill steps do the same kernels' work over many tokens: their heavy kernels run longer, or
     (small models, where the time hardly grows with the tokens) run under other names: GEMM tiles
     and attention kernels picked for many query rows, which the run's repeated decode steps never
-    use. A single step is one forward over its whole input: prefill."""
+    use. A single step is one forward over its whole input: prefill. Returns the phases and the
+    ids of the rules that decided them."""
     if len(segments) == 1:
-        return ["prefill"]
+        return ["prefill"], [SINGLE_STEP]
     work = []
     for seg in segments:
         dur = df["dur"][seg]
@@ -1071,17 +1185,21 @@ def _label_from_signature(segments: list[np.ndarray], df: Any) -> list[str]:
         work.append(float(np.median(heavy)) if len(heavy) else float(np.median(dur)))
     w = np.asarray(work)
     base = float(np.percentile(w, 25))
-    prefill = (w > PREFILL_WORK_RATIO * base) if base > 0 else np.zeros(len(w), bool)
+    by_work = (w > th.prefill_work_ratio * base) if base > 0 else np.zeros(len(w), bool)
+    prefill = by_work.copy()
     if "name" in df:
-        prefill |= (_novel_share(segments, df) > NOVEL_SHARE) & (w >= base)
+        prefill |= (_novel_share(segments, df) > th.novel_share) & (w >= base)
     if prefill.all():
-        return ["unknown"] * len(w)
-    return ["prefill" if p else "decode" for p in prefill]
+        return ["unknown"] * len(w), [SIGNATURE_ALL_HEAVY] * len(w)
+    rules = [
+        SIGNATURE_NOVEL if p and not bw else SIGNATURE_WORK for p, bw in zip(prefill, by_work, strict=True)
+    ]
+    return ["prefill" if p else "decode" for p in prefill], rules
 
 
 # a step whose heavy kernel time is largely (a quarter and more) under names that most steps never
 # run did other work (decode steps of the zoo and the H200 traces stay below 0.15)
-NOVEL_SHARE = 0.25
+NOVEL_SHARE = DEFAULT_THRESHOLDS.novel_share
 
 
 def _novel_share(segments: list[np.ndarray], df: Any) -> np.ndarray:
