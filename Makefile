@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 FIXTURE ?= fixtures/h200-llama3-8b-dense/trace.json.gz
 
-.PHONY: help venv install demo test test-fast lint golden baselines bench clean
+.PHONY: help venv install demo test test-fast lint golden baselines bench clean cases
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -35,6 +35,10 @@ test-fast: install  ## tests without the browser ones
 lint: install  ## ruff lint + format check
 	$(BIN)/ruff check analyzer tests benchmarks
 	$(BIN)/ruff format --check analyzer tests benchmarks
+
+cases: install  ## re-cut the structure-rule cases of tests/cases/manifest.toml, then the derived ones
+	$(BIN)/python tests/cases/regenerate.py
+	$(BIN)/python tests/cases/derive.py
 
 golden: install  ## regenerate the golden summaries under fixtures/*/expected
 	$(BIN)/python -m pytest tests/test_golden.py --update-golden

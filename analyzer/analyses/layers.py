@@ -285,7 +285,8 @@ def walk_sequence(
     ``topk_rows`` / ``pow_rows`` / ``reduce_rows`` (per kernel row): :func:`topk_candidates`,
     launched by ``aten::pow``, :func:`reduction_rows`. ``why`` (per kernel row): the id of the rule
     that set the stage, updated for every kernel a rule here relabels; ``th``: the thresholds;
-    ``fired``: rule id -> kernels, counted for the rules that decide layers only.
+    ``fired``: rule code -> kernels, counted for the rules whose decision the stage column does not
+    show (layers only, or a stage a later rule replaces).
 
     Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store),
     ``attn`` (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm),
@@ -296,7 +297,9 @@ def walk_sequence(
     why = {} if why is None else why
     rows = seq.tolist()
     n = len(rows)
-    _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq], why)
+    demoted = _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq], why)
+    if fired is not None and demoted:
+        fired[LONE_POW] += demoted  # the region labels them next: the final stage names that rule
     st = list(map(stage.__getitem__, rows))
     # norm-like: a norm stage, or a name with a norm's word (tested once per distinct name; no
     # per-kernel tuples: millions of them would dominate the memory of a 10 GB trace)
@@ -692,7 +695,7 @@ def reduction_rows(norm_names: Any, op_column: pa.Array) -> np.ndarray:
 
 def _demote_lone_pow(
     rows: list[int], stage: list[str], is_pow: np.ndarray, is_reduce: np.ndarray, why: Any
-) -> None:
+) -> int:
     """``aten::pow`` (``is_pow``, per position) is a norm's square only when a reduction (the mean,
     ``is_reduce``) follows within two kernels; elsewhere (GELU-tanh's ``x ** 3``) it is generic work
     that the region labels."""
@@ -703,10 +706,13 @@ def _demote_lone_pow(
         at = pows + step
         inside = at < n
         reduced[inside] |= is_reduce[at[inside]]
+    demoted = 0
     for q in pows[~reduced].tolist():
         if stage[rows[q]] == "norm":
             stage[rows[q]] = "elementwise"
             why[rows[q]] = LONE_POW
+            demoted += 1
+    return demoted
 
 
 def _role(

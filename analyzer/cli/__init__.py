@@ -28,7 +28,7 @@ def _register() -> None:
     cli.add_command(analyze.analyze)
     cli.add_command(export.export)
     cli.add_command(rules_cmd.rules)
-    for optional in ("report_cmd", "gate_cmd", "baseline_cmd", "capture_cmd", "check_cmd"):
+    for optional in ("report_cmd", "gate_cmd", "baseline_cmd", "capture_cmd", "check_cmd", "cut_cmd"):
         try:
             mod = __import__(f"analyzer.cli.{optional}", fromlist=["command"])
         except ModuleNotFoundError as e:

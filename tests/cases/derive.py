@@ -1,0 +1,124 @@
+"""Cases derived from a real case by one documented change, for rules no real trace here exercises
+(``make cases`` runs it after the cuts). Their expectations are the analysis' own answers (``pinned``).
+
+Each entry: the real case it starts from, the change (a function over the case's tables), and why
+that change stands for something real traces do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from analyzer.model import Trace  # noqa: E402
+from analyzer.readers.case import read_case, write_case  # noqa: E402
+from analyzer.results.cases import pinned_case  # noqa: E402
+
+
+def _rename(trace: Trace, pattern: str, new: str, rows: pa.Array | None = None) -> Trace:
+    """Kernels whose name matches ``pattern`` (only ``rows`` where given) renamed ``new``."""
+    k = trace.kernels
+    names = k["name"].combine_chunks().cast(pa.string())
+    hit = pc.match_substring_regex(names, pattern)
+    if rows is not None:
+        hit = pc.and_(hit, rows)
+    renamed = pc.if_else(hit, pa.scalar(new), names).dictionary_encode().cast(k.schema.field("name").type)
+    for col in ("name", "norm_name"):
+        k = k.set_column(k.schema.get_field_index(col), col, renamed)
+    return dataclasses.replace(trace, kernels=k)
+
+
+def _without_host_ops(trace: Trace) -> Trace:
+    """As a capture without host ops (a CUDA-graph replay, rocprof, nsys) shows it."""
+    k = trace.kernels
+    k = k.set_column(
+        k.schema.get_field_index("launch_op_id"), "launch_op_id", pa.nulls(k.num_rows, pa.int64())
+    )
+    return dataclasses.replace(trace, kernels=k, host_ops=trace.host_ops.slice(0, 0))
+
+
+def unknown_attention(t: Trace) -> Trace:
+    # an attention library no rule knows yet: its kernel is unclassified, so no attention anchors
+    # the layers and the walk's answer is dropped (the self-check)
+    return _rename(t, r"flash|fmha|attention|Attention", "vendor_x_custom_kernel_v2")
+
+
+def routing_by_sort(t: Trace) -> Trace:
+    # an engine whose router hands its softmax straight to a fused sort (no top-k kernel, no host
+    # ops): the walk's role rule, not the router rule, takes the router GEMM
+    t = _without_host_ops(t)
+    return _rename(t, r"(?i)topk|gatherTopK|sbtopk", "moe_align_block_size_kernel")
+
+
+def norm_before_quantize(t: Trace) -> Trace:
+    # an input norm the rules cannot tell from its kernels (an engine's fused norm named like
+    # generic work): no norm shape is learned, so the residual add is found by its op
+    return _rename(t, r"(?i)rsqrt|MeanOps|norm|pow_tensor", "vectorized_elementwise_kernel<4, fused_op>")
+
+
+def every_step_novel(t: Trace) -> Trace:
+    # forwards without shapes whose GEMM and attention kernels share no name from step to step
+    # (each step tuned apart): every step looks like a prefill beside the others, so none can be told
+    from analyzer.results.cases import case_outcome
+
+    _, got, _ = case_outcome(t)
+    import numpy as np
+
+    step = np.asarray(case_outcome(t)[0].kernels["step"].to_numpy(zero_copy_only=False))
+    for s in np.unique(step[step >= 0]).tolist():
+        t = _rename(
+            t,
+            r"nvjet|gemm|Gemm|cutlass",
+            f"nvjet_sm90_tst_{65 + s}x8_64x16_2x4_h_bz_TNT",
+            pa.array(step == s),
+        )
+    h = t.host_ops
+    h = h.set_column(
+        h.schema.get_field_index("input_dims"),
+        "input_dims",
+        pa.nulls(h.num_rows, h.schema.field("input_dims").type),
+    )
+    return dataclasses.replace(t, host_ops=h)
+
+
+DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
+    ("derived-unknown-attention", "llama-sdpa-prefill-decode", unknown_attention,
+     "An attention kernel no rule knows: the layer structure is not found with confidence, names kept"),
+    ("derived-routing-by-sort", "qwen3-moe-fused-experts", routing_by_sort,
+     "MoE routing by a fused sort without host ops: the router GEMM found by what follows it"),
+    ("derived-unseen-input-norm", "llama-sdpa-prefill-decode", norm_before_quantize,
+     "Input norms whose kernels the rules cannot see: the residual add found by its op"),
+    ("derived-every-step-novel", "llama-assisted-noshape-depth", every_step_novel,
+     "Without shapes, two halves of a run whose heavy kernels share no name: no phase"),
+]  # fmt: skip
+
+
+def main() -> int:
+    only = set(sys.argv[1:])
+    for name, base, change, description in DERIVED:
+        if only and name not in only:
+            continue
+        trace, meta = read_case(HERE / f"{base}.json")
+        derived = change(trace)
+        derived.validate()
+        doc = pinned_case(
+            derived,
+            name=name,
+            description=description,
+            source={"case": f"{base}.json", "change": change.__name__, "trace": meta["source"]["trace"]},
+        )
+        write_case(doc, HERE / f"{name}.json")
+        print(f"wrote {name}.json: rules firing {', '.join(doc['fires'])}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
