@@ -91,6 +91,8 @@ def test_rocm_sglang_pair_phases() -> None:
     labels = [r["label"] for r in s["phases"]["decode"]["profile"]]
     assert labels[0] == "Dense GEMM" and "Attention" in labels[:3]
     assert np.isclose(sum(r["share"] for r in s["phases"]["prefill"]["profile"]), 1.0)
+    # two files of one profile, one GPU: counted once, not "summed over 2 GPUs"
+    assert s["totals"]["devices"] == 1
 
 
 def test_dropping_host_ops_after_the_roofline_changes_nothing(dense) -> None:

@@ -108,11 +108,14 @@ def _timed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def totals(df: pd.DataFrame) -> dict[str, Any]:
-    """Wall (span of GPU activity), busy (union of activity) and idle share per device, summed."""
+    """Wall (span of GPU activity), busy (union of activity) and idle share per device, summed.
+
+    A device is one physical GPU: a rank's device, whichever of the rank's inputs (the per-stage
+    files of one profile) recorded its work."""
     timed = _timed(df)
     wall = busy = span_sum = 0
     devices = 0
-    for _, g in timed.groupby(["trace_id", "device"], sort=True):
+    for _, g in timed.groupby(["rank", "device"], sort=True):
         devices += 1
         s = g["start_ns"].to_numpy(np.int64)
         e = s + g["dur_ns"].to_numpy(np.int64)
