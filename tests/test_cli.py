@@ -200,3 +200,19 @@ def test_console_entry_flushes_everything_and_keeps_exit_codes(capsys, tmp_path:
 def test_top_must_be_at_least_one(capsys, top: str) -> None:
     code, _, err = run(capsys, "analyze", str(H200_DENSE), "--top", top)
     assert code == 2 and "--top" in err and len(err.strip().splitlines()) == 1
+
+
+def _top_rows(out: str) -> list[str]:
+    block = out.split("\nTop kernels\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return [line for line in block[1:] if line.strip()]
+
+
+@pytest.mark.parametrize("top", [3, 20])
+def test_top_is_honoured_in_the_text_and_the_json(capsys, tmp_path: Path, top: int) -> None:
+    # GIVEN a trace with more kernel groups than the JSON's usual 15
+    out_json = tmp_path / "s.json"
+    code, out, _ = run(capsys, "analyze", str(H200_DENSE), "--top", str(top), "--json", str(out_json))
+    assert code == 0
+    # THEN the text lists N groups and the JSON keeps N (at least the contract's 15)
+    assert len(_top_rows(out)) == top
+    assert len(json.loads(out_json.read_text())["top_kernels"]) == max(top, 15)

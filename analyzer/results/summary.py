@@ -31,7 +31,9 @@ def kernels_frame(analysis: Analysis) -> pd.DataFrame:
     return analysis.frame
 
 
-def build_summary(analysis: Analysis) -> dict[str, Any]:
+def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
+    """The summary of ``analysis``; ``top_kernels`` holds the ``top`` largest kernel groups, never
+    fewer than :data:`TOP_KERNELS` (what the JSON contract promises readers)."""
     df = kernels_frame(analysis)
     total = int(df["dur_ns"].sum())
     return {
@@ -75,6 +77,7 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
                 *_RATE_COLUMNS,
             ),
             total,
+            n=max(top, TOP_KERNELS),
             gpu=analysis.gpu,
         ),
         "unclassified": unclassified(df, total),
