@@ -11,7 +11,7 @@ import pytest
 
 from analyzer.cli import main
 from analyzer.model import KERNEL_SCHEMA
-from tests.conftest import H200_DENSE, H200_MOE
+from tests.conftest import H200_DENSE, H200_MOE, H200_TP2
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -216,3 +216,11 @@ def test_top_is_honoured_in_the_text_and_the_json(capsys, tmp_path: Path, top: i
     # THEN the text lists N groups and the JSON keeps N (at least the contract's 15)
     assert len(_top_rows(out)) == top
     assert len(json.loads(out_json.read_text())["top_kernels"]) == max(top, 15)
+
+
+def test_idle_of_several_gpus_prints_its_definition(capsys) -> None:
+    code, out, _ = run(capsys, "analyze", *map(str, H200_TP2))
+    assert code == 0
+    assert "(sum over 2 GPUs), idle 33.5% (1 - busy / (2 GPUs x wall))" in out
+    ranks = out.split("\nRanks (2)", 1)[1]
+    assert "idle" in ranks.splitlines()[1] and "its own wall" in ranks

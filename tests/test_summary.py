@@ -80,6 +80,13 @@ def test_multi_rank_run_keeps_ranks() -> None:
     assert set(k["rank"]) == {0, 1} and set(k["trace_id"]) == {0, 1}
     assert s["totals"]["devices"] == 2
     assert {st["rank"] for st in s["steps"]} == {0, 1}
+    # idle over several GPUs is what a reader computes from the printed numbers: 1 - busy / (2 x wall)
+    t = s["totals"]
+    assert t["idle_fraction"] == pytest.approx(1 - t["busy_ns"] / (2 * t["wall_ns"]))
+    assert 0.30 < t["idle_fraction"] < 0.37  # rank 1 starts 137 ms late; it was printed as 5.5%
+    # each rank's own idle share, over its own wall
+    for r in s["ranks"]["per_rank"]:
+        assert r["idle_fraction"] == pytest.approx(1 - r["busy_ns"] / r["wall_ns"])
 
 
 def test_rocm_sglang_pair_phases() -> None:

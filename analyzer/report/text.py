@@ -89,8 +89,10 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
     wall, busy, idle = (
         (fmt_ns(t["wall_ns"]), fmt_ns(t["busy_ns"]), fmt_pct(t["idle_fraction"])) if timed else (NONE,) * 3
     )
+    # with several GPUs the idle share is of their time over the wall (a reader's own sum), so say so
+    how = f" (1 - busy / ({ndev} GPUs x wall))" if timed and ndev > 1 else ""
     out.write(
-        f"  wall {wall}, GPU busy {busy}{across if timed else ''}, idle {idle}, "
+        f"  wall {wall}, GPU busy {busy}{across if timed else ''}, idle {idle}{how}, "
         f"kernel time {fmt_ns(t['kernel_ns'])} in {t['kernels']:,} GPU activities\n"
     )
     if t.get("aggregate_rows"):

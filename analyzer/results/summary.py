@@ -111,26 +111,26 @@ def _timed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def totals(df: pd.DataFrame) -> dict[str, Any]:
-    """Wall (span of GPU activity), busy (union of activity) and idle share per device, summed.
+    """Wall (the longest span of one device's activity), busy (union of each device's activity,
+    summed over devices) and idle = 1 - busy / (devices x wall): the share of the GPUs' time over
+    the run's wall that no kernel used, so a late rank counts as idle.
 
     A device is one physical GPU: a rank's device, whichever of the rank's inputs (the per-stage
     files of one profile) recorded its work."""
     timed = _timed(df)
-    wall = busy = span_sum = 0
+    wall = busy = 0
     devices = 0
     for _, g in timed.groupby(["rank", "device"], sort=True):
         devices += 1
         s = g["start_ns"].to_numpy(np.int64)
         e = s + g["dur_ns"].to_numpy(np.int64)
-        sp = intervals.span_ns(s, e)
-        wall = max(wall, sp)
-        span_sum += sp
+        wall = max(wall, intervals.span_ns(s, e))
         busy += intervals.busy_ns(s, e)
     return {
         "wall_ns": int(wall),
         "kernel_ns": int(df["dur_ns"].sum()),
         "busy_ns": int(busy),
-        "idle_fraction": float(1 - busy / span_sum) if span_sum else 0.0,
+        "idle_fraction": float(1 - busy / (devices * wall)) if devices and wall else 0.0,
         "kernels": int(df["count"].sum()),
         "devices": devices,
         "aggregate_rows": int(df["aggregate"].sum()) if "aggregate" in df else 0,
