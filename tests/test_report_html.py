@@ -179,6 +179,36 @@ def test_timeline_caps_the_bars_by_merging() -> None:
     assert sum(len(t.x) for t in full.data) > bars
 
 
+def test_timeline_gives_every_rank_its_rows() -> None:
+    # GIVEN the TP2 run, whose rank 1 starts its prefill 137 ms after rank 0
+    analysis, summary = analysed(H200_TP2)
+    fig = figures.timeline(analysis.kernels, summary["steps"])
+    lanes = {y for t in fig.data for y in t.y}
+    # THEN both ranks have lanes, and each panel is one step of both ranks
+    assert any(y.startswith("rank 0 ") for y in lanes) and any(y.startswith("rank 1 ") for y in lanes)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles and all("ranks 0, 1" in t for t in titles)
+    # ... drawn from one origin: rank 1's late prefill starts far from 0 us
+    prefill = [t for t in fig.data if t.xaxis in ("x", "x1")]
+    first: dict[str, float] = {}
+    for t in prefill:
+        for y, b in zip(t.y, t.base, strict=True):
+            rank = y.split(" gpu")[0]
+            first[rank] = min(first.get(rank, b), b)
+    assert first["rank 0"] < 1_000 and first["rank 1"] > 100_000  # us from the step's first kernel
+
+
+def test_pick_steps_takes_a_step_of_several_ranks_once() -> None:
+    steps = [
+        {"trace_id": r, "rank": r, "step": i, "phase": p, "start_ns": i}
+        for r in (0, 1)
+        for i, p in enumerate(["prefill", "decode", "decode", "decode"])
+    ]
+    chosen = figures.pick_steps(steps)
+    assert [(s["rank"], s["step"]) for s in chosen] == [(0, 0), (0, 1), (0, 2)]
+    assert [s["rank"] for s in figures.rank_steps(steps, chosen[1])] == [0, 1]
+
+
 def test_merge_bars_keeps_busy_time_and_counts() -> None:
     import pandas as pd
 
