@@ -125,3 +125,55 @@ def test_analysis_string_columns_are_dictionary_encoded(dense) -> None:
     # each row reads as its value: the encoding is storage only
     stages = a.kernels["stage"].to_pylist()
     assert stages[:5] == a.kernels["stage"].cast(pa.string()).to_pylist()[:5] and None not in stages
+
+
+def _group_rows(phases: list[str], nbytes: list[float | None]) -> "pd.DataFrame":
+    import pandas as pd
+
+    n = len(phases)
+    return pd.DataFrame(
+        {
+            "group_key": ["g"] * n,
+            "norm_name": ["gemm"] * n,
+            "stage": ["lm_head_gemm"] * n,
+            "provider": ["cublas"] * n,
+            "rule_id": ["R"] * n,
+            "category": ["dense_gemm"] * n,
+            "phase": phases,
+            "count": [1] * n,
+            "dur_ns": [1000] * n,
+            "flops": [None] * n,
+            "bytes": nbytes,
+            "pct_of_peak": [0.5 if b else None for b in nbytes],
+            "bound": ["memory" if b else "unknown" for b in nbytes],
+            "tile_m": [None] * n,
+            "tile_n": [None] * n,
+            "tile_k": [None] * n,
+            "split_k": [None] * n,
+        }
+    )
+
+
+def test_a_top_kernel_rate_says_which_phase_it_is_from() -> None:
+    from analyzer.results import summary as summary_mod
+
+    # GIVEN a configuration that runs mostly in decode, with numbers only for its prefill launch
+    df = _group_rows(["decode", "decode", "decode", "prefill"], [None, None, None, 2e6])
+    (r,) = summary_mod.top_kernels(df, 4000)
+    # THEN the row names the phase its rate comes from, and gives the rate per phase
+    assert r["phase"] == "decode" and r["rate_phases"] == ["prefill"]
+    assert [p["phase"] for p in r["phase_rates"]] == ["prefill"]
+    assert r["phase_rates"][0]["achieved_tbps"] == pytest.approx(2.0)
+    # ... and with numbers in both phases, each phase has its own rate
+    (both,) = summary_mod.top_kernels(_group_rows(["decode", "prefill"], [1e6, 3e6]), 2000)
+    assert both["rate_phases"] == ["decode", "prefill"]
+    assert [p["achieved_tbps"] for p in both["phase_rates"]] == pytest.approx([1.0, 3.0])
+
+
+def test_tp2_lm_head_rate_is_labelled_as_the_prefill_one(capsys) -> None:
+    from analyzer.cli import main
+
+    assert main(["analyze", *map(str, H200_TP2)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "nvjet_sm90_tst_256x8_64x6" in line)
+    assert "decode 96.9% (+prefill)" in row and "TB/s (87%) in prefill" in row

@@ -429,7 +429,12 @@ def _achieved(r: dict[str, Any]) -> Any:
         val = f"{r['achieved_tbps']:.2f} TB/s"
     else:
         return "-"
-    return val + (f" ({fmt_pct(pct)})" if pct is not None else "")
+    val += f" ({fmt_pct(pct)})" if pct is not None else ""
+    # measured on some of the row's phases only (e.g. decode launches without shapes): say which
+    from_ = r.get("rate_phases") or []
+    if from_ and not set(from_) >= set(r.get("phases") or []):
+        val += f" in {'+'.join(from_)}"
+    return val
 
 
 def _top(page: Page, s: dict[str, Any]) -> None:

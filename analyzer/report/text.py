@@ -182,6 +182,15 @@ def _rate(r: dict[str, Any]) -> str:
     return val + (f" ({100 * pct:.0f}%)" if pct is not None else "")
 
 
+def _rate_from(r: dict[str, Any], rate: str) -> str:
+    """The rate, naming its phase when only some of the row's phases have numbers (a decode row
+    rated from its two prefill launches says so)."""
+    from_ = r.get("rate_phases") or []
+    if rate in ("-", NONE) or not from_ or set(from_) >= set(r.get("phases") or []):
+        return rate
+    return f"{rate} in {'+'.join(from_)}"
+
+
 def _shared(parts: list[dict[str, Any]] | None, key: str, fallback: str, names: bool = True) -> str:
     """The value holding most of a kernel's time, with its share when others hold some too:
     ``moe_sort``, ``moe_sort 99.1% (+2)`` or ``decode 97.0% (+prefill)`` (every share is in --json)."""
@@ -208,7 +217,7 @@ def _top(summary: dict[str, Any], out: TextIO, top: int) -> None:
                 _shared(r.get("stages"), "stage", r["stage"], names=False),
                 r["provider"],
                 _shared(r.get("phase_shares"), "phase", "/".join(r.get("phases") or [])),
-                _rate(r),
+                _rate_from(r, _rate(r)),
                 r.get("bound") or "-",
                 shorten(r["norm_name"], 60),
             ]

@@ -492,12 +492,37 @@ def top_kernels(
                 "share": t / total if total else 0.0,
                 "mean_ns": int(t / max(int(g["count"].sum()), 1)),
                 "tile": _tile(first),
-                "split_k": None if pd.isna(first.get("split_k")) else int(first["split_k"]),
+                "split_k": _split_k(first.get("split_k")),
                 **roofline_fields(g, gpu),
+                **_rates_by_phase(g, gpu),
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["group_key"]))
     return rows[:n]
+
+
+def _rates_by_phase(g: pd.DataFrame, gpu: dict[str, Any] | None) -> dict[str, Any]:
+    """Which phases a kernel group's rate is measured on, and its rate in each phase.
+
+    A configuration that serves both phases may have numbers in one only (graph-replayed decode
+    launches record no shapes): its row's rate is then the other phase's, which the row must say.
+    ``rate_phases``: the phases of the kernels that have numbers; ``phase_rates``: one row per phase
+    with numbers (``achieved_tflops``, ``achieved_tbps``, ``pct_of_peak``, ``bound``)."""
+    if "flops" not in g or "phase" not in g:
+        return {"rate_phases": [], "phase_rates": []}
+    known = (g["flops"].notna() | g["bytes"].notna()).to_numpy(bool) & ~_invalid(g)
+    phases = sorted({str(p) for p in g["phase"].to_numpy()[known]})
+    rates = []
+    for ph in phases:
+        f = roofline_fields(g[(g["phase"] == ph).to_numpy(bool)], gpu)
+        rates.append(
+            {"phase": ph, **{k: f[k] for k in ("achieved_tflops", "achieved_tbps", "pct_of_peak", "bound")}}
+        )
+    return {"rate_phases": phases, "phase_rates": rates}
+
+
+def _split_k(v: Any) -> int | None:
+    return None if v is None or pd.isna(v) else int(v)
 
 
 def _tile(row: pd.Series) -> str | None:
