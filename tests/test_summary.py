@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analyzer.results.summary import FORMAT_VERSION, build_summary
@@ -127,9 +128,7 @@ def test_analysis_string_columns_are_dictionary_encoded(dense) -> None:
     assert stages[:5] == a.kernels["stage"].cast(pa.string()).to_pylist()[:5] and None not in stages
 
 
-def _group_rows(phases: list[str], nbytes: list[float | None]) -> "pd.DataFrame":
-    import pandas as pd
-
+def _group_rows(phases: list[str], nbytes: list[float | None]) -> pd.DataFrame:
     n = len(phases)
     return pd.DataFrame(
         {
