@@ -533,3 +533,28 @@ def test_injected_names_stay_text_in_chromium(browser: Any, tmp_path: Path, evil
         assert shown in seen["text"], (needle, seen)
         assert seen["bold"] == 0 and seen["links"] == 0, seen
     assert not page.dialogs and not page.errors
+
+
+def test_tp2_report_details_read_right() -> None:
+    # GIVEN the TP2 run: split-K GEMMs with no factor in their name, a 1.5 us unknown phase
+    analysis, summary = analysed(H200_TP2)
+    text = html.report_page(summary, analysis.kernels, cdn=True)
+    # THEN the tile is the whole decoded tile (as `rules classify` gives it), never 'x?'
+    tiles = {r["norm_name"]: r["tile"] for r in summary["top_kernels"]}
+    assert tiles["nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT"] == "64x8x64"
+    assert not any(t and "?" in t for t in tiles.values())
+    # ... unknown split-K reads as such, not -1
+    assert "yes (factor unknown)" in text and '<td class="num">-1</td>' not in text
+    # ... and the unknown phase gets a line, not a bar chart and a roofline
+    names = [f["layout"]["title"]["text"] for f in figure_data(text).values()]
+    assert not any(n.startswith("unknown") for n in names)
+    assert "Not charted, too little kernel time to draw: unknown" in text
+
+
+def test_long_names_are_shortened_with_the_whole_name_escaped_on_hover() -> None:
+    name = "void k<" + "x" * 300 + '>("<script>alert(1)</script>")'
+    cell = html.name_cell(name)
+    assert len(cell) < 1000 and "<details" not in cell
+    assert cell.startswith('<span title="void k&lt;') and "&lt;script&gt;" in cell
+    assert "<script>" not in cell and '"<' not in cell.split('title="', 1)[1].split('">', 1)[0]
+    assert html.name_cell("short_kernel") == "short_kernel"

@@ -36,7 +36,7 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
     fewer than :data:`TOP_KERNELS` (what the JSON contract promises readers)."""
     df = kernels_frame(analysis)
     total = int(df["dur_ns"].sum())
-    return {
+    summary = {
         "format_version": FORMAT_VERSION,
         "inputs": [
             {
@@ -88,6 +88,29 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
         "warnings": analysis.warnings,
         "ranks": rank_summary(df),
     }
+    _decoded_tiles(summary["top_kernels"], analysis.kernels)
+    return summary
+
+
+def _decoded_tiles(rows: list[dict[str, Any]], kernels: Any) -> None:
+    """Give each top-kernel row its whole decoded tile. The pandas frame leaves ``tile_k`` out (a
+    column per kernel that nothing else reads), which printed ``64x8x?`` where the name says
+    ``64x8x64``; a group's kernels share one tile (it is part of the ``group_key``), so the first
+    kernel of each top group is read from the kernels table."""
+    if not rows or "tile_k" not in kernels.column_names or "group_key" not in kernels.column_names:
+        return
+    from analyzer.model import dict_isin
+
+    keys = [r["group_key"] for r in rows]
+    hit = np.flatnonzero(dict_isin(kernels["group_key"], keys))
+    if not len(hit):
+        return
+    sub = kernels.select(["group_key", "tile_m", "tile_n", "tile_k"]).take(hit).to_pandas()
+    sub["group_key"] = sub["group_key"].astype(str)
+    first = sub.drop_duplicates("group_key").set_index("group_key")
+    for r in rows:
+        if r["group_key"] in first.index:
+            r["tile"] = _tile(first.loc[r["group_key"]])
 
 
 # what roofline_fields and _dominant_bound read
