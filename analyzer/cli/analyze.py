@@ -55,10 +55,12 @@ def analyze(
         CompareTextReporter().render(result, sys.stdout)
         if json_path:
             write_json(result, json_path)
+            click.echo(f"wrote {json_path}", err=True)
         if html_path:
             from analyzer.report.html import CompareHtmlReporter  # plotly
 
             write_report(CompareHtmlReporter(summaries), result, html_path)
+            click.echo(f"wrote {html_path}", err=True)
         return 0
     analysis = run_analysis(traces, options)
     summary = summary_of(analysis)

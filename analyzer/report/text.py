@@ -283,12 +283,14 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
     rows = []
     for i in ins:
         t = i["totals"]
+        # a summary-only input has no timeline: its wall, busy and idle are unknown, as in analyze
+        timed = bool(t.get("wall_ns")) or not t.get("aggregate_rows")
         rows.append(
             [
                 i["key"],
-                fmt_ns(t.get("wall_ns")),
-                fmt_ns(t.get("busy_ns")),
-                fmt_pct(t.get("idle_fraction")),
+                fmt_ns(t.get("wall_ns")) if timed else NONE,
+                fmt_ns(t.get("busy_ns")) if timed else NONE,
+                fmt_pct(t.get("idle_fraction")) if timed else NONE,
                 fmt_ns(t.get("kernel_ns")),
                 f"{t.get('kernels', 0):,}",
             ]
@@ -347,3 +349,26 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
                 for r in stages
             ]
             write_table(out, ["stage", *keys, *ratio_heads], rows, indent="    ")
+    for i in ins:
+        _compare_input(i, out)
+
+
+def _compare_input(i: dict[str, Any], out: TextIO) -> None:
+    """One compared input's top kernels and findings (the HTML comparison's per-input sections)."""
+    top = i.get("top_kernels") or []
+    if top:
+        out.write(f"\n{i['key']}: top kernels\n")
+        rows = [
+            [str(n), fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", r["stage"], r["provider"],
+             r["phase"], shorten(r["norm_name"], 60)]
+            for n, r in enumerate(top, start=1)
+        ]  # fmt: skip
+        write_table(
+            out, ["#", "share", "time", "count", "stage", "provider", "phase", "kernel"], rows, indent="    "
+        )
+    fs = i.get("findings")
+    if fs is None:
+        return
+    out.write(f"\n{i['key']}: findings ({len(fs)})\n")
+    for f in fs:
+        out.write(f"    [{f['severity']}] {f['id']} {f.get('phase') or ''}: {f['title']}\n")
