@@ -15,7 +15,7 @@ import pytest
 import analyzer
 from analyzer.model import KERNEL_SCHEMA
 from analyzer.regressions import NotComparableError
-from tests.conftest import H200_DENSE, H200_MOE, ROOT
+from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, ROOT
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_off_the_main_thread_no_worker_process_starts(monkeypatch) -> None:
     started = []
     real = pools.pool_jobs
     monkeypatch.setattr(pools, "pool_jobs", lambda paths, jobs: started.append(jobs) or real(paths, jobs))
-    t = threading.Thread(target=lambda: analyzer.analyze([str(H200_DENSE), str(H200_MOE)], jobs=2))
+    t = threading.Thread(target=lambda: analyzer.analyze([str(p) for p in H200_TP2], jobs=2))
     t.start()
     t.join()
     assert started and all(j == 1 for j in started)

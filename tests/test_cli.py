@@ -11,7 +11,7 @@ import pytest
 
 from analyzer.cli import main
 from analyzer.model import KERNEL_SCHEMA
-from tests.conftest import H200_DENSE, H200_MOE
+from tests.conftest import H200_DENSE, H200_MOE, H200_TP2
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -200,3 +200,27 @@ def test_console_entry_flushes_everything_and_keeps_exit_codes(capsys, tmp_path:
 def test_top_must_be_at_least_one(capsys, top: str) -> None:
     code, _, err = run(capsys, "analyze", str(H200_DENSE), "--top", top)
     assert code == 2 and "--top" in err and len(err.strip().splitlines()) == 1
+
+
+def _top_rows(out: str) -> list[str]:
+    block = out.split("\nTop kernels\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    return [line for line in block[1:] if line.strip()]
+
+
+@pytest.mark.parametrize("top", [3, 20])
+def test_top_is_honoured_in_the_text_and_the_json(capsys, tmp_path: Path, top: int) -> None:
+    # GIVEN a trace with more kernel groups than the JSON's usual 15
+    out_json = tmp_path / "s.json"
+    code, out, _ = run(capsys, "analyze", str(H200_DENSE), "--top", str(top), "--json", str(out_json))
+    assert code == 0
+    # THEN the text lists N groups and the JSON keeps N (at least the contract's 15)
+    assert len(_top_rows(out)) == top
+    assert len(json.loads(out_json.read_text())["top_kernels"]) == max(top, 15)
+
+
+def test_idle_of_several_gpus_prints_its_definition(capsys) -> None:
+    code, out, _ = run(capsys, "analyze", *map(str, H200_TP2))
+    assert code == 0
+    assert "(sum over 2 GPUs), idle 33.5% (1 - busy / (2 GPUs x wall))" in out
+    ranks = out.split("\nRanks (2)", 1)[1]
+    assert "idle" in ranks.splitlines()[1] and "its own wall" in ranks

@@ -16,7 +16,7 @@ from analyzer.cli import cli
 from analyzer.report import text
 from analyzer.results.compare import FORMAT_VERSION, compare_summaries, input_labels
 from analyzer.results.summary import build_summary
-from tests.conftest import shared
+from tests.conftest import H200_TP2, shared
 from tests.runs import analyze_paths
 
 PAIR = "sglang-deepseek-llama8b-decode-mi300x-vs-b300"
@@ -140,9 +140,50 @@ def test_analyze_compare_cli(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "B/A" in res.output and "MI300X" in res.output
     assert json.loads(out_json.read_text())["kind"] == "compare"
+    # the files written are named on stderr, as analyze does without --compare
+    assert f"wrote {out_json}" in res.stderr and f"wrote {out_html}" in res.stderr
     page = out_html.read_text()
     assert page.count('class="fig"') >= 1 and "B300" in page
     res = CliRunner().invoke(cli, ["report", *paths, "--compare", "--cdn", "-o", str(tmp_path / "r.html")],
                              standalone_mode=False)  # fmt: skip
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r.html").stat().st_size < 1_000_000
+
+
+def _render(summaries: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    text.render_compare(compare_summaries(summaries), out)
+    return out.getvalue()
+
+
+def test_a_summary_only_input_has_no_wall_busy_or_idle() -> None:
+    # GIVEN a totals-only input (nsys cuda_gpu_kern_sum) beside a trace
+    totals_only = fake("GPU-A", {"dense_gemm": 100})
+    totals_only["totals"].update(wall_ns=0, busy_ns=0, idle_fraction=0.0, aggregate_rows=3)
+    s = _render([totals_only, fake("GPU-B", {"dense_gemm": 200})])
+    # THEN its wall, busy and idle print as unknown, as analyze prints them, not as 0 ns and 0.0%
+    row_a = next(line for line in s.splitlines() if line.strip().startswith("A "))
+    assert row_a.split()[1:4] == ["—", "—", "—"] and " 0 ns" not in row_a
+
+
+def test_the_text_comparison_lists_each_inputs_top_kernels_and_findings() -> None:
+    a, b = fake("GPU-A", {"dense_gemm": 100}), fake("GPU-B", {"dense_gemm": 200})
+    a["top_kernels"] = [{"group_key": "g", "norm_name": "gemm_a", "stage": "qkv_gemm", "provider": "ck",
+                         "phase": "decode", "count": 2, "time_ns": 100, "share": 1.0}]  # fmt: skip
+    b["findings"] = [
+        {"id": "F006", "severity": "critical", "phase": "decode", "title": "GPU idle", "suggestion": "x"}
+    ]
+    s = _render([a, b])
+    assert "A: top kernels" in s and "gemm_a" in s
+    assert "B: findings (1)" in s and "[critical] F006 decode: GPU idle" in s
+
+
+def test_nsys_totals_beside_a_trace_compare_without_zero_walls() -> None:
+    summary_only = shared("nsys-stats-csv-deepseek-ocr-rtx5090/decode")
+    res = CliRunner().invoke(
+        cli, ["analyze", "--compare", str(summary_only), str(H200_TP2[0])], standalone_mode=False
+    )
+    assert res.exit_code == 0, res.output
+    row_a = next(line for line in res.stdout.splitlines() if line.strip().startswith("A "))
+    assert row_a.split()[1:4] == ["—", "—", "—"]
+    assert "A: top kernels" in res.stdout and "B: findings" in res.stdout

@@ -58,7 +58,7 @@ def _edited(tmp_path: Path, src: Path, rename: dict[str, str]) -> Path:
 
 def test_same_kernel_both_phases_fires_on_sglang_pair_ranked_by_cost(sglang) -> None:
     f = sglang["F001"]
-    stretched = [x for x in f if x["severity"] != "info"]
+    stretched = [x for x in f if x["evidence"]["stretched"]]
     names = " ".join(x["title"] for x in stretched)
     for needle in ("add_rmsnorm_quant", "act_and_mul", "rotary_embedding", "store_kvcache"):
         assert needle in names, needle
@@ -174,7 +174,7 @@ def test_idle_advice_on_eager_decode_asks_for_graphs(dense) -> None:
 
 def test_same_kernel_advice_fits_the_kernel_kind(sglang, dense) -> None:
     # GIVEN F001 findings on norm / activation / RoPE / KV-store kernels (and GEMMs where present)
-    stretched = [x for found in (sglang, dense) for x in found.get("F001", []) if x["severity"] != "info"]
+    stretched = [x for found in (sglang, dense) for x in found.get("F001", []) if x["evidence"]["stretched"]]
     small = [x for x in stretched if x["evidence"]["stage"] not in GEMM_STAGES]
     assert {x["evidence"]["stage"] for x in small} >= {"norm", "activation", "rope"}
     # THEN the small kernels get launch / fusion advice, never GEMM tiling advice
@@ -182,6 +182,17 @@ def test_same_kernel_advice_fits_the_kernel_kind(sglang, dense) -> None:
         s = x["suggestion"].lower()
         assert "split-k" not in s and "tile" not in s, x["title"]
         assert "fus" in s, x["title"]
+        # ... and, since that advice calls one kernel for both phases normal, they are information
+        assert x["severity"] == "info" and "normal" in x["title"], x["title"]
+        article = "An" if x["evidence"]["stage"][0] in "aeiou" else "A"
+        assert x["suggestion"].startswith(f"{article} {x['evidence']['stage']} kernel"), x["suggestion"]
     for x in stretched:
         if x["evidence"]["stage"] in GEMM_STAGES:
             assert "split-k" in x["suggestion"].lower()
+
+
+@pytest.mark.parametrize(("stage", "article"), [("activation", "An"), ("norm", "A"), ("rope", "A")])
+def test_same_kernel_advice_has_its_article(stage: str, article: str) -> None:
+    from analyzer.analyses.findings import _same_kernel_advice
+
+    assert _same_kernel_advice(stage, 0.0).startswith(f"{article} {stage} kernel sizes its grid")

@@ -56,14 +56,18 @@ def test_options_reach_the_workers() -> None:
     assert_same_analysis(serial(TP2, options), analyze_run(TP2, options, jobs=2))
 
 
-def test_inputs_of_one_gpu_and_world_size_join() -> None:
+def test_captures_of_one_rank_from_two_sessions_are_refused_on_either_path() -> None:
+    # one GPU type and world size, but two models profiled apart: not one run (DESIGN §6)
     paths = [str(H200_DENSE), str(H200_MOE)]
-    assert_same_analysis(serial(paths), analyze_run(paths, jobs=2))
+    for run in (lambda: serial(paths), lambda: analyze_run(paths, jobs=2)):
+        with pytest.raises(InputError, match="different profiling sessions"):
+            run()
 
 
-def test_amd_inputs_join() -> None:
+def test_amd_inputs_of_one_profile_join() -> None:
     folder = shared("mi300x-sglang-qwen3-8b")
-    assert_same_analysis(serial([str(folder)]), analyze_run([str(folder)], jobs=2))
+    paths = [str(folder / f"sglang_Qwen3-8B_{n}.json.gz") for n in ("prefilldecode", "decode")]
+    assert_same_analysis(serial(paths), analyze_run(paths, jobs=2))
 
 
 def test_inputs_of_other_world_sizes_take_the_serial_path() -> None:

@@ -178,6 +178,28 @@ def test_capture_only_trace_warns() -> None:
     assert any("graph-capture" in w for w in a.warnings)
 
 
+def test_graph_capture_kernels_never_form_a_step() -> None:
+    # the two kernels that run while SGLang captures its decode graph (buffer fills) are no step:
+    # they once made an 11 us "prefill step" that pulled the run's step percentiles down
+    a = analyze_trace(load_inputs([str(shared("mi300x-sglang-qwen3-8b/bs_32_rank0.json.gz"))]))
+    assert len(a.steps) == 0
+    assert set(a.kernels["phase"].to_pylist()) == {"unknown"} and set(a.kernels["step"].to_pylist()) == {-1}
+
+
+def test_kernels_inside_a_capture_range_stay_outside_steps() -> None:
+    # GIVEN an annotated prefill step and, after it, a graph-capture range holding kernels
+    trace, _ = gt.strip_labels(load_inputs([str(H200_TRACES[0])]))
+    k = trace.kernels
+    t0, t1 = int(k["start_ns"][0].as_py()), int(k["start_ns"][k.num_rows // 2].as_py())
+    t2 = int(k["start_ns"][k.num_rows - 1].as_py()) + 1
+    anns = _ann([("step[EXTEND bs=4 toks=2048]", t0, t1, "gpu"), ("capture_4_DECODE", t1, t2, "gpu")])
+    a = analyze_trace(dataclasses.replace(trace, annotations=anns))
+    # THEN only the annotated step is a step; the captured half is outside every step
+    assert len(a.steps) == 1 and a.steps["phase"].tolist() == ["prefill"]
+    inside = np.asarray(a.kernels["start_ns"].to_pylist()) >= t1
+    assert set(np.asarray(a.kernels["step"].to_pylist())[inside]) == {-1}
+
+
 def test_attention_op_layouts_are_data_per_op(tmp_path) -> None:
     from analyzer.errors import InputError
     from analyzer.knowledge.attention_ops import load_attention_ops

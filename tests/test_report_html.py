@@ -179,6 +179,36 @@ def test_timeline_caps_the_bars_by_merging() -> None:
     assert sum(len(t.x) for t in full.data) > bars
 
 
+def test_timeline_gives_every_rank_its_rows() -> None:
+    # GIVEN the TP2 run, whose rank 1 starts its prefill 137 ms after rank 0
+    analysis, summary = analysed(H200_TP2)
+    fig = figures.timeline(analysis.kernels, summary["steps"])
+    lanes = {y for t in fig.data for y in t.y}
+    # THEN both ranks have lanes, and each panel is one step of both ranks
+    assert any(y.startswith("rank 0 ") for y in lanes) and any(y.startswith("rank 1 ") for y in lanes)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles and all("ranks 0, 1" in t for t in titles)
+    # ... drawn from one origin: rank 1's late prefill starts far from 0 us
+    prefill = [t for t in fig.data if t.xaxis in ("x", "x1")]
+    first: dict[str, float] = {}
+    for t in prefill:
+        for y, b in zip(t.y, t.base, strict=True):
+            rank = y.split(" gpu")[0]
+            first[rank] = min(first.get(rank, b), b)
+    assert first["rank 0"] < 1_000 and first["rank 1"] > 100_000  # us from the step's first kernel
+
+
+def test_pick_steps_takes_a_step_of_several_ranks_once() -> None:
+    steps = [
+        {"trace_id": r, "rank": r, "step": i, "phase": p, "start_ns": i}
+        for r in (0, 1)
+        for i, p in enumerate(["prefill", "decode", "decode", "decode"])
+    ]
+    chosen = figures.pick_steps(steps)
+    assert [(s["rank"], s["step"]) for s in chosen] == [(0, 0), (0, 1), (0, 2)]
+    assert [s["rank"] for s in figures.rank_steps(steps, chosen[1])] == [0, 1]
+
+
 def test_merge_bars_keeps_busy_time_and_counts() -> None:
     import pandas as pd
 
@@ -503,3 +533,28 @@ def test_injected_names_stay_text_in_chromium(browser: Any, tmp_path: Path, evil
         assert shown in seen["text"], (needle, seen)
         assert seen["bold"] == 0 and seen["links"] == 0, seen
     assert not page.dialogs and not page.errors
+
+
+def test_tp2_report_details_read_right() -> None:
+    # GIVEN the TP2 run: split-K GEMMs with no factor in their name, a 1.5 us unknown phase
+    analysis, summary = analysed(H200_TP2)
+    text = html.report_page(summary, analysis.kernels, cdn=True)
+    # THEN the tile is the whole decoded tile (as `rules classify` gives it), never 'x?'
+    tiles = {r["norm_name"]: r["tile"] for r in summary["top_kernels"]}
+    assert tiles["nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT"] == "64x8x64"
+    assert not any(t and "?" in t for t in tiles.values())
+    # ... unknown split-K reads as such, not -1
+    assert "yes (factor unknown)" in text and '<td class="num">-1</td>' not in text
+    # ... and the unknown phase gets a line, not a bar chart and a roofline
+    names = [f["layout"]["title"]["text"] for f in figure_data(text).values()]
+    assert not any(n.startswith("unknown") for n in names)
+    assert "Not charted, too little kernel time to draw: unknown" in text
+
+
+def test_long_names_are_shortened_with_the_whole_name_escaped_on_hover() -> None:
+    name = "void k<" + "x" * 300 + '>("<script>alert(1)</script>")'
+    cell = html.name_cell(name)
+    assert len(cell) < 1000 and "<details" not in cell
+    assert cell.startswith('<span title="void k&lt;') and "&lt;script&gt;" in cell
+    assert "<script>" not in cell and '"<' not in cell.split('title="', 1)[1].split('">', 1)[0]
+    assert html.name_cell("short_kernel") == "short_kernel"

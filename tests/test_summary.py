@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analyzer.results.summary import FORMAT_VERSION, build_summary
@@ -80,6 +81,13 @@ def test_multi_rank_run_keeps_ranks() -> None:
     assert set(k["rank"]) == {0, 1} and set(k["trace_id"]) == {0, 1}
     assert s["totals"]["devices"] == 2
     assert {st["rank"] for st in s["steps"]} == {0, 1}
+    # idle over several GPUs is what a reader computes from the printed numbers: 1 - busy / (2 x wall)
+    t = s["totals"]
+    assert t["idle_fraction"] == pytest.approx(1 - t["busy_ns"] / (2 * t["wall_ns"]))
+    assert 0.30 < t["idle_fraction"] < 0.37  # rank 1 starts 137 ms late; it was printed as 5.5%
+    # each rank's own idle share, over its own wall
+    for r in s["ranks"]["per_rank"]:
+        assert r["idle_fraction"] == pytest.approx(1 - r["busy_ns"] / r["wall_ns"])
 
 
 def test_rocm_sglang_pair_phases() -> None:
@@ -91,6 +99,8 @@ def test_rocm_sglang_pair_phases() -> None:
     labels = [r["label"] for r in s["phases"]["decode"]["profile"]]
     assert labels[0] == "Dense GEMM" and "Attention" in labels[:3]
     assert np.isclose(sum(r["share"] for r in s["phases"]["prefill"]["profile"]), 1.0)
+    # two files of one profile, one GPU: counted once, not "summed over 2 GPUs"
+    assert s["totals"]["devices"] == 1
 
 
 def test_dropping_host_ops_after_the_roofline_changes_nothing(dense) -> None:
@@ -116,3 +126,53 @@ def test_analysis_string_columns_are_dictionary_encoded(dense) -> None:
     # each row reads as its value: the encoding is storage only
     stages = a.kernels["stage"].to_pylist()
     assert stages[:5] == a.kernels["stage"].cast(pa.string()).to_pylist()[:5] and None not in stages
+
+
+def _group_rows(phases: list[str], nbytes: list[float | None]) -> pd.DataFrame:
+    n = len(phases)
+    return pd.DataFrame(
+        {
+            "group_key": ["g"] * n,
+            "norm_name": ["gemm"] * n,
+            "stage": ["lm_head_gemm"] * n,
+            "provider": ["cublas"] * n,
+            "rule_id": ["R"] * n,
+            "category": ["dense_gemm"] * n,
+            "phase": phases,
+            "count": [1] * n,
+            "dur_ns": [1000] * n,
+            "flops": [None] * n,
+            "bytes": nbytes,
+            "pct_of_peak": [0.5 if b else None for b in nbytes],
+            "bound": ["memory" if b else "unknown" for b in nbytes],
+            "tile_m": [None] * n,
+            "tile_n": [None] * n,
+            "tile_k": [None] * n,
+            "split_k": [None] * n,
+        }
+    )
+
+
+def test_a_top_kernel_rate_says_which_phase_it_is_from() -> None:
+    from analyzer.results import summary as summary_mod
+
+    # GIVEN a configuration that runs mostly in decode, with numbers only for its prefill launch
+    df = _group_rows(["decode", "decode", "decode", "prefill"], [None, None, None, 2e6])
+    (r,) = summary_mod.top_kernels(df, 4000)
+    # THEN the row names the phase its rate comes from, and gives the rate per phase
+    assert r["phase"] == "decode" and r["rate_phases"] == ["prefill"]
+    assert [p["phase"] for p in r["phase_rates"]] == ["prefill"]
+    assert r["phase_rates"][0]["achieved_tbps"] == pytest.approx(2.0)
+    # ... and with numbers in both phases, each phase has its own rate
+    (both,) = summary_mod.top_kernels(_group_rows(["decode", "prefill"], [1e6, 3e6]), 2000)
+    assert both["rate_phases"] == ["decode", "prefill"]
+    assert [p["achieved_tbps"] for p in both["phase_rates"]] == pytest.approx([1.0, 3.0])
+
+
+def test_tp2_lm_head_rate_is_labelled_as_the_prefill_one(capsys) -> None:
+    from analyzer.cli import main
+
+    assert main(["analyze", *map(str, H200_TP2)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "nvjet_sm90_tst_256x8_64x6" in line)
+    assert "decode 96.9% (+prefill)" in row and "TB/s (87%) in prefill" in row

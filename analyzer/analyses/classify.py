@@ -91,7 +91,7 @@ def classify_and_check(
     dev = kernels["device"].to_numpy(zero_copy_only=False)
     norm = pylist(cols["norm_name"])
     topk = layers.topk_candidates(norm, op_column)
-    pow_rows = dict_isin(op_column, ["aten::pow"])
+    pow_rows = dict_isin(op_column, list(layers.POW_OPS))
     reduce_rows = layers.reduction_rows(cols["norm_name"], op_column)
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     ordered = order[timed[order]]

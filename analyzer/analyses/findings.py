@@ -116,8 +116,10 @@ def same_kernel_both_phases(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, 
 
     A kernel tuned for one phase wastes the other: prefill runs thousands of tokens per step, decode
     one per sequence. The finding is a warning (critical above ``critical_share`` of the run) when
-    the kernel does at least ``stretch_ratio`` times the tokens or work per launch in prefill, and
-    ``info`` (benign: an lm_head over the last token, a sampler) below ``same_size_ratio``. The
+    a GEMM or attention kernel does at least ``stretch_ratio`` times the tokens or work per launch in
+    prefill, and ``info`` (benign: an lm_head over the last token, a sampler) below
+    ``same_size_ratio``. A norm / activation / RoPE / KV-store kernel sizes its grid to the problem,
+    so serving both phases is normal for it: ``info`` with fusion advice, never a warning. The
     advice follows the kernel's kind: per-phase tiles for GEMMs, decode kernels for attention,
     fusion and graphs for the small norm / activation / RoPE / elementwise kernels. Groups below
     ``min_share`` of the run and the ``exclude_stages`` / ``exclude_providers`` are skipped.
@@ -151,6 +153,7 @@ def same_kernel_both_phases(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, 
             (tok_ratio or 0) >= c["stretch_ratio"] or (work_ratio or 0) >= c["stretch_ratio"]
         )
         ev["token_ratio"] = tok_ratio
+        ev["stretched"] = bool(stretched)  # far more work per launch in prefill than in decode
         ev["work_ratio"] = work_ratio
         ev["work_basis"] = work_basis
         dur_ratio = work_ratio
@@ -159,18 +162,36 @@ def same_kernel_both_phases(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, 
         ev["stage"] = stage
         name = str(g["norm_name"].iloc[0])
         if stretched:
-            sev = "critical" if ev["share_of_run"] >= c["critical_share"] else "warning"
             ratio = f"{tok_ratio:,.0f}x the tokens" if tok_ratio else f"{dur_ratio:,.0f}x the time per launch"
-            title = (
-                f"one {stage} configuration serves prefill and decode ({ratio} in prefill): {_short(name)}"
-            )
             sugg = _same_kernel_advice(stage, float(d["graph_launch"].mean()) if len(d) else 0.0)
+            if _sizes_its_grid(stage):
+                # the advice itself says one kernel for both phases is normal: a warning would
+                # contradict it, so it is information (with the fusion advice it carries)
+                sev = "info"
+                title = (
+                    f"one {stage} kernel serves prefill and decode ({ratio} in prefill; normal for a "
+                    f"kernel that sizes its grid to the problem): {_short(name)}"
+                )
+            else:
+                sev = "critical" if ev["share_of_run"] >= c["critical_share"] else "warning"
+                title = f"one {stage} configuration serves prefill and decode ({ratio} in prefill): {_short(name)}"
         else:
             sev = "info"
             title = f"one {stage} configuration serves both phases on a similar problem size (benign): {_short(name)}"
             sugg = "No action: the kernel does the same work in both phases (e.g. last-token lm_head or sampling)."
         out.append(_finding(c, "same_kernel_both_phases", sev, "both", title, [gk], ev, sugg, cost))
     return out
+
+
+def _sizes_its_grid(stage: str) -> bool:
+    """Kernels that are not GEMMs or attention (norm, activation, RoPE, KV store ...) scale their
+    grid with the tokens: one kernel for both phases is how they work, not a tuning mistake."""
+    return stage not in ALL_GEMM_STAGES and stage not in ATTENTION_STAGES
+
+
+def _article(word: str) -> str:
+    """``A`` or ``An`` before ``word`` (by its first letter: stage ids are spelt, not spoken)."""
+    return "An" if word[:1].lower() in "aeiou" else "A"
 
 
 def _same_kernel_advice(stage: str, decode_graph_share: float) -> str:
@@ -194,7 +215,7 @@ def _same_kernel_advice(stage: str, decode_graph_share: float) -> str:
         else "capture decode in CUDA/HIP graphs to hide the launches"
     )
     return (
-        f"A {stage} kernel sizes its grid to the problem, so one kernel for both phases is normal; "
+        f"{_article(stage)} {stage} kernel sizes its grid to the problem, so one kernel for both phases is normal; "
         "in decode it handles a few tokens and its cost is launch latency, not tuning. Fuse it with "
         f"its neighbours (add+RMSNorm+quant, RoPE+KV-store, act+mul) and {graphs}."
     )

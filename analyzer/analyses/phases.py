@@ -366,6 +366,8 @@ def split_phases(
                 f"trace {tid}: only graph-capture annotations ({capture[0].name} ...): "
                 "kernels inside them are capture, not execution"
             )
+        if capture:  # capture work (warm-up, buffer fills) is no step: step -1, phase unknown
+            idx = idx[~_inside(capture, df["start"][idx], launch_ts[idx])]
         if execs:
             rows = _steps_from_annotations(
                 idx, df, launch_ts, launched, execs, step, phase, tokens, warnings, tid
@@ -375,6 +377,15 @@ def split_phases(
         step_rows.extend(rows)
     steps = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     return phase, step, tokens, steps, warnings
+
+
+def _inside(anns: list[StepAnnotation], start: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    """Which kernels lie in one of ``anns``: by kernel start for a GPU range, by launch call for a CPU one."""
+    out = np.zeros(len(start), bool)
+    for a in anns:
+        at = start if a.side == "gpu" else launch
+        out |= (at >= a.start_ns) & (at < a.end_ns)
+    return out
 
 
 def _launchers_of(kernels: pa.Table, host_ops: pa.Table, which: np.ndarray) -> np.ndarray:

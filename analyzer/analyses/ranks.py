@@ -210,10 +210,13 @@ def per_rank_rows(
     for j, r in enumerate(ranks):
         sub = df.iloc[rows_of.get(r, np.empty(0, np.int64))]
         kernel_ns = int(sub["dur_ns"].sum())
-        busy = 0
-        for _, g in sub.groupby(["trace_id", "device"], sort=True):
+        busy = devices = 0
+        for _, g in sub.groupby("device", sort=True):  # a rank's GPU, whichever of its files saw it
             s = g["start_ns"].to_numpy(np.int64)
             busy += intervals.busy_ns(s, s + g["dur_ns"].to_numpy(np.int64))
+            devices += 1
+        start = sub["start_ns"].to_numpy(np.int64)
+        wall = intervals.span_ns(start, start + sub["dur_ns"].to_numpy(np.int64)) if len(sub) else 0
         stages = _time_by(sub, "stage").sort_values(ascending=False, kind="stable")
         phases = _time_by(sub, "phase")
         comm_ns = int(comm.loc[comm["rank"] == r, "dur_ns"].sum())
@@ -225,6 +228,9 @@ def per_rank_rows(
                 "trace_ids": sorted(int(t) for t in pd.unique(sub["trace_id"])),
                 "kernel_ns": kernel_ns,
                 "busy_ns": int(busy),
+                "wall_ns": int(wall),
+                # the rank's own idle share: a late rank idles where the run's average hides it
+                "idle_fraction": float(1 - busy / (devices * wall)) if devices and wall else None,
                 "phases": {str(p): int(t) for p, t in phases.items()},
                 "stages": [
                     {"stage": str(s), "time_ns": int(t), "share": float(t / kernel_ns) if kernel_ns else 0.0}

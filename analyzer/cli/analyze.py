@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -24,7 +25,7 @@ from analyzer.results.compare import compare_summaries
     default=10,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Kernel groups listed in the text summary (at least 1).",
+    help="Kernel groups listed in the text summary and kept in --json (which keeps at least 15).",
 )
 @click.option("--compare", is_flag=True, help="Analyse each input on its own and set them side by side.")
 def analyze(
@@ -45,20 +46,24 @@ def analyze(
     """
     from analyzer.results.summary import build_summary  # pyarrow: loads after memory.configure
 
+    summary_of = functools.partial(build_summary, top=top)
+
     options = make_options(rules, gpu, model, settings)
     if compare:
-        summaries = [build_summary(run_analysis((t,), options)) for t in compared_inputs(traces)]
+        summaries = [summary_of(run_analysis((t,), options)) for t in compared_inputs(traces)]
         result: dict[str, Any] = compare_summaries(summaries)
         CompareTextReporter().render(result, sys.stdout)
         if json_path:
             write_json(result, json_path)
+            click.echo(f"wrote {json_path}", err=True)
         if html_path:
             from analyzer.report.html import CompareHtmlReporter  # plotly
 
             write_report(CompareHtmlReporter(summaries), result, html_path)
+            click.echo(f"wrote {html_path}", err=True)
         return 0
     analysis = run_analysis(traces, options)
-    summary = build_summary(analysis)
+    summary = summary_of(analysis)
     TextReporter(top=top).render(summary, sys.stdout)
     if json_path:
         write_json(summary, json_path)

@@ -48,7 +48,7 @@ from analyzer.readers.policy import ReadPolicy
 from analyzer.tables import lookup
 
 FORMAT = "kineto"
-READER_VERSION = "5"
+READER_VERSION = "6"
 STREAMS = True  # read() takes a progress callback
 TAKES_POLICY = True  # read() takes a ReadPolicy (analyzer.readers.read_trace passes it on)
 
@@ -189,12 +189,27 @@ def _post_process(
     """
     base = _base_ns(meta_obj)
     rank = meta.rank
+    _record_session(meta, builder.host, base)
     ext = [c.cast(pa.int64()) for t in builder.kernels for c in t["external_id"].chunks]
     wanted = lookup.unique(pa.chunked_array(ext, pa.int64())) if ext else None
     host = _host_ops(builder.host, wanted, base, rank)
     ann = _annotations(builder.ann, base, rank)
     kernels = _kernels(builder.kernels, host, base, rank, meta)
     return kernels, host, ann, []
+
+
+def _record_session(meta: InputMeta, host: list[pa.Table], base: int) -> None:
+    """Which profiling session wrote this file (DESIGN §6: inputs of one rank join only within one):
+    the process that launched the GPU work, the clock base of its timestamps and Kineto's id of the
+    profiler session (``trace_id``, kept by tools that split one profile into files)."""
+    pids: set[int] = set()
+    for t in host:
+        if "pid" in t.column_names:
+            pids.update(int(p) for p in pc.unique(t["pid"]).to_pylist() if p is not None)
+    if len(pids) == 1:
+        meta.extra["pid"] = pids.pop()
+    if base:
+        meta.extra["clock_base_ns"] = base
 
 
 #: cpu_ops kept although no GPU activity names them: they launch through ops nested in them and say

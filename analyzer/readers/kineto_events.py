@@ -337,7 +337,7 @@ def _op_table(evs: list[Event]) -> pa.Table:
 
 
 def _call_table(evs: list[Event]) -> pa.Table:
-    name, cat, ts, dur, tid, ext, corr = [], [], [], [], [], [], []
+    name, cat, ts, dur, tid, ext, corr, pid = [], [], [], [], [], [], [], []
     cats, empty = _HOST_CATS, _EMPTY_ARGS
     for e in evs:
         name.append(e.name)
@@ -345,6 +345,7 @@ def _call_table(evs: list[Event]) -> pa.Table:
         ts.append(e.ts)
         dur.append(e.dur)
         tid.append(e.tid)
+        pid.append(e.pid)
         a = e.args or empty
         ext.append(a.external_id)
         corr.append(a.correlation)
@@ -359,6 +360,8 @@ def _call_table(evs: list[Event]) -> pa.Table:
             "tid": _ints(tid),
             "external_id": _ints(ext),
             "correlation": _ints(corr),
+            # the launching process: with the clock base and session id, which profile this is
+            "pid": _ints(pid),
             "dims_raw": none,
             "types_raw": none,
         }

@@ -135,27 +135,58 @@ def stage_breakdown(summary: dict[str, Any], phase: str) -> go.Figure | None:
 
 
 def pick_steps(steps: Sequence[dict[str, Any]], prefill: int = 1, decode: int = 2) -> list[dict[str, Any]]:
-    """The steps the timeline draws: the first prefill and the first two decode steps (else mixed)."""
-    chosen = [s for s in steps if s["phase"] == "prefill"][:prefill]
-    chosen += [s for s in steps if s["phase"] == "decode"][:decode]
+    """The steps the timeline draws: the first prefill and the first two decode steps (else mixed).
+    In a multi-rank run a step index is one step of every rank: it is picked once, from the first
+    rank that ran it (:func:`rank_steps` adds the other ranks' rows)."""
+    seen: set[tuple[str, int]] = set()
+    once = []
+    for s in sorted(steps, key=lambda s: (s.get("rank", 0), s["trace_id"], s["start_ns"])):
+        key = (s["phase"], s["step"])
+        if key not in seen:
+            seen.add(key)
+            once.append(s)
+    chosen = [s for s in once if s["phase"] == "prefill"][:prefill]
+    chosen += [s for s in once if s["phase"] == "decode"][:decode]
     if not chosen:
-        chosen = [s for s in steps if s["phase"] == "mixed"][: prefill + decode]
+        chosen = [s for s in once if s["phase"] == "mixed"][: prefill + decode]
     if not chosen:
-        chosen = list(steps[: prefill + decode])
+        chosen = once[: prefill + decode]
     return sorted(chosen, key=lambda s: (s["trace_id"], s["start_ns"]))
 
 
-def _step_frame(kernels: pa.Table, step: dict[str, Any] | None) -> pd.DataFrame:
+def rank_steps(steps: Sequence[dict[str, Any]], step: dict[str, Any]) -> list[dict[str, Any]]:
+    """``step`` and the same step (index and phase) of every other rank, one row per rank: drawn
+    together, a rank that starts late shows."""
+    out = [step]
+    ranks = {step.get("rank", 0)}
+    for s in steps:
+        r = s.get("rank", 0)
+        if r not in ranks and s["step"] == step["step"] and s["phase"] == step["phase"]:
+            ranks.add(r)
+            out.append(s)
+    return out
+
+
+def _step_frame(kernels: pa.Table, step: Sequence[dict[str, Any]] | None) -> pd.DataFrame:
     cols = [c for c in TIMELINE_COLUMNS if c in kernels.column_names]
     t = kernels.select(cols)
     if "aggregate" in kernels.column_names:
         t = t.filter(pc.invert(kernels["aggregate"]))
     if step is not None:
-        mask = pc.and_(pc.equal(t["trace_id"], step["trace_id"]), pc.equal(t["step"], step["step"]))
+        mask = None
+        for st in step:
+            one = pc.and_(pc.equal(t["trace_id"], st["trace_id"]), pc.equal(t["step"], st["step"]))
+            mask = one if mask is None else pc.or_(mask, one)
         t = t.filter(mask)
-    else:
-        t = t.filter(pc.equal(t["trace_id"], pc.min(t["trace_id"])))
-        t = t.take(pc.sort_indices(t, [("start_ns", "ascending")])[:TIMELINE_FALLBACK_KERNELS])
+    else:  # the first kernels of each rank (of its first input)
+        parts = []
+        for r in pc.unique(t["rank"]).to_pylist():
+            tr = t.filter(pc.equal(t["rank"], r))
+            tr = tr.filter(pc.equal(tr["trace_id"], pc.min(tr["trace_id"])))
+            parts.append(
+                tr.take(pc.sort_indices(tr, [("start_ns", "ascending")])[:TIMELINE_FALLBACK_KERNELS])
+            )
+        t = pa.concat_tables(parts) if parts else t
     df = t.to_pandas()
     for c in ("stage", "provider", "norm_name"):
         df[c] = df[c].astype(str)
@@ -196,7 +227,10 @@ def _reduce(df: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
 
 def _lane(df: pd.DataFrame) -> pd.Series:
     stream = df["stream"].astype("Int64").astype(str).replace("<NA>", "?")
-    return "gpu " + df["device"].astype(str) + " stream " + stream
+    lane = "gpu " + df["device"].astype(str) + " stream " + stream
+    if "rank" in df and df["rank"].nunique() > 1:  # every rank's streams, each under its rank
+        lane = "rank " + df["rank"].astype(str) + " " + lane
+    return lane
 
 
 def _hover(r: Any) -> str:
@@ -219,7 +253,7 @@ def timeline(
         return None
     frames = []
     for st in chosen:
-        df = _step_frame(kernels, st)
+        df = _step_frame(kernels, None if st is None else rank_steps(steps, st))
         if len(df):
             df["lane"] = _lane(df)
             frames.append((st, df))
@@ -232,7 +266,10 @@ def timeline(
             titles.append(ftext(f"first {len(df):,} kernels (no steps found)"))
         else:
             span = int((df["start_ns"] + df["dur_ns"]).max() - df["start_ns"].min())
-            titles.append(ftext(f"{st['phase']} step {st['step']} (trace {st['trace_id']}, rank {st.get('rank', 0)}): "
+            ranks = sorted(int(r) for r in df["rank"].unique()) if "rank" in df else [st.get("rank", 0)]
+            where = (f"trace {st['trace_id']}, rank {ranks[0]}" if len(ranks) == 1
+                     else f"ranks {', '.join(map(str, ranks))}")  # fmt: skip
+            titles.append(ftext(f"{st['phase']} step {st['step']} ({where}): "
                                 f"{len(df):,} kernels over {fmt_ns(span)} (step {fmt_ns(st['dur_ns'])})"))  # fmt: skip
     heights = [max(1, df["lane"].nunique()) + 1 for _, df in frames]
     fig = make_subplots(rows=len(frames), cols=1, subplot_titles=titles, vertical_spacing=0.12 if len(frames) > 1 else 0,

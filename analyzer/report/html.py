@@ -22,12 +22,12 @@ import plotly.graph_objects as go
 import pyarrow as pa
 
 from analyzer.report import figures
-from analyzer.report.formatting import PHASE_ORDER, fmt_ns, fmt_pct, fmt_ratio, one_line
+from analyzer.report.formatting import PHASE_ORDER, fmt_ns, fmt_pct, fmt_ratio, one_line, shorten
 from analyzer.results.compare import compare_summaries
 from analyzer.version import __version__
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
-NAME_CELL = 140
+NAME_CELL = 90
 MIN_FIGURE_SHARE = 0.01  # a compared phase this small (of every input's kernel time) gets tables only
 
 PAGE = string.Template("""<!DOCTYPE html>
@@ -111,11 +111,48 @@ def table(
 
 
 def name_cell(name: Any, width: int = NAME_CELL) -> Markup:
-    """A long kernel name: the first ``width`` characters, the whole name folded out below."""
+    """A long kernel name on one short line: its first ``width`` characters, the whole name on hover
+    (an escaped ``title``), so a template name of 2,000 characters does not make its row a page tall."""
     s = one_line(name)
     if len(s) <= width:
         return Markup(esc(s))
-    return Markup(f"<details><summary>{esc(s[: width - 3])}...</summary>{esc(s)}</details>")
+    return Markup(f'<span title="{esc(s)}">{esc(shorten(s, width))}</span>')
+
+
+def split_k_text(v: Any) -> str:
+    """A split-K factor as a reader wants it: ``-1`` (split-K, factor not in the name) is ``yes (factor
+    unknown)``; none is a dash."""
+    if v is None:
+        return "-"
+    return "yes (factor unknown)" if int(v) < 0 else str(int(v))
+
+
+#: a phase holding less than this share of the kernel time gets a line, not a chart and a roofline
+#: (the ``unknown`` phase of a few stray kernels: 1.5 us on the TP2 trace)
+MIN_CHART_SHARE = 0.001
+
+
+def charted_phases(s: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The phases worth a chart, and the rest (too little kernel time to draw)."""
+    phases = s.get("phases") or {}
+    total = sum(int(ph.get("kernel_ns") or 0) for ph in phases.values())
+    big, small = [], []
+    for p in _ordered(phases):
+        share = (phases[p].get("kernel_ns") or 0) / total if total else 0.0
+        (big if share >= MIN_CHART_SHARE or phases[p].get("steps") else small).append(p)
+    return big, small
+
+
+def _small_phases_note(page: Page, s: dict[str, Any], small: list[str]) -> None:
+    if not small:
+        return
+    phases = s.get("phases") or {}
+    total = sum(int(ph.get("kernel_ns") or 0) for ph in phases.values()) or 1
+    said = ", ".join(
+        f"{p} {fmt_ns(phases[p].get('kernel_ns'))} ({fmt_pct((phases[p].get('kernel_ns') or 0) / total)})"
+        for p in small
+    )
+    page.add(f'<p class="note">Not charted, too little kernel time to draw: {esc(said)}.</p>')
 
 
 class Page:
@@ -317,8 +354,10 @@ def _phases(page: Page, s: dict[str, Any]) -> None:
 
 def _stages(page: Page, s: dict[str, Any]) -> None:
     page.section("stages", "Stages and providers")
-    for p in _ordered(s.get("phases") or {}):
+    big, small = charted_phases(s)
+    for p in big:
         page.figure(figures.stage_breakdown(s, p))
+    _small_phases_note(page, s, small)
     rows = [
         [r["provider"], fmt_ns(r["time_ns"]), fmt_pct(r["share"]), f"{r['count']:,}"]
         for r in s.get("providers", [])
@@ -339,11 +378,12 @@ def _ranks(page: Page, s: dict[str, Any]) -> None:
     page.section("ranks", f"Ranks ({len(r.get('ranks') or per)})")
     page.add('<p class="note">Communication = transfer + waiting for a slower rank to arrive at the '
              "collective.</p>")  # fmt: skip
-    rows = [[p["rank"], fmt_ns(p["kernel_ns"]), fmt_ns(p["comm_ns"]), fmt_ns(p["comm_transfer_ns"]),
-             fmt_ns(p["comm_wait_ns"]), fmt_pct(p["comm_wait_ns"] / p["comm_ns"] if p["comm_ns"] else None),
+    rows = [[p["rank"], fmt_ns(p["kernel_ns"]), fmt_pct(p.get("idle_fraction")), fmt_ns(p["comm_ns"]),
+             fmt_ns(p["comm_transfer_ns"]), fmt_ns(p["comm_wait_ns"]),
+             fmt_pct(p["comm_wait_ns"] / p["comm_ns"] if p["comm_ns"] else None),
              f"{p.get('last_arrivals', 0):,}"] for p in per]  # fmt: skip
-    page.add(table(["rank", "kernel time", "communication", "transfer", "waiting", "wait%", "arrived last"],
-                   rows, num=range(7)))  # fmt: skip
+    page.add(table(["rank", "kernel time", "idle (own wall)", "communication", "transfer", "waiting", "wait%",
+                    "arrived last"], rows, num=range(8)))  # fmt: skip
     method = {"order": "same sequence on every rank: n-th with n-th",
               "name": "by name and order: the sequences differ",
               "none": "none could be matched"}.get(str(r.get("matching")), str(r.get("matching")))  # fmt: skip
@@ -385,7 +425,9 @@ def _ranks(page: Page, s: dict[str, Any]) -> None:
 def _roofline(page: Page, s: dict[str, Any]) -> None:
     page.section("roofline", "Roofline")
     drawn = 0
-    for p in _ordered(s.get("phases") or {}):
+    big, small = charted_phases(s)
+    _small_phases_note(page, s, small)
+    for p in big:
         groups = [g for g in s.get("groups", []) if g["phase"] == p]
         fig = figures.roofline(s, p)
         if fig is not None:
@@ -429,7 +471,12 @@ def _achieved(r: dict[str, Any]) -> Any:
         val = f"{r['achieved_tbps']:.2f} TB/s"
     else:
         return "-"
-    return val + (f" ({fmt_pct(pct)})" if pct is not None else "")
+    val += f" ({fmt_pct(pct)})" if pct is not None else ""
+    # measured on some of the row's phases only (e.g. decode launches without shapes): say which
+    from_ = r.get("rate_phases") or []
+    if from_ and not set(from_) >= set(r.get("phases") or []):
+        val += f" in {'+'.join(from_)}"
+    return val
 
 
 def _top(page: Page, s: dict[str, Any]) -> None:
@@ -441,7 +488,7 @@ def _top(page: Page, s: dict[str, Any]) -> None:
                      _shares_text(r.get("stages"), "stage", r["stage"]), r["provider"],
                      _shares_text(r.get("phase_shares"), "phase", "/".join(r.get("phases") or [])),
                      _achieved(r), r.get("bound") or "-", r.get("rule_id"), r.get("tile"),
-                     r.get("split_k"), name_cell(r["norm_name"])])  # fmt: skip
+                     split_k_text(r.get("split_k")), name_cell(r["norm_name"])])  # fmt: skip
         if r.get("invalid_reason"):
             notes.append(f"<li>#{n}: {esc(r['invalid_reason'])}</li>")
     page.add(table(["#", "share", "time", "count", "mean", "stage", "provider", "phases", "achieved (of roof)",

@@ -26,6 +26,7 @@ def render_ranks(summary: dict[str, Any], out: TextIO, top: int = TOP_EVENTS) ->
             [
                 str(p["rank"]),
                 fmt_ns(p["kernel_ns"]),
+                fmt_pct(p.get("idle_fraction")),
                 fmt_ns(comm),
                 fmt_ns(p["comm_transfer_ns"]),
                 fmt_ns(p["comm_wait_ns"]),
@@ -33,7 +34,10 @@ def render_ranks(summary: dict[str, Any], out: TextIO, top: int = TOP_EVENTS) ->
                 f"{p['last_arrivals']:,}",
             ]
         )
-    write_table(out, ["rank", "kernel time", "comm", "transfer", "waiting", "wait%", "arrived last"], rows)
+    write_table(
+        out, ["rank", "kernel time", "idle", "comm", "transfer", "waiting", "wait%", "arrived last"], rows
+    )
+    out.write("  idle: 1 - the rank's busy time / its GPUs' time over its own wall\n")
     out.write(f"  {r['matched_collectives']:,} collectives matched across ranks ({_method(r['matching'])})\n")
     _stage_table(per, out)
     _events(r, out, top)

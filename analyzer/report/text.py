@@ -89,8 +89,10 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
     wall, busy, idle = (
         (fmt_ns(t["wall_ns"]), fmt_ns(t["busy_ns"]), fmt_pct(t["idle_fraction"])) if timed else (NONE,) * 3
     )
+    # with several GPUs the idle share is of their time over the wall (a reader's own sum), so say so
+    how = f" (1 - busy / ({ndev} GPUs x wall))" if timed and ndev > 1 else ""
     out.write(
-        f"  wall {wall}, GPU busy {busy}{across if timed else ''}, idle {idle}, "
+        f"  wall {wall}, GPU busy {busy}{across if timed else ''}, idle {idle}{how}, "
         f"kernel time {fmt_ns(t['kernel_ns'])} in {t['kernels']:,} GPU activities\n"
     )
     if t.get("aggregate_rows"):
@@ -180,6 +182,15 @@ def _rate(r: dict[str, Any]) -> str:
     return val + (f" ({100 * pct:.0f}%)" if pct is not None else "")
 
 
+def _rate_from(r: dict[str, Any], rate: str) -> str:
+    """The rate, naming its phase when only some of the row's phases have numbers (a decode row
+    rated from its two prefill launches says so)."""
+    from_ = r.get("rate_phases") or []
+    if rate in ("-", NONE) or not from_ or set(from_) >= set(r.get("phases") or []):
+        return rate
+    return f"{rate} in {'+'.join(from_)}"
+
+
 def _shared(parts: list[dict[str, Any]] | None, key: str, fallback: str, names: bool = True) -> str:
     """The value holding most of a kernel's time, with its share when others hold some too:
     ``moe_sort``, ``moe_sort 99.1% (+2)`` or ``decode 97.0% (+prefill)`` (every share is in --json)."""
@@ -206,7 +217,7 @@ def _top(summary: dict[str, Any], out: TextIO, top: int) -> None:
                 _shared(r.get("stages"), "stage", r["stage"], names=False),
                 r["provider"],
                 _shared(r.get("phase_shares"), "phase", "/".join(r.get("phases") or [])),
-                _rate(r),
+                _rate_from(r, _rate(r)),
                 r.get("bound") or "-",
                 shorten(r["norm_name"], 60),
             ]
@@ -272,12 +283,14 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
     rows = []
     for i in ins:
         t = i["totals"]
+        # a summary-only input has no timeline: its wall, busy and idle are unknown, as in analyze
+        timed = bool(t.get("wall_ns")) or not t.get("aggregate_rows")
         rows.append(
             [
                 i["key"],
-                fmt_ns(t.get("wall_ns")),
-                fmt_ns(t.get("busy_ns")),
-                fmt_pct(t.get("idle_fraction")),
+                fmt_ns(t.get("wall_ns")) if timed else NONE,
+                fmt_ns(t.get("busy_ns")) if timed else NONE,
+                fmt_pct(t.get("idle_fraction")) if timed else NONE,
                 fmt_ns(t.get("kernel_ns")),
                 f"{t.get('kernels', 0):,}",
             ]
@@ -336,3 +349,26 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
                 for r in stages
             ]
             write_table(out, ["stage", *keys, *ratio_heads], rows, indent="    ")
+    for i in ins:
+        _compare_input(i, out)
+
+
+def _compare_input(i: dict[str, Any], out: TextIO) -> None:
+    """One compared input's top kernels and findings (the HTML comparison's per-input sections)."""
+    top = i.get("top_kernels") or []
+    if top:
+        out.write(f"\n{i['key']}: top kernels\n")
+        rows = [
+            [str(n), fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", r["stage"], r["provider"],
+             r["phase"], shorten(r["norm_name"], 60)]
+            for n, r in enumerate(top, start=1)
+        ]  # fmt: skip
+        write_table(
+            out, ["#", "share", "time", "count", "stage", "provider", "phase", "kernel"], rows, indent="    "
+        )
+    fs = i.get("findings")
+    if fs is None:
+        return
+    out.write(f"\n{i['key']}: findings ({len(fs)})\n")
+    for f in fs:
+        out.write(f"    [{f['severity']}] {f['id']} {f.get('phase') or ''}: {f['title']}\n")

@@ -82,7 +82,22 @@ def _input(key: str, label: str, s: dict[str, Any]) -> dict[str, Any]:
         "model": s.get("model"),
         "totals": s.get("totals", {}),
         "phases": phases,
+        # what the HTML comparison shows for each input, so the text and the JSON carry it too
+        "top_kernels": [_top_row(r) for r in (s.get("top_kernels") or [])[:TOP_KERNELS]],
+        "findings": [
+            {k: f.get(k) for k in ("id", "severity", "phase", "title", "suggestion")}
+            for f in s.get("findings") or []
+        ],
     }
+
+
+#: top kernel groups kept per compared input
+TOP_KERNELS = 5
+
+
+def _top_row(r: dict[str, Any]) -> dict[str, Any]:
+    keys = ("group_key", "norm_name", "stage", "provider", "phase", "count", "time_ns", "share")
+    return {k: r.get(k) for k in keys}
 
 
 def _ratios(values: list[int | None]) -> list[float | None]:

@@ -31,10 +31,12 @@ def kernels_frame(analysis: Analysis) -> pd.DataFrame:
     return analysis.frame
 
 
-def build_summary(analysis: Analysis) -> dict[str, Any]:
+def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
+    """The summary of ``analysis``; ``top_kernels`` holds the ``top`` largest kernel groups, never
+    fewer than :data:`TOP_KERNELS` (what the JSON contract promises readers)."""
     df = kernels_frame(analysis)
     total = int(df["dur_ns"].sum())
-    return {
+    summary = {
         "format_version": FORMAT_VERSION,
         "inputs": [
             {
@@ -75,6 +77,7 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
                 *_RATE_COLUMNS,
             ),
             total,
+            n=max(top, TOP_KERNELS),
             gpu=analysis.gpu,
         ),
         "unclassified": unclassified(df, total),
@@ -85,6 +88,29 @@ def build_summary(analysis: Analysis) -> dict[str, Any]:
         "warnings": analysis.warnings,
         "ranks": rank_summary(df),
     }
+    _decoded_tiles(summary["top_kernels"], analysis.kernels)
+    return summary
+
+
+def _decoded_tiles(rows: list[dict[str, Any]], kernels: Any) -> None:
+    """Give each top-kernel row its whole decoded tile. The pandas frame leaves ``tile_k`` out (a
+    column per kernel that nothing else reads), which printed ``64x8x?`` where the name says
+    ``64x8x64``; a group's kernels share one tile (it is part of the ``group_key``), so the first
+    kernel of each top group is read from the kernels table."""
+    if not rows or "tile_k" not in kernels.column_names or "group_key" not in kernels.column_names:
+        return
+    from analyzer.model import dict_isin
+
+    keys = [r["group_key"] for r in rows]
+    hit = np.flatnonzero(dict_isin(kernels["group_key"], keys))
+    if not len(hit):
+        return
+    sub = kernels.select(["group_key", "tile_m", "tile_n", "tile_k"]).take(hit).to_pandas()
+    sub["group_key"] = sub["group_key"].astype(str)
+    first = sub.drop_duplicates("group_key").set_index("group_key")
+    for r in rows:
+        if r["group_key"] in first.index:
+            r["tile"] = _tile(first.loc[r["group_key"]])
 
 
 # what roofline_fields and _dominant_bound read
@@ -108,23 +134,26 @@ def _timed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def totals(df: pd.DataFrame) -> dict[str, Any]:
-    """Wall (span of GPU activity), busy (union of activity) and idle share per device, summed."""
+    """Wall (the longest span of one device's activity), busy (union of each device's activity,
+    summed over devices) and idle = 1 - busy / (devices x wall): the share of the GPUs' time over
+    the run's wall that no kernel used, so a late rank counts as idle.
+
+    A device is one physical GPU: a rank's device, whichever of the rank's inputs (the per-stage
+    files of one profile) recorded its work."""
     timed = _timed(df)
-    wall = busy = span_sum = 0
+    wall = busy = 0
     devices = 0
-    for _, g in timed.groupby(["trace_id", "device"], sort=True):
+    for _, g in timed.groupby(["rank", "device"], sort=True):
         devices += 1
         s = g["start_ns"].to_numpy(np.int64)
         e = s + g["dur_ns"].to_numpy(np.int64)
-        sp = intervals.span_ns(s, e)
-        wall = max(wall, sp)
-        span_sum += sp
+        wall = max(wall, intervals.span_ns(s, e))
         busy += intervals.busy_ns(s, e)
     return {
         "wall_ns": int(wall),
         "kernel_ns": int(df["dur_ns"].sum()),
         "busy_ns": int(busy),
-        "idle_fraction": float(1 - busy / span_sum) if span_sum else 0.0,
+        "idle_fraction": float(1 - busy / (devices * wall)) if devices and wall else 0.0,
         "kernels": int(df["count"].sum()),
         "devices": devices,
         "aggregate_rows": int(df["aggregate"].sum()) if "aggregate" in df else 0,
@@ -486,12 +515,37 @@ def top_kernels(
                 "share": t / total if total else 0.0,
                 "mean_ns": int(t / max(int(g["count"].sum()), 1)),
                 "tile": _tile(first),
-                "split_k": None if pd.isna(first.get("split_k")) else int(first["split_k"]),
+                "split_k": _split_k(first.get("split_k")),
                 **roofline_fields(g, gpu),
+                **_rates_by_phase(g, gpu),
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["group_key"]))
     return rows[:n]
+
+
+def _rates_by_phase(g: pd.DataFrame, gpu: dict[str, Any] | None) -> dict[str, Any]:
+    """Which phases a kernel group's rate is measured on, and its rate in each phase.
+
+    A configuration that serves both phases may have numbers in one only (graph-replayed decode
+    launches record no shapes): its row's rate is then the other phase's, which the row must say.
+    ``rate_phases``: the phases of the kernels that have numbers; ``phase_rates``: one row per phase
+    with numbers (``achieved_tflops``, ``achieved_tbps``, ``pct_of_peak``, ``bound``)."""
+    if "flops" not in g or "phase" not in g:
+        return {"rate_phases": [], "phase_rates": []}
+    known = (g["flops"].notna() | g["bytes"].notna()).to_numpy(bool) & ~_invalid(g)
+    phases = sorted({str(p) for p in g["phase"].to_numpy()[known]})
+    rates = []
+    for ph in phases:
+        f = roofline_fields(g[(g["phase"] == ph).to_numpy(bool)], gpu)
+        rates.append(
+            {"phase": ph, **{k: f[k] for k in ("achieved_tflops", "achieved_tbps", "pct_of_peak", "bound")}}
+        )
+    return {"rate_phases": phases, "phase_rates": rates}
+
+
+def _split_k(v: Any) -> int | None:
+    return None if v is None or pd.isna(v) else int(v)
 
 
 def _tile(row: pd.Series) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,8 +18,11 @@ def one_run_problem(trace: Trace) -> str | None:
     """Why the inputs of ``trace`` cannot be one run (DESIGN §6), or None when they can.
 
     Inputs are one run when they share the GPU type and the world size, and either name distinct
-    ranks or cover non-overlapping time of one rank (the prefill and decode traces of one workload).
-    Time overlaps when both inputs' GPU activity is busy at once for more than
+    ranks or cover non-overlapping time of one rank from one profiling session (the per-stage files
+    of one profile). Separate captures of one rank (a graph-capture trace, an earlier benchmark) are
+    two runs even when their times do not overlap: joined, their devices and steps would be counted
+    as one run's. A session is told by what the files record (:func:`session_of`); inputs that record
+    none are judged by time alone. Time overlaps when both inputs' GPU activity is busy at once for more than
     :data:`OVERLAP_SHARE` of the smaller one's busy time (extracts of one profile interleave at their
     edges; the same capture twice overlaps entirely). A summary-only input has no timeline: beside
     another input of its rank, their totals would overlap.
@@ -44,6 +49,12 @@ def one_run_problem(trace: Trace) -> str | None:
     for rank, ms in by_rank.items():
         for i, a in enumerate(ms):
             for b in ms[i + 1 :]:
+                differ = session_difference(a, b)
+                if differ:
+                    return (
+                        f"{a.path} and {b.path} both claim rank {rank} but come from different "
+                        f"profiling sessions ({differ})"
+                    )
                 wa, wb = windows.get(a.trace_id), windows.get(b.trace_id)
                 if wa is None or wb is None:
                     what = (
@@ -56,6 +67,27 @@ def one_run_problem(trace: Trace) -> str | None:
                 smaller = min(int((wa[1] - wa[0]).sum()), int((wb[1] - wb[0]).sum()))
                 if shared > OVERLAP_SHARE * max(smaller, 1):
                     return f"{a.path} and {b.path} both claim rank {rank} over overlapping time"
+    return None
+
+
+#: what identifies the profiling session that wrote an input, where its reader records it: the
+#: process that launched the work, the clock base of its timestamps, the profiler's session id
+#: (Kineto's ``trace_id``: one per profiler session, kept by tools that split a profile into files)
+SESSION_FIELDS = (("pid", "process id"), ("clock_base_ns", "clock base"), ("trace_id", "profiler session id"))
+
+
+def session_of(m: InputMeta) -> dict[str, Any]:
+    """The session fields ``m`` records (an empty dict when its format records none)."""
+    return {k: m.extra[k] for k, _ in SESSION_FIELDS if m.extra.get(k) not in (None, "")}
+
+
+def session_difference(a: InputMeta, b: InputMeta) -> str | None:
+    """What tells two inputs apart as different profiling sessions ("process id 12 vs 34"), judged
+    on the fields both record; None when nothing does."""
+    sa, sb = session_of(a), session_of(b)
+    for key, label in SESSION_FIELDS:
+        if key in sa and key in sb and sa[key] != sb[key]:
+            return f"{label} {sa[key]} vs {sb[key]}"
     return None
 
 
