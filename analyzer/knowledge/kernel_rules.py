@@ -176,11 +176,9 @@ class RuleSet:
             if r is rule:
                 break
             for e in _example_texts(r.examples):
-                if len(e) > cut:
-                    m = r.regex.search(prefix + e[cut:])
-                    if m is not None and (m.start() < cut or e[:family] == prefix[:family]):
-                        out.append(r)
-                        break
+                if len(e) > cut and _completes(r, e, prefix, family):
+                    out.append(r)
+                    break
         return out
 
     def _unclassified(self) -> Match:
@@ -222,6 +220,35 @@ class RuleSet:
 
 # an example "of the same family" as a truncated name repeats at least this much of its visible text
 _FAMILY_PREFIX = 24
+# characters on each side of where a grafted match starts that the example must share with the visible
+# text: the graft is the example's own text there, not a coincidence of the cut's position
+_GRAFT_CONTEXT = 8
+
+
+def _completes(r: Rule, example: str, prefix: str, family: int) -> bool:
+    """Whether ``example`` of rule ``r``, grafted onto the visible ``prefix`` at the cut, shows that the
+    lost tail could have made ``r`` match (:meth:`RuleSet.tail_rivals`).
+
+    The graft is positional, so it only stands for the example where the example reads as the visible
+    text does: a match begun inside the prefix counts when the example has the prefix's text around
+    that start (not one character of the prefix meeting an unrelated example's tail by chance, nor a
+    ``\\w*?`` bridge from a visible anchor into words the visible text contradicts); a match of the
+    same family counts when the visible part of the rule's own match in the example is the visible text
+    (an example whose deciding words the visible text already contradicts is no rival)."""
+    cut = len(prefix)
+    m = r.regex.search(prefix + example[cut:])
+    if m is None:
+        return False
+    if m.start() < cut:
+        lo, hi = max(0, m.start() - _GRAFT_CONTEXT), min(cut, m.start() + _GRAFT_CONTEXT)
+        if example[lo:hi] == prefix[lo:hi]:
+            return True
+    if example[:family] != prefix[:family]:
+        return False
+    own = r.regex.search(example)
+    if own is None or own.start() >= cut:
+        return True  # its words lie in the lost tail, the visible text is all the example's
+    return example[own.start() : min(cut, own.end())] == prefix[own.start() : min(cut, own.end())]
 
 
 @functools.lru_cache(maxsize=4096)
