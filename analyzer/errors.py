@@ -4,9 +4,14 @@ from __future__ import annotations
 
 
 class AnalyzerError(Exception):
-    """Base class; ``exit_code`` is what the CLI returns."""
+    """Base class; ``exit_code`` is what the CLI returns. ``details``: lines the CLI prints before the
+    error's own line when one input has several problems (each a complete one-line error)."""
 
     exit_code = 2
+
+    def __init__(self, *args: object, details: tuple[str, ...] | list[str] = ()) -> None:
+        super().__init__(*args)
+        self.details = tuple(details)
 
 
 class InputError(AnalyzerError):
