@@ -106,12 +106,16 @@ def _explain_finding(check: str, cfg: dict[str, Any]) -> None:
                 subsequent_indent="  ",
             )
         )
+    from analyzer.knowledge.finding_settings import finding_ranges
+
     keys = [k for k in cfg if k not in ("id", "severity")]
+    bounds = finding_ranges().get(check, {})
     click.echo(f"  thresholds (rules/findings.toml; change with --set {check}.KEY=VALUE):")
     for k in keys:
         v = cfg[k]
         shown = ", ".join(map(str, v)) if isinstance(v, list) else v
-        click.echo(f"    {check}.{k} = {shown}")
+        rng = f"  (range {bounds[k][0]:g} .. {bounds[k][1]:g})" if k in bounds else ""
+        click.echo(f"    {check}.{k} = {shown}{rng}")
     if keys:
         k = keys[0]
         v = cfg[k]
