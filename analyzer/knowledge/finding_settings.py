@@ -12,7 +12,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from analyzer.errors import UsageError
+from analyzer.errors import UsageError, option
 from analyzer.knowledge import loader
 from analyzer.knowledge.taxonomy import load_taxonomy
 from analyzer.paths import RULES_DIR
@@ -34,7 +34,7 @@ def load_finding_settings(overrides: dict[str, str] | None = None) -> dict[str, 
         check, _, name = key.partition(".")
         if check not in cfg or not name or name not in cfg[check]:
             known = ", ".join(f"{c}.{k}" for c in cfg for k in cfg[c] if k not in ("id",))
-            raise UsageError(f"--set {key}: unknown setting (known: {known})")
+            raise UsageError(f"{option('set', key)}: unknown setting (known: {known})")
         default = cfg[check][name]
         try:
             if isinstance(default, bool):
@@ -46,10 +46,11 @@ def load_finding_settings(overrides: dict[str, str] | None = None) -> dict[str, 
             else:
                 value = raw
         except ValueError:
-            raise UsageError(f"--set {key}: {raw!r} is not a {type(default).__name__}") from None
+            raise UsageError(f"{option('set', key)}: {raw!r} is not a {type(default).__name__}") from None
         bounds = ranges.get(check, {}).get(name)
         if bounds is not None and not bounds[0] <= value <= bounds[1]:
-            raise UsageError(f"--set {key}: {raw} is out of range {_show(bounds)} (rules/findings.toml)")
+            msg = f"{raw} is out of range {_show(bounds)} (rules/findings.toml)"
+            raise UsageError(f"{option('set', key)}: {msg}")
         cfg[check][name] = value
     return cfg
 
