@@ -21,7 +21,7 @@ import orjson
 import pandas as pd
 
 from analyzer import regressions as gate_mod
-from analyzer.errors import InputError, UsageError
+from analyzer.errors import InputError, UsageError, api_keywords
 from analyzer.options import Options
 from analyzer.output import write_report
 from analyzer.pipeline import Analysis
@@ -44,6 +44,20 @@ class Result:
     ``summary`` (the dict ``analyze --json`` writes) and ``findings`` are built on first use."""
 
     analysis: Analysis
+
+    def __repr__(self) -> str:
+        """One line: the inputs, the GPU and the size of the run (not the tables)."""
+        a = self.analysis
+        paths = [m.path for m in a.trace.inputs]
+        shown = ", ".join(repr(p) for p in paths[:3]) + (
+            f", ... ({len(paths)} inputs)" if len(paths) > 3 else ""
+        )
+        gpu = (a.gpu or {}).get("name") or next((m.gpu_name for m in a.trace.inputs if m.gpu_name), None)
+        steps = 0 if a.steps is None else len(a.steps)
+        return (
+            f"<Result [{shown}] gpu={gpu!r} kernels={a.kernels.num_rows:,} steps={steps} "
+            f"findings={len(a.findings)}>"
+        )
 
     @functools.cached_property
     def kernels(self) -> pd.DataFrame:
@@ -123,7 +137,8 @@ def analyze(
     )
     on_main = threading.current_thread() is threading.main_thread()
     policy = RunPolicy(jobs=jobs if on_main else 1, cache=cache)
-    return Result(analyze_run([str(p) for p in items], options, policy))
+    with api_keywords():  # errors name gpu=, settings[...], not the CLI's --gpu, --set
+        return Result(analyze_run([str(p) for p in items], options, policy))
 
 
 def compare(results: Sequence[Result]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analyzer.analyses import classify, findings, phases, roofline
-from analyzer.errors import UsageError
+from analyzer.errors import UsageError, option
 from analyzer.knowledge import architectures, hardware, kernel_rules
 from analyzer.knowledge.annotations import load_annotation_patterns
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
@@ -78,7 +78,7 @@ def resolve_context(options: Options | None = None) -> Context:
         spec = hardware.find_gpu(options.gpu)
         if spec is None:
             known = ", ".join(sorted(hardware.load_hardware()))
-            raise UsageError(f"--gpu {options.gpu!r} is not in rules/hardware.toml (known: {known})")
+            raise UsageError(f"{option('gpu', options.gpu)} is not in rules/hardware.toml (known: {known})")
         gpu = (spec, options.gpu)
     model = architectures.load_model(options.model) if options.model else None
     return Context(

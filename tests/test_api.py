@@ -134,3 +134,38 @@ def test_a_big_trace_read_off_the_main_thread_forks_no_chunk_worker(monkeypatch)
     # THEN that thread reads the file itself
     assert got == [1]
     assert on_main >= 1
+
+
+# --- API manners (issue 36) -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"gpu": "H999"}, "gpu='H999' is not in rules/hardware.toml"),
+        ({"settings": {"no.such": 1}}, "settings['no.such']: unknown setting"),
+        (
+            {"settings": {"decode_gpu_idle.max_idle": 5}},
+            "settings['decode_gpu_idle.max_idle']: 5 is out of range",
+        ),
+        ({"jobs": 0}, "jobs= must be at least 1"),
+    ],
+)
+def test_api_errors_name_the_keyword_not_the_cli_flag(kwargs, needle) -> None:
+    # WHEN the API is given a bad keyword value THEN the error names the keyword as the caller wrote it
+    with pytest.raises(analyzer.UsageError) as e:
+        analyzer.analyze(H200_DENSE, **kwargs)
+    assert needle in str(e.value) and "--" not in str(e.value).split(":")[0]
+
+
+def test_cli_errors_still_name_the_flag(capsys) -> None:
+    from analyzer.cli import main
+
+    assert main(["analyze", str(H200_DENSE), "--gpu", "H999"]) == 2
+    assert capsys.readouterr().err.startswith("error: --gpu 'H999' is not in rules/hardware.toml")
+
+
+def test_result_repr_is_one_short_line(dense) -> None:
+    text = repr(dense)
+    assert "\n" not in text and len(text) < 300, text
+    assert text.startswith("<Result [") and "kernels=" in text and "steps=" in text and "H200" in text

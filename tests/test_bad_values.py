@@ -68,3 +68,47 @@ def test_a_corrupt_byte_is_reported_at_its_offset_in_the_file(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     # THEN the one line names the byte where the file breaks
     assert len(err) == 1 and re.search(rf"\(byte {at}\)", err[0]), err
+
+
+# --- values out of range (issue 36) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["5", "-0.1", "1.5"])
+def test_a_threshold_out_of_its_range_is_refused(value: str) -> None:
+    from analyzer.errors import UsageError
+    from analyzer.knowledge.finding_settings import load_finding_settings
+
+    with pytest.raises(UsageError) as e:
+        load_finding_settings({"decode_gpu_idle.max_idle": value})
+    assert "out of range [0, 1]" in str(e.value) and "decode_gpu_idle.max_idle" in str(e.value)
+
+
+def test_every_numeric_threshold_states_its_range_and_its_default_lies_in_it() -> None:
+    from analyzer.knowledge.finding_settings import finding_ranges, load_finding_settings
+
+    ranges = finding_ranges()
+    for check, cfg in load_finding_settings().items():
+        for key, value in cfg.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                low, high = ranges[check][key]
+                assert low <= value <= high, (check, key)
+
+
+def test_set_out_of_range_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    # GIVEN a valid trace WHEN a threshold is set outside its range THEN one line and exit 2
+    path = kineto(tmp_path)
+    assert main(["analyze", str(path), "--set", "decode_gpu_idle.max_idle=5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "decode_gpu_idle.max_idle: 5 is out of range [0, 1]" in err[0]
+
+
+def test_export_format_that_contradicts_the_extension_is_refused(tmp_path, capsys) -> None:
+    # GIVEN CSV asked for a .parquet name WHEN exported THEN exit 2, one line, no file written
+    path, out = kineto(tmp_path), tmp_path / "x.parquet"
+    assert main(["export", str(path), "--format", "csv", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--format csv does not match the extension" in err[0]
+    assert not out.exists()
+    # AND a matching or an unknown extension is fine
+    assert main(["export", str(path), "--format", "csv", "-o", str(tmp_path / "x.csv")]) == 0
+    assert main(["export", str(path), "--format", "csv", "-o", str(tmp_path / "x.txt")]) == 0

@@ -200,7 +200,10 @@ def test_capture_rejects_bad_output_name_and_unknown_model(
     torch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["capture", "--model", "llama-3-8b", "-o", str(tmp_path / "t.txt")]) == 2
-    assert main(["capture", "--model", "no-such-model", "-o", str(tmp_path / "t.json")]) == 2
+    # (--device cpu: on a machine without a GPU, the missing GPU would be reported first)
+    assert (
+        main(["capture", "--model", "no-such-model", "--device", "cpu", "-o", str(tmp_path / "t.json")]) == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "must end in .json" in err[0] and "unknown model 'no-such-model'" in err[1]
 
@@ -387,3 +390,21 @@ def test_fixture_meta_describes_its_capture() -> None:
     meta = json.loads((FIXTURE / "meta.json").read_text())
     assert all(re.match(r"^lkm::step phase=(prefill|decode) q=\d+ bs=\d+ kv=\d+$", s) for s in meta["steps"])
     assert len(meta["steps"]) == meta["new_tokens"]
+
+
+def test_capture_without_a_gpu_stops_unless_the_cpu_is_asked_for(
+    torch, tiny_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    # GIVEN a machine whose torch sees no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "t.json.gz"
+    args = ["capture", "--model", str(tiny_config), "--new-tokens", "2", "--prompt", "4", "-o", str(out)]
+    # WHEN capture runs without --device THEN it stops with one line and writes nothing
+    rc = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "no GPU" in err[0] and "--device cpu" in err[0]
+    assert not out.exists()
+    # AND --device cuda says the same
+    assert main([*args, "--device", "cuda"]) == 2
+    assert "no GPU" in capsys.readouterr().err

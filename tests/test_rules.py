@@ -284,3 +284,46 @@ def test_rules_match_identifiers_inside_unmangleable_names():
 
 def test_rules_dir_has_the_data_files():
     assert Path(RULES_DIR / "kernels.toml").is_file() and Path(RULES_DIR / "taxonomy.toml").is_file()
+
+
+# --- every problem of a rule file in one run (issue 36) -----------------------------------------------
+
+
+def test_overlapping_alternatives_are_rejected_as_overlapping_not_as_empty():
+    # Python's parser turns (a|aa) into a(?:|a): the empty alternative there is an overlap
+    for pattern in (r"(a|aa)+$", r"(a|ab)+", r"(x|x)*"):
+        problem = redos_problem(pattern)
+        assert problem is not None and problem.startswith("overlapping alternatives"), (pattern, problem)
+    # a repeated group that can match empty is that
+    for pattern in (r"(a|)+", r"(a?|b)+"):
+        problem = redos_problem(pattern)
+        assert problem is not None and "can match empty" in problem, (pattern, problem)
+
+
+def test_every_problem_of_a_user_rule_file_is_reported_in_one_run(tmp_path, capsys):
+    from analyzer.cli import main
+
+    # GIVEN a user file with three bad rules (a dangerous pattern, an unknown stage, an example that
+    # misses) and one good one
+    f = tmp_path / "extra.toml"
+    f.write_text(
+        _rule_toml("USR001", "(a|aa)+$", "gemm", "cublas", ["aa"])
+        + _rule_toml("USR002", "^x", "warp_gemm", "cublas", ["x"])
+        + _rule_toml("USR003", "^x", "gemm", "cublas", ["y"])
+        + _rule_toml("USR004", "^nvjet_sm90_tst_64x8_", "qkv_gemm", "cublas", ["nvjet_sm90_tst_64x8_64x16"])
+    )
+    # WHEN it is checked
+    code = main(["rules", "check", str(f)])
+    err = capsys.readouterr().err.strip().splitlines()
+    # THEN exit 2, each problem on its own line naming the file and the rule, then one summary line
+    assert code == 2
+    assert len(err) == 4, err
+    assert "USR001" in err[0] and "overlapping alternatives" in err[0]
+    assert "USR002" in err[1] and "unknown stage 'warp_gemm'" in err[1]
+    assert "USR003" in err[2] and "does not match its own pattern" in err[2]
+    assert all(str(f) in line or "extra.toml" in line for line in err)
+    assert "3 problems" in err[3] and "USR" not in err[3]
+    # AND the API raises one InputError that carries the lines
+    with pytest.raises(InputError) as e:
+        load_rules([f])
+    assert len(e.value.details) == 3 and "3 problems" in str(e.value)

@@ -75,3 +75,48 @@ def test_every_set_example_in_the_help_works(capsys) -> None:
         load_finding_settings({key: value})
         code, _, err = run(capsys, "analyze", H200_DENSE, "--set", ex)
         assert code == 0, f"--set {ex}: {err}"
+
+
+# --- kernel names as users see them (issue 36) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "stage", "provider", "rule"),
+    [
+        # FlashInfer names without their namespace, as profiler summaries print them
+        ("BatchPrefillWithPagedKVCacheKernel", "flash_attention", "flashinfer", "ATT722"),
+        ("BatchDecodeWithPagedKVCacheKernel", "paged_attention", "flashinfer", "ATT721"),
+        ("BatchMLAPagedAttentionKernel", "mla_attention", "flashinfer", "ATT720"),
+        # aiter assembly kernels by their code-object file
+        ("fmha_fwd_hd128_bf16_causal.co", "flash_attention", "aiter", "ATT723"),
+        ("pa_bf16_pertokenFp8_gqa10_1tg_4w_mtp3_msk1.co", "paged_attention", "aiter", "ATT724"),
+        ("fmoe_bf16_blockscaleFp8_g1u1_vs_silu_1tg_32x128.co", "moe_expert_gemm", "aiter", "MOE515"),
+        # DeepEP's Hybrid-EP namespace, DeepGEMM v1's spelled-out grouped GemmType
+        (
+            "void hybrid_ep::device_sync_kernel<8>(unsigned int*, unsigned int*, unsigned int*)",
+            "communication",
+            "deepep",
+            "COM504",
+        ),
+        (
+            "void deep_gemm::fp8_gemm_kernel<7168u, 4096u, 128u, 64u, 128u, 1u, 5u, 128u, 128u, "
+            "deep_gemm::GemmType::GroupedMasked>(float*, int*, unsigned int)",
+            "moe_expert_gemm",
+            "deepgemm",
+            "MOE019",
+        ),
+        # a name several libraries ship: by name alone the provider is unknown (README, providers.toml)
+        ("fused_moe_kernel", "moe_expert_gemm", "unknown", "MOE018"),
+        # ... unless a marker in the name says who
+        ("void vllm::moe::moe_align_block_size_kernel<int>(int*)", "moe_sort", "vllm", "MOE010"),
+    ],
+)
+def test_rules_classify_names_as_users_see_them(name: str, stage: str, provider: str, rule: str) -> None:
+    from click.testing import CliRunner
+
+    # WHEN a name is classified from the command line
+    result = CliRunner().invoke(cli, ["rules", "classify", name])
+    # THEN its stage, provider and rule are the library's
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.strip().startswith("stage:"))
+    assert f"stage: {stage} " in line and f"provider: {provider} " in line and f"rule: {rule}" in line, line

@@ -8,6 +8,7 @@ full names) at the widths a column printer uses, and as public nsys / torch-prof
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,68 @@ def test_cut_real_names_are_never_confidently_wrong(width: int) -> None:
         decided += (cut.stage, cut.provider) == (full.stage, full.provider)
     # AND most cut names still get their family
     assert decided >= 0.7 * sum(len(n) > width for n in names)
+
+
+# --- every name of the kernel tables, cut as nsys cuts it ---------------------------------------------
+
+KERNEL_TABLES = Path(__file__).parent / "data" / "kernel_tables"
+
+
+def _table_names() -> list[str]:
+    names: dict[str, None] = {}
+    for path in sorted(KERNEL_TABLES.glob("*.csv")):
+        with open(path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                if not is_truncated(normalize_name(row["name"])):
+                    names.setdefault(row["name"], None)
+    return list(names)
+
+
+# the share of classified names that keep a stage when cut (benchmarks/truncation.py; docs/coverage.md)
+DECIDED_FLOOR = {80: 0.915, 100: 0.975}
+
+
+@pytest.mark.parametrize("width", sorted(DECIDED_FLOOR))
+def test_kernel_table_names_cut_at_a_column_width_are_never_confidently_wrong(width: int) -> None:
+    # GIVEN every full name of the kernel tables, clipped as `nsys stats` column / table output clips
+    # an auto-width column (100 characters by default, the last one `…`) and at a narrower 80
+    decided = classified = 0
+    for n in _table_names():
+        if len(n) <= width:
+            continue
+        full = _match(n)
+        if full.stage == "other":
+            continue
+        classified += 1
+        cut = _match(n[: width - 1] + ELLIPSIS)
+        # THEN a stage that claims something (not the abstentions `other` / a generic `elementwise`)
+        # is the full name's
+        if cut.stage == "other" or cut.stage == "elementwise" != full.stage:
+            continue
+        assert cut.stage == full.stage, (n[:width], cut, full)
+        decided += 1
+    # AND the share that keeps its stage does not fall back
+    assert decided / classified >= DECIDED_FLOOR[width], decided / classified
+
+
+@pytest.mark.parametrize(
+    ("raw", "rule_id", "stage"),
+    [
+        # one visible character meeting a grafted example's tail by chance (`…at::nat` + `ensorrt_llm`)
+        # is no sign of a TRT-LLM all-reduce
+        (
+            "void at::native::<unnamed>::distribution_elementwise_grid_stride_kernel<float, (int)4, void at::nat…",
+            "ATN005",
+            "sampling",
+        ),
+        # the visible kernel class decides; a split-KV combine's example contradicts the visible text
+        (
+            "_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCacheKernelINS_40BlockFm…",
+            "ATT012",
+            "flash_attention",
+        ),
+    ],
+)
+def test_visible_text_that_decides_keeps_its_stage(raw: str, rule_id: str, stage: str) -> None:
+    m = _match(raw)
+    assert (m.rule_id, m.stage) == (rule_id, stage)

@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = cli.main(args=argv, prog_name=prog, standalone_mode=False)
     except AnalyzerError as e:
+        for line in e.details:
+            click.echo(f"error: {line}", err=True)
         click.echo(f"error: {e}", err=True)
         return e.exit_code
     except click.exceptions.Abort:

@@ -39,7 +39,12 @@ from analyzer.errors import UsageError
     show_default=True,
     help="Tokens to generate: one prefill step, then N-1 decode steps.",
 )
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), help="Default: cuda when available.")
+@click.option(
+    "--device",
+    type=click.Choice(["cuda", "cpu"]),
+    help="Default: cuda; without a GPU capture stops (exit 2) unless --device cpu asks for the CPU "
+    "(a CPU trace has no GPU kernels: analyze rejects it; for testing the capture itself).",
+)
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option(
     "--backend",
@@ -131,7 +136,13 @@ def command(
 
     if not output.endswith((".json", ".json.gz")):
         raise UsageError(f"-o {output}: the trace name must end in .json or .json.gz")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not torch.cuda.is_available():
+        # profiling the CPU instead writes a trace without GPU kernels, which analyze rejects
+        raise UsageError(
+            f"no GPU: torch {torch.__version__} sees no CUDA/ROCm device, and capture profiles GPU "
+            "kernels; run it on a GPU machine, or pass --device cpu to profile the CPU on purpose"
+        )
+    device = device or "cuda"
     hf_path = bool(mode or truth or attn or sdpa_backend or experts or sampling or assistant or no_shapes)
     if hf_path:
         meta = _capture_hf(

@@ -44,6 +44,12 @@ def export(
     step and layer tracks. Kineto inputs keep their own events byte for byte."""
     if fmt is not None:
         spec = TABLES.get(fmt)
+        named = TABLES.for_path(output)
+        if named is not None and named.name != spec.name:  # e.g. CSV written into a .parquet file
+            raise UsageError(
+                f"{output}: --format {fmt} does not match the extension, which names {named.name} "
+                f"(use a {' or '.join(spec.extensions)} name, or leave --format out)"
+            )
     else:
         found = TABLES.for_path(output)
         if found is None or not output.endswith(found.extensions):  # the extension in lower case, as always

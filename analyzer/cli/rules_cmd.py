@@ -106,12 +106,16 @@ def _explain_finding(check: str, cfg: dict[str, Any]) -> None:
                 subsequent_indent="  ",
             )
         )
+    from analyzer.knowledge.finding_settings import finding_ranges
+
     keys = [k for k in cfg if k not in ("id", "severity")]
+    bounds = finding_ranges().get(check, {})
     click.echo(f"  thresholds (rules/findings.toml; change with --set {check}.KEY=VALUE):")
     for k in keys:
         v = cfg[k]
         shown = ", ".join(map(str, v)) if isinstance(v, list) else v
-        click.echo(f"    {check}.{k} = {shown}")
+        rng = f"  (range {bounds[k][0]:g} .. {bounds[k][1]:g})" if k in bounds else ""
+        click.echo(f"    {check}.{k} = {shown}{rng}")
     if keys:
         k = keys[0]
         v = cfg[k]
@@ -155,12 +159,19 @@ def check(file: str) -> int:
 )
 def classify(names: tuple[str, ...], extra: tuple[str, ...]) -> int:
     """Classify kernel NAME... by name alone: normalized name, stage, provider, rule id, decoded fields."""
+    from analyzer.knowledge.provider_ops import load_provider_facts
+
     rs = _ruleset(extra)
+    facts = load_provider_facts()
     for r in rules_mod.classify_names(list(names), rs):
+        # a name several libraries ship: by name alone its provider is unknown (rules/providers.toml)
+        provider = facts.name_provider(r["rule_id"], r["norm_name"], r["provider"])
+        shared = " (a name several libraries ship; in a trace, the launching op decides)"
         click.echo(r["name"])
         click.echo(f"  normalized: {r['norm_name']}")
         click.echo(
-            f"  stage: {r['stage']} ({r['category']})  provider: {r['provider']}  rule: {r['rule_id']}"
+            f"  stage: {r['stage']} ({r['category']})  provider: {provider}  rule: {r['rule_id']}"
+            + (shared if r["rule_id"] in facts.shared and provider == "unknown" else "")
         )
         tile = [r.get(f"tile_{a}") for a in "mnk"]
         if any(t is not None for t in tile):

@@ -10,8 +10,8 @@ Contract (spec: rules/README.md):
 * User rule files (``--rules extra.toml``) are loaded in the order given and go before the built-in table.
 * The taxonomy (:mod:`analyzer.knowledge.taxonomy`) is re-exported here (``Taxonomy``, ``load_taxonomy``);
   files are read and memoised by their bytes in :mod:`analyzer.knowledge.loader`.
-* Loading validates everything and raises :class:`analyzer.errors.InputError` with one line naming the file
-  and the rule id: unknown keys, bad ids, duplicate ids, unknown stage/provider, patterns that do not
+* Loading validates everything and raises :class:`analyzer.errors.InputError` listing every problem of
+  every file, one line each naming the file and the rule id (then one summary line): unknown keys, bad ids, duplicate ids, unknown stage/provider, patterns that do not
   compile, are too long or may backtrack catastrophically (nested quantifiers, ambiguous alternation under
   a repeat, backreferences), examples that miss their own rule and not_examples that hit it.
 * A truncated name (:func:`analyzer.knowledge.names.is_truncated`: it ends with ``…``) is matched the
@@ -176,11 +176,9 @@ class RuleSet:
             if r is rule:
                 break
             for e in _example_texts(r.examples):
-                if len(e) > cut:
-                    m = r.regex.search(prefix + e[cut:])
-                    if m is not None and (m.start() < cut or e[:family] == prefix[:family]):
-                        out.append(r)
-                        break
+                if len(e) > cut and _completes(r, e, prefix, family):
+                    out.append(r)
+                    break
         return out
 
     def _unclassified(self) -> Match:
@@ -222,6 +220,35 @@ class RuleSet:
 
 # an example "of the same family" as a truncated name repeats at least this much of its visible text
 _FAMILY_PREFIX = 24
+# characters on each side of where a grafted match starts that the example must share with the visible
+# text: the graft is the example's own text there, not a coincidence of the cut's position
+_GRAFT_CONTEXT = 8
+
+
+def _completes(r: Rule, example: str, prefix: str, family: int) -> bool:
+    """Whether ``example`` of rule ``r``, grafted onto the visible ``prefix`` at the cut, shows that the
+    lost tail could have made ``r`` match (:meth:`RuleSet.tail_rivals`).
+
+    The graft is positional, so it only stands for the example where the example reads as the visible
+    text does: a match begun inside the prefix counts when the example has the prefix's text around
+    that start (not one character of the prefix meeting an unrelated example's tail by chance, nor a
+    ``\\w*?`` bridge from a visible anchor into words the visible text contradicts); a match of the
+    same family counts when the visible part of the rule's own match in the example is the visible text
+    (an example whose deciding words the visible text already contradicts is no rival)."""
+    cut = len(prefix)
+    m = r.regex.search(prefix + example[cut:])
+    if m is None:
+        return False
+    if m.start() < cut:
+        lo, hi = max(0, m.start() - _GRAFT_CONTEXT), min(cut, m.start() + _GRAFT_CONTEXT)
+        if example[lo:hi] == prefix[lo:hi]:
+            return True
+    if example[:family] != prefix[:family]:
+        return False
+    own = r.regex.search(example)
+    if own is None or own.start() >= cut:
+        return True  # its words lie in the lost tail, the visible text is all the example's
+    return example[own.start() : min(cut, own.end())] == prefix[own.start() : min(cut, own.end())]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -308,28 +335,37 @@ def _first_chars(sub: Any, icase: bool) -> tuple[frozenset[int] | None, bool]:
     return frozenset(acc), True
 
 
-def _repeat_body_problem(sub: Any, icase: bool) -> str | None:
-    """Inside a repeat that can iterate: no quantifiers at all, and alternatives with disjoint first chars."""
+_OVERLAP = "overlapping alternatives inside a repeated group"
+
+
+def _repeat_body_problem(sub: Any, icase: bool, body_nullable: bool = False) -> str | None:
+    """Inside a repeat that can iterate: no quantifiers at all, and alternatives with disjoint first chars.
+
+    Python's parser factors a common prefix out of alternatives (``(a|aa)`` becomes ``a(?:|a)``), so an
+    empty alternative is an overlap (one alternative a prefix of another) unless the repeated body as a
+    whole (``body_nullable``) can match empty."""
     for op, av in _items(sub):
         if op in _REPEATS:
             return "nested quantifier (a quantified item inside a repeated group)"
         if op is _sre_c.SUBPATTERN or (_ATOMIC is not None and op is _ATOMIC):
             inner = av[-1] if op is _sre_c.SUBPATTERN else av
-            if p := _repeat_body_problem(inner, icase or _scoped_icase(op, av)):
+            if p := _repeat_body_problem(inner, icase or _scoped_icase(op, av), body_nullable):
                 return p
         elif op is _sre_c.BRANCH:
             firsts = []
             for alt in av[1]:
                 f, nullable = _first_chars(alt, icase)
+                if nullable and body_nullable:
+                    return "repeated group that can match empty (an alternative matches the empty string)"
                 if nullable:
-                    return "alternative that can match empty inside a repeated group"
+                    return f"{_OVERLAP} (one alternative is a prefix of another, as in (a|aa)+)"
                 firsts.append(f)
-                if p := _repeat_body_problem(alt, icase):
+                if p := _repeat_body_problem(alt, icase, body_nullable):
                     return p
             for i, a in enumerate(firsts):
                 for b in firsts[i + 1 :]:
                     if a is _ALL or b is _ALL or a & b:
-                        return "overlapping alternatives inside a repeated group"
+                        return _OVERLAP
         elif op in (_sre_c.ASSERT, _sre_c.ASSERT_NOT):
             if p := _repeat_body_problem(av[1], icase):
                 return p
@@ -343,7 +379,7 @@ def _walk_problem(sub: Any, icase: bool) -> str | None:
         if op in _REPEATS:
             _lo, hi, inner = av
             if hi > 1:
-                if p := _repeat_body_problem(inner, icase):
+                if p := _repeat_body_problem(inner, icase, _first_chars(inner, icase)[1]):
                     return p
             if p := _walk_problem(inner, icase):
                 return p
@@ -365,8 +401,9 @@ def redos_problem(pattern: str, flags: int = 0) -> str | None:
     """Why ``pattern`` could backtrack catastrophically, or None when it passes the structural check.
 
     Conservative by design: rejects any quantifier inside a group that itself repeats (``(a+)+``,
-    ``(.*)*``, ``(?:a?b)+``), alternatives under a repeat whose first characters overlap or that can match
-    empty (``(x|x)*``, ``(a|ab)+``), backreferences, and patterns longer than ``MAX_PATTERN_LENGTH``.
+    ``(.*)*``, ``(?:a?b)+``), alternatives under a repeat whose first characters overlap (``(x|x)*``,
+    ``(a|ab)+``, ``(a|aa)+``), a repeated group that can match empty (``(a|)+``), backreferences, and
+    patterns longer than ``MAX_PATTERN_LENGTH``.
     """
     parsed, problem = _parse_pattern(pattern, flags)
     return problem if parsed is None else _parsed_problem(parsed, flags)
@@ -457,95 +494,120 @@ def _str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> Rule:
+def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple[Rule | None, list[str]]:
+    """The rule of one ``[[rule]]`` table, or None, and every problem found in it (one line each)."""
     rid = entry.get("id") if isinstance(entry, dict) else None
     label = f"rule {rid}" if isinstance(rid, str) else f"rule #{index + 1}"
+    problems: list[str] = []
 
-    def fail(msg: str) -> InputError:
-        return loader.fail(path, label, msg)
+    def fail(msg: str) -> None:
+        problems.append(str(loader.fail(path, label, msg)))
 
     if not isinstance(entry, dict):
-        raise fail("must be a table")
+        fail("must be a table")
+        return None, problems
     unknown = sorted(set(entry) - _RULE_KEYS)
     if unknown:
-        raise fail(f"unknown key(s) {', '.join(unknown)}")
+        fail(f"unknown key(s) {', '.join(unknown)}")
     missing = [k for k in _REQUIRED_KEYS if k not in entry]
     if missing:
-        raise fail(f"missing key(s) {', '.join(missing)}")
-    if not isinstance(rid, str) or not _ID_RE.match(rid):
-        raise fail("id must be three capital letters and three digits, e.g. ATT001")
+        fail(f"missing key(s) {', '.join(missing)}")
+    if "id" in entry and (not isinstance(rid, str) or not _ID_RE.match(rid)):
+        fail("id must be three capital letters and three digits, e.g. ATT001")
     for key in ("pattern", "stage", "provider", "note"):
-        if not isinstance(entry[key], str) or not entry[key].strip():
-            raise fail(f"{key} must be a non-empty string")
-    if entry["stage"] not in taxonomy.stage_category:
-        raise fail(f"unknown stage {entry['stage']!r} (rules/taxonomy.toml)")
-    if entry["provider"] not in taxonomy.providers:
-        raise fail(f"unknown provider {entry['provider']!r} (rules/taxonomy.toml)")
-    if not _str_list(entry["examples"]) or not entry["examples"]:
-        raise fail("examples must be a non-empty list of kernel names")
+        if key in entry and (not isinstance(entry[key], str) or not entry[key].strip()):
+            fail(f"{key} must be a non-empty string")
+    if isinstance(entry.get("stage"), str) and entry["stage"].strip():
+        if entry["stage"] not in taxonomy.stage_category:
+            fail(f"unknown stage {entry['stage']!r} (rules/taxonomy.toml)")
+    if isinstance(entry.get("provider"), str) and entry["provider"].strip():
+        if entry["provider"] not in taxonomy.providers:
+            fail(f"unknown provider {entry['provider']!r} (rules/taxonomy.toml)")
+    examples = entry.get("examples")
+    if "examples" in entry and (not _str_list(examples) or not examples):
+        fail("examples must be a non-empty list of kernel names")
     not_examples = entry.get("not_examples", [])
     if not _str_list(not_examples):
-        raise fail("not_examples must be a list of kernel names")
+        fail("not_examples must be a list of kernel names")
     flag_text = entry.get("flags", "")
-    if not isinstance(flag_text, str) or set(flag_text) - set(_FLAG_LETTERS):
-        raise fail(f"flags may only contain {''.join(sorted(_FLAG_LETTERS))}")
     flags = 0
-    for letter in flag_text:
-        flags |= _FLAG_LETTERS[letter]
-    pattern = entry["pattern"]
-    # parsed once for both checks (the parse is most of a rule's load time)
-    parsed, problem = _parse_pattern(pattern, flags)
-    if problem := problem or _parsed_problem(parsed, flags):
-        raise fail(f"pattern rejected: {problem}")
-    try:
-        regex = re.compile(pattern, flags)
-    except re.error as e:  # pragma: no cover - redos_problem parses first
-        raise fail(f"pattern does not compile: {e}") from None
+    if not isinstance(flag_text, str) or set(flag_text) - set(_FLAG_LETTERS):
+        fail(f"flags may only contain {''.join(sorted(_FLAG_LETTERS))}")
+    else:
+        for letter in flag_text:
+            flags |= _FLAG_LETTERS[letter]
+    pattern = entry.get("pattern")
+    regex = parsed = None
+    if isinstance(pattern, str) and pattern.strip():
+        # parsed once for both checks (the parse is most of a rule's load time)
+        parsed, problem = _parse_pattern(pattern, flags)
+        if problem := problem or _parsed_problem(parsed, flags):
+            fail(f"pattern rejected: {problem}")
+        else:
+            regex = re.compile(pattern, flags)
+    if regex is not None:
+        for ex in examples if _str_list(examples) else []:
+            if not _hits(regex, ex):
+                fail(f"example does not match its own pattern: {ex[:120]!r}")
+        for ex in not_examples if _str_list(not_examples) else []:
+            if _hits(regex, ex):
+                fail(f"not_example matches the pattern: {ex[:120]!r}")
+    if problems or regex is None:
+        return None, problems
     rule = Rule(
-        id=rid,
-        pattern=pattern,
+        id=rid,  # type: ignore[arg-type]  # checked above
+        pattern=pattern,  # type: ignore[arg-type]
         regex=regex,
         stage=entry["stage"],
         provider=entry["provider"],
-        examples=tuple(entry["examples"]),
+        examples=tuple(examples),  # type: ignore[arg-type]
         not_examples=tuple(not_examples),
         note=" ".join(entry["note"].split()),
         flags=flag_text,
         source=str(path),
         literals=_parsed_literals(parsed, flags),
     )
-    for ex in rule.examples:
-        if not rule.hits(normalize_name(ex), ex):
-            raise fail(f"example does not match its own pattern: {ex[:120]!r}")
-    for ex in rule.not_examples:
-        if rule.hits(normalize_name(ex), ex):
-            raise fail(f"not_example matches the pattern: {ex[:120]!r}")
-    return rule
+    return rule, problems
+
+
+def _hits(regex: re.Pattern[str], name: str) -> bool:
+    """Whether ``regex`` is found in the normalized or the raw name (as :meth:`Rule.hits`)."""
+    norm = normalize_name(name)
+    return regex.search(norm) is not None or (name != norm and regex.search(name) is not None)
 
 
 def _parse_rule_file(
     path: Path, doc: dict[str, Any], taxonomy: Taxonomy
-) -> tuple[list[Rule], dict[str, str]]:
+) -> tuple[list[Rule], dict[str, str], list[str]]:
+    """The file's rules and aliases, and every problem found in it (one line each)."""
+    problems: list[str] = []
     allowed = {"format_version", "rule", "aliases"}
     unknown = sorted(set(doc) - allowed)
     if unknown:
-        raise loader.fail(path, "", f"unknown top-level key(s) {', '.join(unknown)}")
+        problems.append(str(loader.fail(path, "", f"unknown top-level key(s) {', '.join(unknown)}")))
     version = doc.get("format_version", 1)
     if version != 1:
-        raise loader.fail(
-            path, "format_version", f"unsupported format_version {version!r} (this analyzer reads 1)"
-        )
+        msg = f"unsupported format_version {version!r} (this analyzer reads 1)"
+        problems.append(str(loader.fail(path, "format_version", msg)))
     entries = doc.get("rule", [])
+    rules: list[Rule] = []
     if not isinstance(entries, list):
-        raise loader.fail(path, "rule", "rules must be an array of tables ([[rule]])")
-    rules = [_parse_rule(e, i, path, taxonomy) for i, e in enumerate(entries)]
+        problems.append(str(loader.fail(path, "rule", "rules must be an array of tables ([[rule]])")))
+        entries = []
+    for i, e in enumerate(entries):
+        rule, found = _parse_rule(e, i, path, taxonomy)
+        problems.extend(found)
+        if rule is not None:
+            rules.append(rule)
     aliases = doc.get("aliases", {})
     if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
-        raise loader.fail(path, "aliases", "[aliases] maps retired ids to current ids (strings)")
+        msg = "[aliases] maps retired ids to current ids (strings)"
+        problems.append(str(loader.fail(path, "aliases", msg)))
+        aliases = {}
     for old in aliases:
         if not _ID_RE.match(old):
-            raise loader.fail(path, f"aliases.{old}", "retired id must look like ATT001")
-    return rules, dict(aliases)
+            problems.append(str(loader.fail(path, f"aliases.{old}", "retired id must look like ATT001")))
+    return rules, dict(aliases), problems
 
 
 def load_rules(
@@ -574,21 +636,27 @@ def _load_rules(contents: list[tuple[Path, bytes]]) -> RuleSet:
     rules: list[Rule] = []
     aliases: dict[str, str] = {}
     seen: dict[str, str] = {}
+    problems: list[str] = []
     for path, raw in rule_files:
         doc = loader.parse_toml(path, raw)
         digest.update(b"\0" + raw)
-        file_rules, file_aliases = _parse_rule_file(path, doc, taxonomy)
+        file_rules, file_aliases, found = _parse_rule_file(path, doc, taxonomy)
+        problems.extend(found)
         for r in file_rules:
             if r.id in seen:
-                raise loader.fail(path, f"rule {r.id}", f"id already used in {seen[r.id]}")
+                problems.append(str(loader.fail(path, f"rule {r.id}", f"id already used in {seen[r.id]}")))
+                continue
             seen[r.id] = str(path)
-        rules.extend(file_rules)
+            rules.append(r)
         aliases.update(file_aliases)
     for old, new in aliases.items():
         if old in seen:
-            raise loader.fail(seen[old], f"rule {old}", "id is retired (listed in [aliases]); use a new id")
+            msg = "id is retired (listed in [aliases]); use a new id"
+            problems.append(str(loader.fail(seen[old], f"rule {old}", msg)))
         if new not in seen and new not in aliases:
-            raise loader.fail(paths[-1], f"aliases.{old}", f"points to unknown rule {new}")
+            problems.append(str(loader.fail(paths[-1], f"aliases.{old}", f"points to unknown rule {new}")))
+    if problems:
+        raise _rule_file_errors(problems)
     return RuleSet(
         rules=tuple(rules),
         taxonomy=taxonomy,
@@ -596,6 +664,15 @@ def _load_rules(contents: list[tuple[Path, bytes]]) -> RuleSet:
         sha256=digest.hexdigest(),
         sources=tuple(str(p) for p in paths),
     )
+
+
+def _rule_file_errors(problems: list[str]) -> InputError:
+    """Every problem of the rule files, one line each, as one error whose message is the summary."""
+    if len(problems) == 1:
+        return InputError(problems[0])
+    files = sorted({p.split(": ", 1)[0] for p in problems})
+    where = files[0] if len(files) == 1 else f"{len(files)} rule files"
+    return InputError(f"{where}: {len(problems)} problems in the rules (listed above)", details=problems)
 
 
 @functools.lru_cache(maxsize=1)

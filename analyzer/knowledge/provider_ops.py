@@ -48,6 +48,14 @@ class ProviderFacts:
     prefixes: tuple[tuple[str, str], ...]
     shared: dict[str, SharedRule]
 
+    def name_provider(self, rule_id: str, norm_name: str, provider: str) -> str:
+        """The provider a kernel name alone gives, with no host op to ask: ``provider`` (the rule's)
+        unless the rule is shared, then the provider a ``named`` marker says, else ``unknown``."""
+        entry = self.shared.get(rule_id)
+        if entry is None:
+            return provider
+        return entry.named_provider(norm_name) or "unknown"
+
     def op_provider(self, op: str | None) -> str | None:
         """The provider a host op's name says, or None."""
         if not op:

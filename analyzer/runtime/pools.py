@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from analyzer.errors import UsageError
+from analyzer.errors import UsageError, option_name
 from analyzer.runtime import background, memory
 
 EXECUTORS = ("local", "dask")
@@ -48,7 +48,7 @@ def check_settings(executor: str, jobs: int | None, scheduler: str | None) -> No
     if executor not in EXECUTORS:
         raise UsageError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
     if jobs is not None and jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {jobs}")
+        raise UsageError(f"{option_name('jobs')} must be at least 1, got {jobs}")
     if scheduler and executor != "dask":
         raise UsageError("--scheduler needs --executor dask")
 
