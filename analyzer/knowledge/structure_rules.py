@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from analyzer.errors import UsageError
+from analyzer.errors import UsageError, option
 from analyzer.knowledge import loader
 from analyzer.knowledge.taxonomy import load_taxonomy
 from analyzer.paths import RULES_DIR
@@ -143,15 +143,17 @@ def with_overrides(k: StructureKnowledge, settings: Mapping[str, str]) -> Struct
     for name, raw in mine.items():
         if name not in values:
             known = ", ".join(sorted(values))
-            raise UsageError(f"--set structure.{name}: no such threshold (rules/structure.toml: {known})")
+            raise UsageError(
+                f"{option('set', SETTING_PREFIX + name)}: no such threshold (rules/structure.toml: {known})"
+            )
         lo, hi, _ = k.ranges[name]
         try:
             v: float | int = int(raw) if isinstance(values[name], int) else float(raw)
         except ValueError:
             kind = "an integer" if isinstance(values[name], int) else "a number"
-            raise UsageError(f"--set structure.{name}={raw}: must be {kind}") from None
+            raise UsageError(f"{option('set', SETTING_PREFIX + name)}={raw}: must be {kind}") from None
         if not lo <= v <= hi:
-            raise UsageError(f"--set structure.{name}={raw}: out of range [{lo}, {hi}]")
+            raise UsageError(f"{option('set', SETTING_PREFIX + name)}={raw}: out of range [{lo}, {hi}]")
         values[name] = v
     return dataclasses.replace(k, thresholds=Thresholds(values))
 
