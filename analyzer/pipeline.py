@@ -162,6 +162,7 @@ def phases_step(a: Analysis, ctx: Context) -> Analysis:
         ctx.annotation_patterns,
         ctx.attention_ops,
         ctx.structure,
+        ctx.ruleset.phase_evidence(),
     )
     return dataclasses.replace(
         a,

@@ -3,6 +3,7 @@
     python benchmarks/accuracy.py            # print the table, rewrite its section of docs/accuracy.md
     python benchmarks/accuracy.py --pin      # also write tests/data/zoo_accuracy.json (the pinned floors)
     python benchmarks/accuracy.py --keep-steps --no-docs   # the annotated path, printed only
+    python benchmarks/accuracy.py --engines  # engine traces without their annotations (docs table too)
 
 The pinned numbers are floors: tests/test_accuracy.py fails when a case gets worse, so later work can
 only raise them (re-pin after an improvement).
@@ -26,6 +27,19 @@ ZOO = ROOT / "fixtures" / "zoo"
 DOC = ROOT / "docs" / "accuracy.md"
 PINS = ROOT / "tests" / "data" / "zoo_accuracy.json"
 BEGIN, END = "<!-- zoo-table:begin (benchmarks/accuracy.py) -->", "<!-- zoo-table:end -->"
+ENGINE_BEGIN = "<!-- engine-table:begin (benchmarks/accuracy.py --engines) -->"
+ENGINE_END = "<!-- engine-table:end -->"
+SHARED = ROOT.parent / "shared" / "traces"
+# every trace the project has with engine step annotations (the shared ones, then our own fixtures)
+ENGINE_TRACES = [
+    "sglang-deepseek-llama8b-decode-mi300x-vs-b300/MI300/1782841132.2905657-TP-0-DECODE.trace.json.gz",
+    "sglang-deepseek-llama8b-decode-mi300x-vs-b300/B300/1782843274.7730265-TP-0-DECODE.trace.json.gz",
+    "mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_decode.json.gz",
+    "mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz",
+    "mi300x-vllm-gptoss-decode-fullgraph/graph_execution.json.gz",
+]
+# our own fixtures with engine annotations (the zoo's lkm::step traces are scored by the zoo table)
+OWN_ENGINE_TRACES: list[str] = []
 
 
 def cases() -> list[Path]:
@@ -81,13 +95,46 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_doc(text: str) -> None:
+def write_doc(text: str, begin: str = BEGIN, end: str = END) -> None:
     doc = DOC.read_text(encoding="utf-8")
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{DOC}: the markers {BEGIN} / {END} are missing")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{text}{END}{tail}", encoding="utf-8")
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{DOC}: the markers {begin} / {end} are missing")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    DOC.write_text(f"{head}{begin}\n{text}{end}{tail}", encoding="utf-8")
+
+
+def engine_rows() -> list[dict[str, Any]]:
+    """Each engine trace analysed as it is and without its annotations (skipped when absent)."""
+    from analyzer.results.engine_phases import engine_phase_agreement
+    from analyzer.runtime.driver import load_inputs
+
+    rows = []
+    for rel in [*(str(SHARED / p) for p in ENGINE_TRACES), *(str(ROOT / p) for p in OWN_ENGINE_TRACES)]:
+        if not Path(rel).exists():
+            print(f"skip {rel}: absent", file=sys.stderr)
+            continue
+        r = engine_phase_agreement(load_inputs([rel]))
+        if not r["engines"]:
+            print(f"skip {rel}: no engine step annotations", file=sys.stderr)
+            continue
+        name = rel.replace(str(SHARED) + "/", "../shared/traces/").replace(str(ROOT) + "/", "")
+        rows.append({"trace": name, **r})
+    return rows
+
+
+def engine_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| trace | annotations | truth phases | steps (annotated / without) | agreement % | undecided % | wrong % | phase rules without annotations |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| `{r['trace']}` | {', '.join(r['engines'])} | {', '.join(r['truth_phases'])} "
+            f"| {r['truth_steps']} / {r['steps']} | {_pct(r['agreement'])} | {_pct(r['undecided'])} "
+            f"| {_pct(r['wrong'])} | {', '.join(r['phase_rules'])} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def steps_wrong(r: dict[str, Any]) -> int:
@@ -119,7 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin", action="store_true", help="write tests/data/zoo_accuracy.json")
     p.add_argument("--keep-steps", action="store_true", help="keep the step annotations (annotated path)")
     p.add_argument("--no-docs", action="store_true", help="print only; leave docs/accuracy.md as it is")
+    p.add_argument(
+        "--engines", action="store_true", help="the engine traces without their annotations instead"
+    )
     a = p.parse_args(argv)
+    if a.engines:
+        text = engine_table(engine_rows())
+        print(text)
+        if not a.no_docs:
+            write_doc(text, ENGINE_BEGIN, ENGINE_END)
+            print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+        return 0
     rows = measure(a.keep_steps)
     text = table(rows)
     print(text)

@@ -81,6 +81,10 @@ MODELS_BY_SHAPE = _ID("models-by-shape")
 MODELS_BY_DEPTH = _ID("models-by-depth")
 VERIFY_WIDTH = _ID("verify-width")
 STATIC_BATCH = _ID("static-batch-decode")
+KERNEL_EVIDENCE = _ID("kernel-phase-evidence")
+EVIDENCE_CONFLICT = _ID("evidence-conflict")
+# per kernel: the phase its family's rule says engines run it in (rules/kernels.toml `phases`)
+NO_EVIDENCE, DECODE_EVIDENCE, PREFILL_EVIDENCE = 0, 1, 2
 
 
 @dataclasses.dataclass
@@ -249,14 +253,18 @@ def label_phases(
     patterns: Sequence[Mapping[str, Any]],
     attention_ops: AttentionOps | None = None,
     structure: StructureKnowledge | None = None,
+    kernel_phases: Mapping[str, str] | None = None,
 ) -> Labelled:
     """Phase, step and tokens of every kernel, and the steps table. Each input's steps depend on
     that input alone, so inputs may be labelled apart and joined. ``attention_ops``: the layouts of
     ``rules/attention_ops.toml`` (loaded when not given); ``structure``: the registry with the run's
-    thresholds (default: ``rules/structure.toml``)."""
+    thresholds (default: ``rules/structure.toml``); ``kernel_phases``: kernel rule id -> ``prefill`` /
+    ``decode`` for the families engines run in one phase only (``RuleSet.phase_evidence``)."""
     anns, engines = step_annotations(annotations, patterns)
     th = structure.thresholds if structure is not None else DEFAULT_THRESHOLDS
-    phase, step, tokens, steps, warnings = split_phases(kernels, host_ops, anns, attention_ops, th)
+    phase, step, tokens, steps, warnings = split_phases(
+        kernels, host_ops, anns, attention_ops, th, kernel_phases
+    )
     for name, arr in (
         ("phase", dict_strings(pa.array(phase, pa.string()))),
         ("step", pa.array(step, pa.int32())),
@@ -314,6 +322,7 @@ def split_phases(
     anns: list[StepAnnotation],
     attention_ops: AttentionOps | None = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
+    kernel_phases: Mapping[str, str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.DataFrame, list[str]]:
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
@@ -340,6 +349,7 @@ def split_phases(
         "name": _name_codes(kernels),
         "lm_rows": _lm_head_rows(kernels, host_ops),
         "graph": kernels["graph_launch"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool),
+        "evidence": _kernel_evidence(kernels, kernel_phases or {}),
         "layer": (
             kernels["layer"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
             if "layer" in kernels.column_names
@@ -398,6 +408,31 @@ def _launchers_of(kernels: pa.Table, host_ops: pa.Table, which: np.ndarray) -> n
     at = pos.take(pa.array(rows))
     at = at.filter(at.is_valid())
     return np.unique(ops["row"].take(at).to_numpy(zero_copy_only=False).astype(np.int64))
+
+
+def _kernel_evidence(kernels: pa.Table, kernel_phases: Mapping[str, str]) -> np.ndarray:
+    """Per kernel: DECODE_EVIDENCE / PREFILL_EVIDENCE where its rule's family runs in that phase only
+    (looked up once per distinct rule id), else NO_EVIDENCE."""
+    n = kernels.num_rows
+    if not kernel_phases or "rule_id" not in kernels.column_names:
+        return np.zeros(n, np.int8)
+    ids = dict_strings(kernels["rule_id"])
+    code = {"decode": DECODE_EVIDENCE, "prefill": PREFILL_EVIDENCE}
+    lut = np.asarray(
+        [code.get(kernel_phases.get(x or "", ""), NO_EVIDENCE) for x in ids.dictionary.to_pylist()] + [0],
+        np.int8,
+    )
+    return lut[ids.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False)]
+
+
+def _evidence_phase(seg: np.ndarray, df: Any) -> str | None:
+    """The phase a step's own kernels say: decode families alone -> decode, prefill families alone
+    -> prefill, both -> mixed; None without any."""
+    ev = df["evidence"][seg]
+    dec, pre = bool((ev == DECODE_EVIDENCE).any()), bool((ev == PREFILL_EVIDENCE).any())
+    if dec and pre:
+        return "mixed"
+    return "decode" if dec else "prefill" if pre else None
 
 
 def _name_codes(kernels: pa.Table) -> np.ndarray:
@@ -739,6 +774,27 @@ def label_steps(
         "context: a continuous batcher's decodes (one token per request) or a continuation that "
         "keeps every logit, so their phase is unknown (capture a step that also holds a prompt "
         "chunk, or engine step annotations, to tell them)",
+    )  # fmt: skip
+    # each step's own kernels: families engines run in one phase only decide a step without shapes,
+    # and a step whose shapes say otherwise has no phase (the two kinds of evidence contradict)
+    said = [_evidence_phase(seg, df) if "evidence" in df else None for seg in segments]
+    conflict = []
+    for i, (ph, ev) in enumerate(zip(phases, said, strict=True)):
+        if ev is None or i in doubtful:
+            continue
+        if ph is None:
+            phases[i], rules[i] = ev, KERNEL_EVIDENCE
+        elif ev != "mixed" and ph != "mixed" and ev != ph:
+            evidence[i] += [rules[i], KERNEL_EVIDENCE]
+            rules[i] = EVIDENCE_CONFLICT
+            conflict.append(i)
+        else:
+            evidence[i].append(KERNEL_EVIDENCE)
+    _no_phase(
+        phases, conflict, warnings,
+        f"trace {tid}: {len(conflict)} steps have attention shapes of one phase and kernels that "
+        "engines run only in the other: their phase is unknown (check the rule's `phases` with "
+        "`rules explain`)",
     )  # fmt: skip
     depth = [int(df["layer"][seg].max()) + 1 if "layer" in df and len(seg) else 0 for seg in segments]
     by_depth = _depth_models(depth)  # draft / target without shapes, or None

@@ -81,7 +81,20 @@ TRUNCATED_RULE_ID = "TRUNCATED"
 # the stage a truncated name may keep although an earlier rule could still have claimed its tail
 _GENERIC_FALLBACK = "elementwise"
 _ID_RE = re.compile(r"^[A-Z]{3}\d{3}$")
-_RULE_KEYS = {"id", "pattern", "flags", "stage", "provider", "examples", "not_examples", "note"}
+_RULE_KEYS = {
+    "id",
+    "pattern",
+    "flags",
+    "stage",
+    "provider",
+    "examples",
+    "not_examples",
+    "note",
+    "phases",
+    "phases_source",
+}
+#: In which phases engines run a rule's family: prefill only, decode only, or either (the default).
+RULE_PHASES = ("prefill", "decode", "either")
 _REQUIRED_KEYS = ("id", "pattern", "stage", "provider", "examples", "note")
 _FLAG_LETTERS = {"i": re.IGNORECASE}
 
@@ -103,6 +116,9 @@ class Rule:
     note: str
     flags: str = ""
     source: str = ""
+    # in which phases engines run the family (RULE_PHASES), and where the library shows it
+    phases: str = "either"
+    phases_source: str = ""
     # literals of which at least one must occur in a name the pattern can match (a pure speed-up)
     literals: tuple[str, ...] | None = None
 
@@ -205,6 +221,10 @@ class RuleSet:
                 if rule.regex.search(text) is not None:
                     return rule
         return None
+
+    def phase_evidence(self) -> dict[str, str]:
+        """Rule id -> ``prefill`` / ``decode`` for the families engines run in one phase only."""
+        return {r.id: r.phases for r in self.rules if r.phases != "either"}
 
     def rule(self, rule_id: str) -> Rule | None:
         """The rule with this id, following aliases of retired ids; None when unknown."""
@@ -523,6 +543,14 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple
     if isinstance(entry.get("provider"), str) and entry["provider"].strip():
         if entry["provider"] not in taxonomy.providers:
             fail(f"unknown provider {entry['provider']!r} (rules/taxonomy.toml)")
+    phases = entry.get("phases", "either")
+    if phases not in RULE_PHASES:
+        fail(f"phases must be one of {', '.join(RULE_PHASES)}")
+    phases_source = entry.get("phases_source", "")
+    if not isinstance(phases_source, str) or (phases != "either" and not phases_source.strip()):
+        fail(
+            "phases_source must name the library code or docs that show the phase (required unless phases = 'either')"
+        )
     examples = entry.get("examples")
     if "examples" in entry and (not _str_list(examples) or not examples):
         fail("examples must be a non-empty list of kernel names")
@@ -565,6 +593,8 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple
         note=" ".join(entry["note"].split()),
         flags=flag_text,
         source=str(path),
+        phases=phases,
+        phases_source=" ".join(str(phases_source).split()),
         literals=_parsed_literals(parsed, flags),
     )
     return rule, problems
