@@ -503,3 +503,16 @@ def test_injected_names_stay_text_in_chromium(browser: Any, tmp_path: Path, evil
         assert shown in seen["text"], (needle, seen)
         assert seen["bold"] == 0 and seen["links"] == 0, seen
     assert not page.dialogs and not page.errors
+
+
+def test_top_kernels_name_the_rule_that_gave_the_stage() -> None:
+    # GIVEN a zoo case whose layer walk relabels generic kernels (a structure rule gives their stage)
+    analysis, summary = analysed([ROOT / "fixtures" / "zoo" / "qwen3-moe-grouped-bf16" / "trace.json.gz"])
+    tops = summary["top_kernels"]
+    relabelled = [r for r in tops if r["stage_rule"] != r["rule_id"]]
+    assert relabelled and all(r["stage_rule"] for r in tops)
+    # WHEN the page is rendered
+    text = html.render_report(analysis, summary)
+    # THEN the top-kernel table shows the name rule and the rule that gave the stage
+    r = relabelled[0]
+    assert f"{html.esc(r['rule_id'])} → {html.esc(r['stage_rule'])}" in text
