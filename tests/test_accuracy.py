@@ -292,3 +292,98 @@ def test_check_stays_distinct_from_rules_check(capsys: pytest.CaptureFixture[str
     assert main(["check", "--help"]) == 0
     assert "truth" in capsys.readouterr().out
     assert main(["rules", "--help"]) == 0
+
+
+# ----------------------------------------------------------------------------- agreement per rule
+
+
+def test_agreement_per_rule_names_the_rule_of_a_wrong_answer(table) -> None:
+    import pandas as pd
+    import pyarrow as pa
+
+    # GIVEN the small truth and kernels whose stage and step rules are known
+    truth = extract_truth(_doc(), table)
+    kernels = pa.table(
+        {
+            "correlation": [1, 2, 3, 4, 4, 5],
+            "start_ns": truth["start_ns"].to_pylist(),
+            "dur_ns": [2000, 1000, 1000, 1000, 1000, 1000],
+            "name": truth["name"].to_pylist(),
+            "stage": ["qkv_gemm", "elementwise", "sampling", "gemm", "gemm", "memcpy"],
+            "category": ["dense_gemm", "other", "sampling", "dense_gemm", "dense_gemm", "memory"],
+            "phase": ["prefill", "prefill", "decode", "decode", "decode", "prefill"],
+            "stage_rule": ["STR007", "ATN099", "OPH005", "GEM001", "GEM001", "MEM001"],
+            "trace_id": [0] * 6,
+            "step": [0, 0, 0, 1, 1, -1],
+        }
+    )
+    steps = pd.DataFrame({"trace_id": [0, 0], "step": [0, 1], "phase_rule": ["PHS007", "lkm"]})
+    # WHEN agreement is measured with the steps
+    r = agreement(kernels, truth, table, steps=steps)
+    # THEN the wrong stage (the norm kernel left elementwise) is charged to its rule
+    st = r["stage"]["by_rule"]
+    assert st["ATN099"] == {"time_ns": 1000, "agree_ns": 0, "kernels": 1, "agreement": 0.0}
+    assert st["STR007"]["agreement"] == 1.0 and list(st)[0] == "STR007"  # most time first
+    assert sum(v["time_ns"] for v in st.values()) == r["stage"]["time_ns"]
+    # AND the wrong phase (argmax said decode in a prefill step) to the rule of its step
+    ph = r["phase"]["by_rule"]
+    assert ph["PHS007"] == {"time_ns": 4000, "agree_ns": 3000, "kernels": 3, "agreement": 0.75}
+    assert ph["lkm"]["agreement"] == 1.0
+    assert sum(v["time_ns"] for v in ph.values()) == r["phase"]["time_ns"]
+    # AND without the columns there is nothing per rule, the rest unchanged
+    bare = agreement(kernels.drop(["stage_rule", "trace_id", "step"]), truth, table)
+    assert bare["stage"]["by_rule"] == {} and bare["phase"]["by_rule"] == {}
+    assert bare["stage"]["agreement"] == r["stage"]["agreement"]
+
+
+def test_check_by_rule_recomputed_independently() -> None:
+
+    from analyzer.cli.check_cmd import analyze_stripped, check_trace
+    from analyzer.readers.raw_json import read_json
+
+    # GIVEN a zoo case whose phase the analysis partly leaves unknown, its truth and its analysis
+    path = str(ZOO / "qwen2-cb-paged-eager-bf16" / "trace.json.gz")
+    tt = load_truth_table()
+    truth = extract_truth(read_json(path), tt).to_pandas()
+    a = analyze_stripped(path, False, (), None, None)
+    k = a.kernels.select(
+        ["correlation", "start_ns", "dur_ns", "stage", "phase", "stage_rule", "trace_id", "step"]
+    )
+    k = k.to_pandas().astype({"stage": str, "phase": str, "stage_rule": str})
+    m = k.merge(truth, on=["correlation", "start_ns"], suffixes=("", "_truth"))
+    m = m.merge(a.steps[["trace_id", "step", "phase_rule"]], on=["trace_id", "step"], how="left")
+    m["phase_rule"] = m["phase_rule"].fillna("(no step)")
+    # WHEN check measures it
+    r = check_trace(path)
+    # THEN per stage_rule: the time with stage truth and the time whose stage is accepted
+    s = m[m["accepted"].map(len) > 0].copy()
+    s["ok"] = [st in acc for st, acc in zip(s["stage"], s["accepted"], strict=True)]
+    want = {
+        rid: (int(g["dur_ns"].sum()), int(g["dur_ns"][g["ok"]].sum()), len(g))
+        for rid, g in s.groupby("stage_rule")
+    }
+    got = {rid: (v["time_ns"], v["agree_ns"], v["kernels"]) for rid, v in r["stage"]["by_rule"].items()}
+    assert got == want
+    # AND per phase_rule of each kernel's step, over the kernels with phase truth
+    p = m[m["phase_truth"].notna()]
+    want = {
+        rid: (int(g["dur_ns"].sum()), int(g["dur_ns"][g["phase"] == g["phase_truth"]].sum()), len(g))
+        for rid, g in p.groupby("phase_rule")
+    }
+    got = {rid: (v["time_ns"], v["agree_ns"], v["kernels"]) for rid, v in r["phase"]["by_rule"].items()}
+    assert got == want
+    # AND the phases left unknown are charged to a rule (the one that abstained)
+    assert any(agree < t for t, agree, _ in got.values())
+
+
+def test_check_text_names_the_rules_behind_disagreements(capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a case with phase disagreements WHEN check prints its report
+    rc = main(["check", str(ZOO / "qwen2-cb-paged-eager-bf16" / "trace.json.gz")])
+    out = capsys.readouterr().out
+    # THEN the rule ids behind them are listed, each one `rules explain` knows
+    assert rc == 0 and "phase rules behind disagreements" in out
+    block = out.split("phase rules behind disagreements")[1].splitlines()[1:]
+    ids = [line.split()[0] for line in block if line.startswith("    ") and "ms wrong of" in line]
+    assert ids
+    for rid in ids:
+        assert main(["rules", "explain", rid]) == 0

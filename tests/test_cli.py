@@ -69,8 +69,13 @@ def test_export_csv_and_parquet(capsys, tmp_path: Path) -> None:
         "pct_of_peak",
         "intensity",
         "bound",
+        "stage_source",
+        "stage_rule",
     ):
         assert col in t.column_names
+    # the rule that gave each kernel its stage travels in both formats, never empty
+    assert t["stage_rule"].to_pylist() == p["stage_rule"].cast("string").to_pylist()
+    assert t["stage_rule"].null_count == 0
 
 
 @pytest.mark.parametrize(

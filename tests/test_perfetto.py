@@ -77,7 +77,8 @@ def only_inserted(orig: str, out: str) -> None:
     """``out`` is ``orig`` with the classification entries inserted into its args (or a new args
     object holding them) and nothing else changed."""
     i = out.rindex('"stage": ')
-    j = out.index('"rule_id": ', i) + len('"rule_id": ')
+    last = f'"{ARG_COLUMNS[-1]}": '
+    j = out.index(last, i) + len(last)
     _, e = _DEC.raw_decode(out, j)
     head, rest = out[:i], out[e:]
     ways = [head + rest]  # into an empty args object
@@ -165,7 +166,7 @@ def check_kineto_export(paths: list[Path], out: Path, want_layers: bool = True) 
         order = sorted(range(len(gpu)), key=lambda i: ns(gpu[i]["ts"]))
         rows = analysis.kernels.filter(pc.equal(analysis.kernels["trace_id"], tid))
         assert len(gpu) == rows.num_rows
-        for col in ("stage", "step", "layer", "rule_id", "phase"):
+        for col in ("stage", "step", "layer", "rule_id", "stage_rule", "phase"):
             assert [gpu[i]["args"][col] for i in order] == rows[col].to_pylist(), col
     added = [_DEC.decode(t) for t in got[n:]]
     assert all(e["pid"] >= PID_BASE for e in added)

@@ -558,3 +558,16 @@ def test_long_names_are_shortened_with_the_whole_name_escaped_on_hover() -> None
     assert cell.startswith('<span title="void k&lt;') and "&lt;script&gt;" in cell
     assert "<script>" not in cell and '"<' not in cell.split('title="', 1)[1].split('">', 1)[0]
     assert html.name_cell("short_kernel") == "short_kernel"
+
+
+def test_top_kernels_name_the_rule_that_gave_the_stage() -> None:
+    # GIVEN a zoo case whose layer walk relabels generic kernels (a structure rule gives their stage)
+    analysis, summary = analysed([ROOT / "fixtures" / "zoo" / "qwen3-moe-grouped-bf16" / "trace.json.gz"])
+    tops = summary["top_kernels"]
+    relabelled = [r for r in tops if r["stage_rule"] != r["rule_id"]]
+    assert relabelled and all(r["stage_rule"] for r in tops)
+    # WHEN the page is rendered
+    text = html.render_report(analysis, summary)
+    # THEN the top-kernel table shows the name rule and the rule that gave the stage
+    r = relabelled[0]
+    assert f"{html.esc(r['rule_id'])} → {html.esc(r['stage_rule'])}" in text

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
+from analyzer.cli import main
 from analyzer.results.summary import FORMAT_VERSION, build_summary
 from tests import rawtrace
-from tests.conftest import H200_DENSE, H200_TP2, shared
+from tests.conftest import FIXTURES, H200_DENSE, H200_TP2, shared
 from tests.runs import analyze_paths
 
 
@@ -176,3 +178,40 @@ def test_tp2_lm_head_rate_is_labelled_as_the_prefill_one(capsys) -> None:
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "nvjet_sm90_tst_256x8_64x6" in line)
     assert "decode 96.9% (+prefill)" in row and "TB/s (87%) in prefill" in row
+
+
+# --------------------------------------------------------------------------- provenance (issue 30)
+
+
+@pytest.mark.parametrize("trace", [H200_DENSE, FIXTURES / "zoo" / "qwen3-moe-grouped-bf16" / "trace.json.gz"])
+def test_by_rule_sums_to_kernel_time_and_matches_the_exported_kernels(trace, tmp_path) -> None:
+    # GIVEN a run's summary and its kernels table exported to Parquet by the CLI
+    a = analyze_paths([str(trace)])
+    s = build_summary(a)
+    out = tmp_path / "k.parquet"
+    assert main(["export", str(trace), "-o", str(out)]) == 0
+    k = pq.read_table(out, columns=["stage_rule", "dur_ns"]).to_pandas()
+    by_rule = s["classification"]["by_rule"]
+    # THEN by_rule holds every id with time, largest first, summing to the kernel time
+    assert sum(by_rule.values()) == s["totals"]["kernel_ns"] == int(k["dur_ns"].sum())
+    assert all(isinstance(v, int) and v > 0 for v in by_rule.values())
+    assert list(by_rule.values()) == sorted(by_rule.values(), reverse=True)
+    # AND it is the exported table's time per stage_rule
+    want = k.groupby(k["stage_rule"].astype(str))["dur_ns"].sum()
+    assert by_rule == {r: int(t) for r, t in want.items() if t > 0}
+    # AND the four shares and the layer-only rules are kept
+    c = s["classification"]
+    assert {"by_name_rule", "by_shapes", "by_structure", "role_free"} <= c.keys()
+    assert c["layer_rules"] == a.layer_rules
+
+
+def test_step_rows_carry_the_phase_rule(dense) -> None:
+    # GIVEN the summary of an annotated run and its steps table
+    a, s = dense
+    # THEN every step row names the rule that decided its phase and the evidence it used
+    assert s["steps"] and len(s["steps"]) == len(a.steps)
+    for row, (rule, evidence) in zip(
+        s["steps"], a.steps[["phase_rule", "phase_evidence"]].itertuples(index=False), strict=True
+    ):
+        assert row["phase_rule"] == rule and row["phase_evidence"] == list(evidence)
+        assert isinstance(row["phase_rule"], str) and all(isinstance(x, str) for x in row["phase_evidence"])

@@ -234,10 +234,13 @@ def _rule_codes(rule_id: pa.Array, know: StructureKnowledge) -> tuple[list[str],
     return ids, array.array("h", lut[idx].tobytes())
 
 
+_HINT_IDS = op_hint_ids()  # read once at import: an analysis opens no file
+
+
 def _hint_codes(ids: list[str]) -> dict[str, int]:
     """Host op -> the code of the op hint that names it (appended to ``ids``)."""
     out: dict[str, int] = {}
-    for op, hid in op_hint_ids().items():
+    for op, hid in _HINT_IDS.items():
         if hid not in ids:
             ids.append(hid)
         out[op] = ids.index(hid)

@@ -50,7 +50,7 @@ def check_trace(
     truth = extract_truth(doc, table)
     del doc
     analysis = analyze_stripped(path, keep_steps, rules, gpu, model)
-    report = agreement(analysis.kernels, truth, table, worst=worst)
+    report = agreement(analysis.kernels, truth, table, worst=worst, steps=analysis.steps)
     report["steps"] = step_agreement(analysis.kernels, truth, analysis.steps, load_annotation_patterns())
     return {"trace": str(path), "keep_steps": keep_steps, **report}
 

@@ -40,8 +40,8 @@ def export(
 ) -> int:
     """Write the kernels table of TRACE... with every analysis column (stage, phase, roofline ...),
     or with -o NAME.perfetto.json (or --format perfetto) the run as one trace for Perfetto UI: every
-    GPU activity with its stage, category, provider, phase, step, layer and rule id in args, plus
-    step and layer tracks. Kineto inputs keep their own events byte for byte."""
+    GPU activity with its stage, category, provider, phase, step, layer, rule id and stage rule in
+    args, plus step and layer tracks. Kineto inputs keep their own events byte for byte."""
     if fmt is not None:
         spec = TABLES.get(fmt)
         named = TABLES.for_path(output)

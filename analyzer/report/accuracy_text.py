@@ -6,6 +6,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, TextIO
 
+#: rule ids listed per kind in the text, worst first
+WORST_RULES = 5
+
 
 def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
@@ -15,6 +18,13 @@ def short_name(name: str, width: int = 70) -> str:
     """A kernel name cut to ``width`` characters (template arguments first to go)."""
     s = re.sub(r"<.*>", "<…>", name) if len(name) > width else name
     return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def worst_rules(by_rule: Mapping[str, Mapping[str, Any]], n: int = WORST_RULES) -> list[tuple[str, Any]]:
+    """The ``n`` rule ids with the most disagreeing time (only those with some), worst first."""
+    bad = [(rid, v) for rid, v in by_rule.items() if v["time_ns"] > v["agree_ns"]]
+    bad.sort(key=lambda kv: (kv[1]["agree_ns"] - kv[1]["time_ns"], kv[0]))
+    return bad[:n]
 
 
 def render_text(report: Mapping[str, Any], stream: Any) -> None:
@@ -44,6 +54,17 @@ def render_text(report: Mapping[str, Any], stream: Any) -> None:
             w(
                 f"    {r['region']:<24} {_pct(r['stage_agreement']):>7}  {r['time_ns'] / 1e6:9.3f} ms  {r['kernels']:>6}\n"
             )
+    for k in ("stage", "phase"):
+        bad = worst_rules(report[k].get("by_rule") or {})
+        if bad:
+            w(
+                f"  {k} rules behind disagreements (rule: agreement of its time with truth; `rules explain ID`):\n"
+            )
+            for rid, v in bad:
+                wrong = (v["time_ns"] - v["agree_ns"]) / 1e6
+                w(
+                    f"    {rid:<14} {_pct(v['agreement']):>7}  {wrong:9.3f} ms wrong of {v['time_ns'] / 1e6:.3f} ms\n"
+                )
     if report["disagreements"]["stage"]:
         w("  largest stage disagreements (kernel: analyzer -> accepted):\n")
         for d in report["disagreements"]["stage"]:

@@ -479,6 +479,16 @@ def _achieved(r: dict[str, Any]) -> Any:
     return val
 
 
+def _rule_cell(r: dict[str, Any]) -> Any:
+    """The kernel rule of a top-kernel row, and the rule that gave its stage where another did."""
+    rid, sr = r.get("rule_id"), r.get("stage_rule")
+    if not sr or sr == rid:
+        return rid
+    return Markup(
+        f'<span title="name rule {esc(rid)}; stage given by {esc(sr)}">{esc(rid)} → {esc(sr)}</span>'
+    )
+
+
 def _top(page: Page, s: dict[str, Any]) -> None:
     page.section("top", "Top kernels")
     rows = []
@@ -487,7 +497,7 @@ def _top(page: Page, s: dict[str, Any]) -> None:
         rows.append([n, fmt_pct(r["share"]), fmt_ns(r["time_ns"]), f"{r['count']:,}", fmt_ns(r.get("mean_ns")),
                      _shares_text(r.get("stages"), "stage", r["stage"]), r["provider"],
                      _shares_text(r.get("phase_shares"), "phase", "/".join(r.get("phases") or [])),
-                     _achieved(r), r.get("bound") or "-", r.get("rule_id"), r.get("tile"),
+                     _achieved(r), r.get("bound") or "-", _rule_cell(r), r.get("tile"),
                      split_k_text(r.get("split_k")), name_cell(r["norm_name"])])  # fmt: skip
         if r.get("invalid_reason"):
             notes.append(f"<li>#{n}: {esc(r['invalid_reason'])}</li>")

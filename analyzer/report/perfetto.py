@@ -3,8 +3,9 @@
 
 Contract (``render(export, stream)``, a binary stream; :class:`PerfettoExport` is the data):
 
-* every GPU activity gets ``stage``, ``category``, ``provider``, ``phase``, ``step``, ``layer`` and
-  ``rule_id`` in its ``args`` (JSON null where the kernels table has null);
+* every GPU activity gets ``stage``, ``category``, ``provider``, ``phase``, ``step``, ``layer``,
+  ``rule_id`` (the kernel rule its name matched) and ``stage_rule`` (the rule that gave its final
+  stage) in its ``args`` (JSON null where the kernels table has null);
 * a Kineto input (``ExportInput.events`` set) keeps every one of its events, in file order, byte for
   byte: the entries are inserted into the text of a GPU event's ``args`` object (or an ``args``
   object is added), nothing else is re-serialised, so ``ts``/``dur`` are the input's own. Its GPU
@@ -40,7 +41,7 @@ from analyzer.errors import InputError
 
 FORMAT_VERSION = 1
 PID_BASE = 1_000_000_000  # above any OS pid: the processes this reporter adds never meet Kineto's
-ARG_COLUMNS = ("stage", "category", "provider", "phase", "step", "layer", "rule_id")
+ARG_COLUMNS = ("stage", "category", "provider", "phase", "step", "layer", "rule_id", "stage_rule")
 _INT_COLUMNS = frozenset({"step", "layer"})
 _SEP = b",\n"
 TABLE_TID = 10_000  # the kernel tracks of an input built from the table; the added tracks count from 1
@@ -366,7 +367,7 @@ class _Matcher:
 
 
 def arg_fragments(kernels: pa.Table) -> pa.Array:
-    """Per row the ``args`` entries (``"stage": "attention", ... "rule_id": "ATT001"``) as binary."""
+    """Per row the ``args`` entries (``"stage": "attention", ... "stage_rule": "ATT001"``) as binary."""
     parts: list[Any] = []
     for i, c in enumerate(ARG_COLUMNS):
         parts.append(("" if i == 0 else ", ") + f'"{c}": ')

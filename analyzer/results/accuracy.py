@@ -204,18 +204,57 @@ def _frac(num: float, den: float) -> float | None:
     return round(num / den, 6) if den > 0 else None
 
 
+def _count(acc: list[int], d: int, ok: bool) -> None:
+    """Add a kernel of ``d`` ns to ``[agreeing ns, ns, kernels]``."""
+    acc[0] += d if ok else 0
+    acc[1] += d
+    acc[2] += 1
+
+
 def _truth_rows(truth: pa.Table) -> dict[tuple[Any, Any], int]:
     """The truth row of each (correlation, start_ns): how analysed kernels are matched to it."""
     pairs = zip(truth["correlation"].to_pylist(), truth["start_ns"].to_pylist(), strict=True)
     return {pair: i for i, pair in enumerate(pairs)}
 
 
-def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: int = 10) -> dict[str, Any]:
+#: the ``by_rule`` key of kernels outside every step (no phase rule decided their phase)
+NO_STEP_RULE = "(no step)"
+
+
+def _kernel_phase_rules(kernels: pa.Table, steps: Any) -> list[str] | None:
+    """Per kernel the ``phase_rule`` of its step (:data:`NO_STEP_RULE` outside every step); None
+    without steps or without the ``trace_id`` / ``step`` columns."""
+    if steps is None or "phase_rule" not in steps or not {"trace_id", "step"} <= set(kernels.column_names):
+        return None
+    rule_of = {
+        (int(t), int(st)): r if isinstance(r, str) else NO_STEP_RULE
+        for t, st, r in zip(steps["trace_id"], steps["step"], steps["phase_rule"], strict=True)
+    }
+    pairs = zip(kernels["trace_id"].to_pylist(), kernels["step"].to_pylist(), strict=True)
+    return [rule_of.get((t, st), NO_STEP_RULE) for t, st in pairs]
+
+
+def _by_rule(acc: Mapping[str, list[int]]) -> dict[str, dict[str, Any]]:
+    """``{rule id: {time_ns, agree_ns, kernels, agreement}}`` from ``[agreeing ns, ns, kernels]``
+    per rule, the rule with most time with truth first (ties by id)."""
+    rows = sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    return {
+        rid: {"time_ns": t, "agree_ns": ok, "kernels": cnt, "agreement": _frac(ok, t)}
+        for rid, (ok, t, cnt) in rows
+    }
+
+
+def agreement(
+    kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: int = 10, steps: Any = None
+) -> dict[str, Any]:
     """Time-weighted agreement of an analysed kernels table with the truth rows of its trace.
 
     ``kernels`` needs ``correlation``, ``start_ns``, ``dur_ns``, ``name``, ``stage``, ``category``
-    and ``phase``; rows are matched on (correlation, start_ns). Returns the report dict (its keys are
-    documented in docs/accuracy.md).
+    and ``phase``; rows are matched on (correlation, start_ns). With a ``stage_rule`` column the
+    stage agreement is also given per rule id (``stage.by_rule``); with ``steps`` (the step rows,
+    ``trace_id``, ``step``, ``phase_rule``) and the kernels' ``trace_id`` / ``step`` the phase
+    agreement is given per ``phase_rule`` of each kernel's step (``phase.by_rule``, weighted by
+    kernel time like the rest). Returns the report dict (its keys are documented in docs/accuracy.md).
     """
     key = _truth_rows(truth)
     t_region = truth["region"].to_pylist()
@@ -226,6 +265,12 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
         ["correlation", "start_ns", "dur_ns", "name", "stage", "category", "phase"]
     ).to_pydict()
     n = len(cols["name"])
+    stage_rule = kernels["stage_rule"].to_pylist() if "stage_rule" in kernels.column_names else None
+    phase_rule = _kernel_phase_rules(kernels, steps)
+    by_rule: dict[str, dict[str, list[int]]] = {
+        "stage": defaultdict(lambda: [0, 0, 0]),
+        "phase": defaultdict(lambda: [0, 0, 0]),
+    }
     total = sum(d or 0 for d in cols["dur_ns"])
     acc = {"stage": [0, 0, 0], "category": [0, 0, 0], "phase": [0, 0, 0]}  # ok time, time, kernels
     regions: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -252,6 +297,8 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
             r[0] += d if ok else 0
             r[1] += d
             r[2] += 1
+            if stage_rule is not None:
+                _count(by_rule["stage"][str(stage_rule[i])], d, ok)
             if not ok:
                 b = bad_stage[(cols["name"][i], str(stage), t_region[j], "|".join(accepted))]
                 b[0] += d
@@ -261,6 +308,8 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
             acc["phase"][0] += d if good else 0
             acc["phase"][1] += d
             acc["phase"][2] += 1
+            if phase_rule is not None:
+                _count(by_rule["phase"][phase_rule[i]], d, good)
             if cols["phase"][i] == "unknown":
                 undecided += d
             if not good:
@@ -279,6 +328,9 @@ def agreement(kernels: pa.Table, truth: pa.Table, table: TruthTable, *, worst: i
     # a wrong answer: the share left unknown, and the agreement where a phase was given
     report["phase"]["undecided"] = _frac(undecided, acc["phase"][1])
     report["phase"]["decided_agreement"] = _frac(acc["phase"][0], acc["phase"][1] - undecided)
+    # which rule gave each answer: a wrong answer names the rule that made it
+    report["stage"]["by_rule"] = _by_rule(by_rule["stage"])
+    report["phase"]["by_rule"] = _by_rule(by_rule["phase"])
     report["regions"] = [
         {"region": r, "time_ns": v[1], "kernels": v[2], "stage_agreement": _frac(v[0], v[1])}
         for r, v in sorted(regions.items(), key=lambda kv: -kv[1][1])

@@ -72,7 +72,7 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
         "top_kernels": top_kernels(
             only_columns(
                 df,
-                *("group_key", "norm_name", "stage", "provider", "rule_id", "phase", "count"),
+                *("group_key", "norm_name", "stage", "provider", "rule_id", "stage_rule", "phase", "count"),
                 *("tile_m", "tile_n", "tile_k", "split_k"),
                 *_RATE_COLUMNS,
             ),
@@ -82,7 +82,11 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
         ),
         "unclassified": unclassified(df, total),
         "barrier_packets": barrier_packets(df, total),
-        "classification": classification_shares(df["stage_source"], df["dur_ns"]),
+        "classification": {
+            **classification_shares(df["stage_source"], df["dur_ns"]),
+            "by_rule": rule_times(df),
+            "layer_rules": dict(sorted(analysis.layer_rules.items())),
+        },
         "steps": step_rows(analysis),
         "findings": analysis.findings,
         "warnings": analysis.warnings,
@@ -486,7 +490,7 @@ def top_kernels(
         return rows
     # the columns a row reads: each top group's rows are taken out of this narrower frame
     df = only_columns(df, "group_key", "dur_ns", "stage", "phase", "norm_name", "provider", "rule_id",
-                      "count", "tile_m", "tile_n", "tile_k", "split_k", "flops", "bytes", "pct_of_peak",
+                      "stage_rule", "count", "tile_m", "tile_n", "tile_k", "split_k", "flops", "bytes", "pct_of_peak",
                       "bound", "category")  # fmt: skip
     groups = df.groupby("group_key", observed=True)
     tot = groups["dur_ns"].sum()
@@ -498,7 +502,8 @@ def top_kernels(
         stages = _shares(g, "stage")
         phases = _shares(g, "phase")
         # the row describes the stage holding most of the time, not whichever kernel came first
-        first = g[(g["stage"] == stages[0]["stage"]).to_numpy()].iloc[0]
+        main = g[(g["stage"] == stages[0]["stage"]).to_numpy()]
+        first = main.iloc[0]
         rows.append(
             {
                 "group_key": str(gk),
@@ -507,6 +512,8 @@ def top_kernels(
                 "stages": stages,
                 "provider": str(first["provider"]),
                 "rule_id": str(first["rule_id"]),
+                # the rule that gave most of that stage's time (a structure rule may relabel a kernel)
+                "stage_rule": _shares(main, "stage_rule")[0]["stage_rule"] if "stage_rule" in main else None,
                 "phase": phases[0]["phase"],
                 "phase_shares": phases,
                 "phases": sorted(p["phase"] for p in phases),
@@ -588,6 +595,21 @@ def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     return rows
 
 
+def rule_times(df: pd.DataFrame) -> dict[str, int]:
+    """Kernel time (ns) per ``stage_rule`` id (the rule that gave each kernel its final stage),
+    largest first (ties by id); ids with no time are left out, the values sum to the kernel time."""
+    if "stage_rule" not in df or len(df) == 0:
+        return {}
+    t = df.groupby("stage_rule", observed=True, sort=False)["dur_ns"].sum()
+    rows = sorted(((str(k), int(v)) for k, v in t.items() if v > 0), key=lambda kv: (-kv[1], kv[0]))
+    return dict(rows)
+
+
+def _ids(v: Any) -> list[str]:
+    """A list cell of rule ids (list, tuple or array) as a list; empty when missing."""
+    return [str(x) for x in v] if isinstance(v, (list, tuple, np.ndarray)) else []
+
+
 def _opt_int(v: Any) -> int | None:
     return None if v is None or pd.isna(v) else int(v)
 
@@ -618,6 +640,8 @@ def step_rows(analysis: Analysis) -> list[dict[str, Any]]:
                 "rank": int(r.rank),
                 "trace_id": int(r.trace_id),
                 "source": r.source,
+                "phase_rule": r.phase_rule if isinstance(getattr(r, "phase_rule", None), str) else None,
+                "phase_evidence": _ids(getattr(r, "phase_evidence", None)),
             }
         )
     return out

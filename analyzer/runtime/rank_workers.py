@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -132,6 +133,7 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
         "gpu": analysis.gpu,
         "world_size": roofline.world_size(trace.inputs),
         "rules_sha256": analysis.rules_sha256,
+        "layer_rules": analysis.layer_rules,
     }
     return "part", {
         "kernels": ipc_bytes(analysis.kernels),
@@ -172,4 +174,5 @@ def join_parts(results: Sequence[tuple[str, Any]], context: Context) -> Analysis
         warnings=reader_warnings + [w for m in metas for w in m["warnings"]],
         annotations_found=sorted({e for m in metas for e in m["annotations_found"]}),
         rules_sha256=metas[0]["rules_sha256"],
+        layer_rules=dict(sum((Counter(m["layer_rules"]) for m in metas), Counter())),
     )
