@@ -110,6 +110,8 @@ def _kernel_entries(extra: Sequence[str]) -> list[RuleEntry]:
                     "note": r.note,
                     "examples": list(r.examples),
                     "not_examples": list(r.not_examples),
+                    "phases": r.phases,
+                    "phases_source": r.phases_source,
                     "fallback": False,
                 },
             )
