@@ -72,7 +72,7 @@ PACKED_BOOKKEEPING = _ID("packed-bookkeeping")
 SCORED_UNKNOWN = _ID("scored-unknown")
 SIGNATURE_WORK = _ID("signature-work")
 SIGNATURE_NOVEL = _ID("signature-novel-names")
-SINGLE_STEP = _ID("single-step-prefill")
+SINGLE_STEP = _ID("single-step-unknown")
 SIGNATURE_ALL_HEAVY = _ID("signature-all-heavy")
 PADDED_OR_REPLAYED = _ID("padded-or-replayed")
 UNSHAPED_PREFILL_RUN = _ID("unshaped-prefill-run")
@@ -805,6 +805,12 @@ def label_steps(
                 phases[i], rules[i] = sig[i], sig_rules[i]
                 if by_depth is not None:
                     evidence[i] += [SIGNATURE_BY_MODEL, MODELS_BY_DEPTH]
+    if SINGLE_STEP in rules and warnings is not None:
+        warnings.append(
+            f"trace {tid}: a single step with no recorded shapes and no kernels that engines run in one "
+            "phase only: its phase is unknown (a step is never decided by its position; a run of several "
+            "steps, record_shapes=True or engine step annotations tell it)"
+        )
     undecided = set(_padded_or_replayed(segments, df, hits, packed))
     decodes = packed_decode_tokens(
         [(h[1], h[2], r) if h is not None else None for h, r in zip(hits, rows_out, strict=True)],
@@ -1241,10 +1247,10 @@ def _label_from_signature(
     """Prefill steps do the same kernels' work over many tokens: their heavy kernels run longer, or
     (small models, where the time hardly grows with the tokens) run under other names: GEMM tiles
     and attention kernels picked for many query rows, which the run's repeated decode steps never
-    use. A single step is one forward over its whole input: prefill. Returns the phases and the
-    ids of the rules that decided them."""
+    use. A single step has nothing to be compared with: unknown. Returns the phases and the ids of
+    the rules that decided them."""
     if len(segments) == 1:
-        return ["prefill"], [SINGLE_STEP]
+        return ["unknown"], [SINGLE_STEP]
     work = []
     for seg in segments:
         dur = df["dur"][seg]

@@ -136,7 +136,10 @@ def _explain_kernel_rule(asked: str, r: rules_mod.Rule, rs: rules_mod.RuleSet) -
     click.echo(f"  pattern: {r.pattern}" + (f"  flags: {r.flags}" if r.flags else ""))
     click.echo(f"  source: {r.source}")
     click.echo(f"  note: {r.note}")
-    click.echo(f"  phases: {r.phases}" + (f" ({r.phases_source})" if r.phases_source else " (engines run it in either phase)"))
+    click.echo(
+        f"  phases: {r.phases}"
+        + (f" ({r.phases_source})" if r.phases_source else " (engines run it in either phase)")
+    )
     for e in r.examples:
         click.echo(f"  example: {e}")
     for e in r.not_examples:

@@ -101,6 +101,7 @@ class StructureKnowledge:
     regions: Mapping[str, str]
     thresholds: Thresholds
     ranges: Mapping[str, tuple[float, float, str]]  # name -> (min, max, note)
+    retired: Mapping[str, str] = dataclasses.field(default_factory=dict)  # id -> why, what replaced it
 
     def rule(self, ident: str) -> StructureRule | None:
         """The rule with id ``ident`` (any case), or None."""
@@ -165,7 +166,7 @@ def _strings(path: Path, key: str, v: Any) -> tuple[str, ...]:
 
 
 def _parse(doc: dict[str, Any], path: Path) -> StructureKnowledge:
-    unknown = sorted(set(doc) - {"vocabulary", "regions", "thresholds", "rule"})
+    unknown = sorted(set(doc) - {"vocabulary", "regions", "thresholds", "rule", "retired"})
     if unknown:
         raise loader.fail(path, unknown[0], "unknown top-level key")
     stages = load_taxonomy().stage_category
@@ -243,8 +244,15 @@ def _parse(doc: dict[str, Any], path: Path) -> StructureKnowledge:
                 reads=reads,
             )
         )
+    retired = doc.get("retired", {})
+    for rid, why in retired.items():
+        if not ID_FORM.match(rid) or rid in seen_ids or not isinstance(why, str) or not why.strip():
+            raise loader.fail(
+                path, f"retired.{rid}", "a retired id is STR###/PHS###, no active rule's, with a reason"
+            )
     return StructureKnowledge(
         rules=tuple(rules),
+        retired=MappingProxyType(dict(retired)),
         vocabulary=MappingProxyType(vocab),
         regions=MappingProxyType(dict(regions)),
         thresholds=Thresholds(values),

@@ -89,6 +89,16 @@ def every_step_novel(t: Trace) -> Trace:
     return dataclasses.replace(t, host_ops=h)
 
 
+def decode_kernel_in_prefill(t: Trace) -> Trace:
+    # a decode-only attention family (vLLM's paged decode) where the shapes say prefill: the two
+    # kinds of evidence contradict, so the step has no phase (a wrong `phases` or layout shows here)
+    import numpy as np
+
+    start = t.kernels["start_ns"].to_numpy(zero_copy_only=False)
+    first = pa.array(start < np.median(start))
+    return _rename(t, r"cudnn_generated_fort_native_sdpa|flash_fwd|fmha", "paged_attention_v1_kernel", first)
+
+
 DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
     ("derived-unknown-attention", "llama-sdpa-prefill-decode", unknown_attention,
      "An attention kernel no rule knows: the layer structure is not found with confidence, names kept"),
@@ -96,6 +106,8 @@ DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
      "MoE routing by a fused sort without host ops: the router GEMM found by what follows it"),
     ("derived-unseen-input-norm", "llama-sdpa-prefill-decode", norm_before_quantize,
      "Input norms whose kernels the rules cannot see: the residual add found by its op"),
+    ("derived-decode-kernel-in-prefill", "llama-sdpa-prefill-decode", decode_kernel_in_prefill,
+     "A decode-only attention kernel in a step whose shapes say prefill: contradicting evidence, no phase"),
     ("derived-every-step-novel", "llama-assisted-noshape-depth", every_step_novel,
      "Without shapes, two halves of a run whose heavy kernels share no name: no phase"),
 ]  # fmt: skip
