@@ -170,6 +170,7 @@ def phases_step(a: Analysis, ctx: Context) -> Analysis:
         steps=got.steps,
         annotations_found=got.annotations_found,
         warnings=[*a.warnings, *got.warnings],
+        layer_rules={**a.layer_rules, **got.fired},
     )
 
 

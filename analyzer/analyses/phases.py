@@ -82,6 +82,9 @@ MODELS_BY_DEPTH = _ID("models-by-depth")
 VERIFY_WIDTH = _ID("verify-width")
 STATIC_BATCH = _ID("static-batch-decode")
 KERNEL_EVIDENCE = _ID("kernel-phase-evidence")
+TRAINING_RUN = _ID("training-run")
+NO_LLM_STRUCTURE = _ID("no-llm-structure")
+_BACKWARD_WORDS = KNOWLEDGE.words("backward_words")
 EVIDENCE_CONFLICT = _ID("evidence-conflict")
 # per kernel: the phase its family's rule says engines run it in (rules/kernels.toml `phases`)
 NO_EVIDENCE, DECODE_EVIDENCE, PREFILL_EVIDENCE = 0, 1, 2
@@ -244,6 +247,7 @@ class Labelled:
     steps: pd.DataFrame  # one row per step (:data:`STEP_COLUMNS`)
     annotations_found: list[str]  # ids of the engines whose step annotations were found
     warnings: list[str]
+    fired: dict[str, int] = dataclasses.field(default_factory=dict)  # rules that decided the whole run
 
 
 def label_phases(
@@ -262,9 +266,19 @@ def label_phases(
     ``decode`` for the families engines run in one phase only (``RuleSet.phase_evidence``)."""
     anns, engines = step_annotations(annotations, patterns)
     th = structure.thresholds if structure is not None else DEFAULT_THRESHOLDS
-    phase, step, tokens, steps, warnings = split_phases(
-        kernels, host_ops, anns, attention_ops, th, kernel_phases
-    )
+    whole = not_inference(kernels, bool(engines))
+    fired: dict[str, int] = {}
+    if whole is not None:
+        # a training run, or no LLM at all: no steps, no phases (the findings then have none to judge)
+        rule, why = whole
+        n = kernels.num_rows
+        phase, step, tokens = np.full(n, "unknown", object), np.full(n, -1, np.int64), np.full(n, None, object)
+        steps, warnings = pd.DataFrame([], columns=STEP_COLUMNS), [why] if why else []
+        fired[rule] = n
+    else:
+        phase, step, tokens, steps, warnings = split_phases(
+            kernels, host_ops, anns, attention_ops, th, kernel_phases
+        )
     for name, arr in (
         ("phase", dict_strings(pa.array(phase, pa.string()))),
         ("step", pa.array(step, pa.int32())),
@@ -274,7 +288,35 @@ def label_phases(
             kernels = kernels.set_column(kernels.schema.get_field_index(name), name, arr)
         else:
             kernels = kernels.append_column(name, arr)
-    return Labelled(kernels=kernels, steps=steps, annotations_found=engines, warnings=list(warnings))
+    return Labelled(
+        kernels=kernels, steps=steps, annotations_found=engines, warnings=list(warnings), fired=fired
+    )
+
+
+def not_inference(kernels: pa.Table, annotated: bool) -> tuple[str, str] | None:
+    """(rule id, the warning to give: empty where the classification gave it) when the run is no
+    LLM inference: a training run (an optimizer kernel, or backward kernels by name), or, without
+    engine step annotations, a run with neither an attention kernel nor a decoder layer (nothing
+    of an LLM's structure, e.g. a kernel benchmark)."""
+    if kernels.num_rows == 0:
+        return None
+    stages = dict_strings(kernels["stage"])
+    names = dict_strings(kernels["norm_name"] if "norm_name" in kernels.column_names else kernels["name"])
+    kinds = set(stages.dictionary.to_pylist())
+    if "optimizer" in kinds or any(
+        u and any(w in u for w in _BACKWARD_WORDS) for u in names.dictionary.to_pylist()
+    ):
+        return TRAINING_RUN, ""  # classify says "training, not inference"
+    if annotated:
+        return None
+    attention = bool(dict_isin(kernels["stage"], ATTENTION_KERNEL_STAGES).any())
+    layered = "layer" in kernels.column_names and kernels["layer"].null_count < kernels.num_rows
+    if attention or layered:
+        return None
+    return NO_LLM_STRUCTURE, (
+        f"no LLM structure: no attention kernel and no decoder layer among {kernels.num_rows:,} GPU "
+        "activities, so no steps, phases or inference findings (stages and the roofline still hold)"
+    )
 
 
 def coverage_warnings(kernels: pa.Table) -> list[str]:
@@ -666,8 +708,11 @@ def _steps_from_structure(
     k_st = df["start"][idx]
     k_du = df["dur"][idx]
     prefix = -1
-    if len(starts) == 0:
-        starts = _gap_starts(k_st, k_du, th)
+    bare = not _stage_is(df["stage_dict"].take(pa.array(idx)), ("embedding", "lm_head_gemm")).any()
+    gaps = _gap_starts(k_st, k_du, th) if len(starts) == 0 or (bare and len(starts) <= 1) else None
+    if gaps is not None and (len(starts) == 0 or len(gaps) > 1):
+        # no forward start to cut at (no embedding, no LM head: the layers alone): idle gaps cut
+        starts = gaps
         source, finder = "gaps", GAP_STEPS
     elif starts[0] > 0 and df["is_heavy"][idx[: starts[0]]].any():
         # a forward before the first recognised one (its embedding ran elsewhere, e.g. on the

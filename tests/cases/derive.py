@@ -99,6 +99,24 @@ def decode_kernel_in_prefill(t: Trace) -> Trace:
     return _rename(t, r"cudnn_generated_fort_native_sdpa|flash_fwd|fmha", "paged_attention_v1_kernel", first)
 
 
+def layers_alone(t: Trace) -> Trace:
+    # a benchmark of the decoder layers alone (no embedding, no LM head, no sampler): no forward
+    # start to cut at, so idle gaps between the forwards cut the steps
+    from analyzer.results.cases import case_outcome
+
+    import numpy as np
+
+    a, got, _ = case_outcome(t)
+    drop = {"embedding", "lm_head_gemm", "sampling"}
+    keep = np.array([s not in drop for s in got["stage"]])
+    second = a.kernels["step"].to_numpy(zero_copy_only=False) >= 1
+    t = _without_host_ops(t)  # captured without host ops (nsys, rocprof): the step boundary is time alone
+    k = t.kernels
+    start = k["start_ns"].to_numpy(zero_copy_only=False) + np.where(second, 5_000_000, 0)  # the host's 5 ms between
+    k = k.set_column(k.schema.get_field_index("start_ns"), "start_ns", pa.array(start, pa.int64()))
+    return dataclasses.replace(t, kernels=k.filter(pa.array(keep)))
+
+
 DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
     ("derived-unknown-attention", "llama-sdpa-prefill-decode", unknown_attention,
      "An attention kernel no rule knows: the layer structure is not found with confidence, names kept"),
@@ -108,6 +126,8 @@ DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
      "Input norms whose kernels the rules cannot see: the residual add found by its op"),
     ("derived-decode-kernel-in-prefill", "llama-sdpa-prefill-decode", decode_kernel_in_prefill,
      "A decode-only attention kernel in a step whose shapes say prefill: contradicting evidence, no phase"),
+    ("derived-layers-alone", "llama-sdpa-prefill-decode", layers_alone,
+     "The decoder layers alone (a layer benchmark without host ops, 5 ms of host work between forwards): no forward start, idle gaps cut the steps"),
     ("derived-every-step-novel", "llama-assisted-noshape-depth", every_step_novel,
      "Without shapes, two halves of a run whose heavy kernels share no name: no phase"),
 ]  # fmt: skip
