@@ -14,6 +14,7 @@ Contract (pure over lists and arrays that :mod:`analyzer.analyses.classify` hand
 
 from __future__ import annotations
 
+import array
 import bisect
 import functools
 from collections import Counter
@@ -780,6 +781,12 @@ def _label_generic(
     rows = seq.tolist()
     n = len(rows)
     gap = int(th.norm_cluster_gap)
+    # with a typed array of codes, the region defaults' codes are set at once afterwards (below)
+    codes_at_once = isinstance(why, array.array) and len(generic_at) > 0
+    if codes_at_once:
+        codes = np.frombuffer(why, np.int16)
+        at = seq[np.asarray(generic_at, np.int64)]
+        before = codes[at].copy()
     clusters = _cluster_bounds(np.flatnonzero(normish), gap) if shape and normish is not None else None
     starts = [0, *(np.flatnonzero(np.diff(region_code)) + 1).tolist()]
     ends = [*starts[1:], n]
@@ -879,7 +886,20 @@ def _label_generic(
                     run = [i for i in run if i not in kv_rows and i not in reads]
             for i in run:
                 stage[rows[i]] = target
-                why[rows[i]] = target_rule
+            if not codes_at_once:
+                for i in run:
+                    why[rows[i]] = target_rule
+    if codes_at_once:
+        # a generic kernel no specific rule took got its region's stage: the region's rule says so
+        lut = np.full(int(region_code.max()) + 1 if len(region_code) else 1, -1, np.int16)
+        names = list(dict.fromkeys(region_of))
+        for reg in names:
+            rule = _REGION_RULE.get(reg)
+            if rule is not None:
+                lut[int(region_code[region_of.index(reg)])] = rule
+        rule_at = lut[region_code[np.asarray(generic_at, np.int64)]]
+        take = (codes[at] == before) & (rule_at >= 0)
+        codes[at[take]] = rule_at[take]
 
 
 WEAK_WRITE, STRONG_WRITE, CACHE_READ = 1, 2, 3

@@ -272,7 +272,11 @@ def label_phases(
         # a training run, or no LLM at all: no steps, no phases (the findings then have none to judge)
         rule, why = whole
         n = kernels.num_rows
-        phase, step, tokens = np.full(n, "unknown", object), np.full(n, -1, np.int64), np.full(n, None, object)
+        phase, step, tokens = (
+            np.full(n, "unknown", object),
+            np.full(n, -1, np.int64),
+            np.full(n, None, object),
+        )
         steps, warnings = pd.DataFrame([], columns=STEP_COLUMNS), [why] if why else []
         fired[rule] = n
     else:
@@ -701,14 +705,15 @@ def _steps_from_structure(
     th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> list[dict[str, Any]]:
     stages = df["stage"][idx]
-    found = forward_starts(df["stage_dict"].take(pa.array(idx)))
+    taken = df["stage_dict"].take(pa.array(idx))
+    found = forward_starts(taken)
     starts = _graph_launch_start(found, df["corr"][idx], df["graph"][idx], df["fill"][idx], th)
     moved = set(starts.tolist()) - set(found.tolist())  # starts a graph replay moved back
     source, finder = "forward", FORWARD_STARTS
     k_st = df["start"][idx]
     k_du = df["dur"][idx]
     prefix = -1
-    bare = not _stage_is(df["stage_dict"].take(pa.array(idx)), ("embedding", "lm_head_gemm")).any()
+    bare = not _stage_is(taken, ("embedding", "lm_head_gemm")).any()
     gaps = _gap_starts(k_st, k_du, th) if len(starts) == 0 or (bare and len(starts) <= 1) else None
     if gaps is not None and (len(starts) == 0 or len(gaps) > 1):
         # no forward start to cut at (no embedding, no LM head: the layers alone): idle gaps cut

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from analyzer.analyses.classify import classification_shares
 from analyzer.analyses.ranks import rank_summary
@@ -103,18 +104,20 @@ def _decoded_tiles(rows: list[dict[str, Any]], kernels: Any) -> None:
     kernel of each top group is read from the kernels table."""
     if not rows or "tile_k" not in kernels.column_names or "group_key" not in kernels.column_names:
         return
-    from analyzer.model import dict_isin
+    from analyzer.model import dict_strings
 
-    keys = [r["group_key"] for r in rows]
-    hit = np.flatnonzero(dict_isin(kernels["group_key"], keys))
-    if not len(hit):
-        return
-    sub = kernels.select(["group_key", "tile_m", "tile_n", "tile_k"]).take(hit).to_pandas()
-    sub["group_key"] = sub["group_key"].astype(str)
-    first = sub.drop_duplicates("group_key").set_index("group_key")
+    gk = dict_strings(kernels["group_key"])
+    values = gk.dictionary.to_pylist()
+    code_of = {v: i for i, v in enumerate(values)}
+    codes = gk.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    tiles = kernels.select(["tile_m", "tile_n", "tile_k"])
     for r in rows:
-        if r["group_key"] in first.index:
-            r["tile"] = _tile(first.loc[r["group_key"]])
+        c = code_of.get(r["group_key"])
+        if c is None:
+            continue
+        at = np.flatnonzero(codes == c)[:1]  # the group's first kernel: its kernels share one tile
+        if len(at):
+            r["tile"] = _tile(pd.Series(tiles.take(pa.array(at)).to_pylist()[0]))
 
 
 # what roofline_fields and _dominant_bound read

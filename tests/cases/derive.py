@@ -102,9 +102,9 @@ def decode_kernel_in_prefill(t: Trace) -> Trace:
 def layers_alone(t: Trace) -> Trace:
     # a benchmark of the decoder layers alone (no embedding, no LM head, no sampler): no forward
     # start to cut at, so idle gaps between the forwards cut the steps
-    from analyzer.results.cases import case_outcome
-
     import numpy as np
+
+    from analyzer.results.cases import case_outcome
 
     a, got, _ = case_outcome(t)
     drop = {"embedding", "lm_head_gemm", "sampling"}
@@ -112,7 +112,9 @@ def layers_alone(t: Trace) -> Trace:
     second = a.kernels["step"].to_numpy(zero_copy_only=False) >= 1
     t = _without_host_ops(t)  # captured without host ops (nsys, rocprof): the step boundary is time alone
     k = t.kernels
-    start = k["start_ns"].to_numpy(zero_copy_only=False) + np.where(second, 5_000_000, 0)  # the host's 5 ms between
+    start = k["start_ns"].to_numpy(zero_copy_only=False) + np.where(
+        second, 5_000_000, 0
+    )  # the host's 5 ms between
     k = k.set_column(k.schema.get_field_index("start_ns"), "start_ns", pa.array(start, pa.int64()))
     return dataclasses.replace(t, kernels=k.filter(pa.array(keep)))
 
