@@ -94,6 +94,7 @@ ROUTER_CAST = _ID("router-cast")
 RESIDUAL_ADD = _ID("residual-add")
 KV_UPDATE = _ID("kv-update")
 KV_UPDATE_BEFORE_GEMM = _ID("kv-update-before-gemm")
+KV_UPDATE_BY_NAME = _ID("kv-update-by-name")
 ATTENTION_INPUT_COPIES = _ID("attention-input-copies")
 INNER_NORMS = _ID("inner-norms")
 PROLOGUE_SHIFT = _ID("prologue-shift")
@@ -857,7 +858,7 @@ def _label_generic(
                 parts.append((part, True))
                 kv_rows: set[int] = set()
                 reads: set[int] = set()
-                kv_rule = KV_UPDATE
+                kv_rule, reads_rule = KV_UPDATE, ATTENTION_INPUT_COPIES
                 for part, last in parts:
                     if not part:
                         continue
@@ -868,9 +869,18 @@ def _label_generic(
                         STRONG_WRITE if i in named else _OP_WRITES.get(o, 0)
                         for i, o in zip(part, ops, strict=True)
                     )
+                    # without launching ops (a graph replay), stores are told by their kernel names,
+                    # where the attention's own input work follows them (STR045)
+                    opless = last and all(o is None for o in ops)
+                    if opless:
+                        by_name = tuple(max(w, _name_write(nm)) for w, nm in zip(writes, names, strict=True))
+                        opless = bool(by_name) and by_name[-1] != STRONG_WRITE and STRONG_WRITE in by_name
+                        writes = by_name if opless else writes
                     kv, attn = _kv_update_positions(
-                        tokens, writes, last, int(th.max_square_search), int(th.kv_writes)
+                        tokens, writes, last, int(th.max_square_search), int(th.kv_writes), opless
                     )
+                    if opless and kv:
+                        kv_rule = reads_rule = KV_UPDATE_BY_NAME
                     kv_rows.update(part[j] for j in kv)
                     reads.update(part[j] for j in attn)
                     if kv and not last:
@@ -882,7 +892,7 @@ def _label_generic(
                         why[rows[i]] = kv_rule
                     for i in reads:
                         stage[rows[i]] = COMPOSED_ATTENTION
-                        why[rows[i]] = ATTENTION_INPUT_COPIES
+                        why[rows[i]] = reads_rule
                     run = [i for i in run if i not in kv_rows and i not in reads]
             for i in run:
                 stage[rows[i]] = target
@@ -930,6 +940,7 @@ def _kv_update_positions(
     before_attention: bool = True,
     max_search: int = int(DEFAULT_THRESHOLDS.max_square_search),
     kv_writes: int = int(DEFAULT_THRESHOLDS.kv_writes),
+    trailing_prep: bool = False,
 ) -> tuple[frozenset[int], frozenset[int]]:
     """Which generic kernels between the QKV GEMMs and attention are the KV-cache update, and which
     are the attention's own input copies.
@@ -959,6 +970,13 @@ def _kv_update_positions(
         return frozenset(strong[:kv_writes] if len(strong) >= kv_writes else ()), frozenset()
     reads: frozenset[int] = frozenset()
     gathered: set[int] = set()
+    if trailing_prep and n and not writes[n - 1]:
+        # without host ops (a graph replay), the attention's own input work (its mask, its
+        # positions: arange, fills) may follow the cache's writes: it is the attention's
+        last_write = max((j for j in range(n) if writes[j] == STRONG_WRITE), default=-1)
+        if last_write >= 0 and n - last_write - 1 <= _MAX_TRAILING_PREP:
+            reads = frozenset(range(last_write + 1, n))
+            n = last_write + 1
     if n and writes[n - 1] in (WEAK_WRITE, CACHE_READ):
         last_strong = max((j for j in range(n) if writes[j] == STRONG_WRITE), default=-1)
         after = range(last_strong + 1, n)
@@ -968,6 +986,19 @@ def _kv_update_positions(
             reads = frozenset(j for j in after if writes[j] == WEAK_WRITE)
             n = last_strong + 1
     tail: list[int] = []
+    if trailing_prep and reads:
+        # a graph replay's copies are casts and contiguous copies as often as writes: only the
+        # named stores (cat, index_copy, scatter) after RoPE's repeated q / k sequence are the
+        # update (a cat inside that sequence is RoPE's rotate_half; none after it: no cache, as in
+        # training, and nothing here is the update or the attention's)
+        end = _last_square_end(tokens, writes, n, max_search)
+        strong = [j for j in range(end, n) if writes[j] == STRONG_WRITE][-kv_writes:]
+        if end >= n or not strong:
+            return frozenset(), frozenset()
+        first = min(strong)
+        gathers = {j for j in reads if writes[j] == CACHE_READ}  # a paged cache's gathers: the update's
+        update = {*strong, *gathers, *(j for j in range(end, first) if not writes[j])}
+        return frozenset(update), frozenset(reads - gathers)
     for j in range(n - 1, -1, -1):
         if writes[j] not in (WEAK_WRITE, STRONG_WRITE) or len(tail) == kv_writes:
             break
@@ -979,6 +1010,19 @@ def _kv_update_positions(
     out = set(tail) | gathered
     out.update(j for j in range(end, first) if not writes[j])
     return frozenset(out), reads
+
+
+_MAX_TRAILING_PREP = 8  # an attention's input work after the cache writes: arange, fills, a mask's ops
+_STRONG_WRITE_WORDS = KNOWLEDGE.words("kv_store_kernel_words")
+_CACHE_READ_WORDS = KNOWLEDGE.words("cache_read_kernel_words")
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_write(name: str) -> int:
+    """Without a launching op: a cache store by its kernel's name (cat, index_copy, scatter), else none."""
+    if any(w in name for w in _STRONG_WRITE_WORDS):
+        return STRONG_WRITE
+    return CACHE_READ if any(w in name for w in _CACHE_READ_WORDS) else 0
 
 
 def _last_square_end(
