@@ -139,3 +139,11 @@ def test_a_file_that_is_no_case_is_bad_input(tmp_path):
     bad.write_text('{"format": "other"}')
     with pytest.raises(InputError, match="not a structure-rule case"):
         read_case(bad)
+
+
+def test_a_retired_rule_is_explained_as_retired(capsys):
+    from analyzer.cli import main
+
+    assert main(["rules", "explain", "PHS016"]) == 0
+    out = capsys.readouterr().out
+    assert "PHS016 is retired" in out and "PHS027" in out

@@ -119,6 +119,12 @@ def explain(rule_id: str, extra: tuple[str, ...]) -> int:
         return 0
     entry = catalogue.find_entry(catalogue.rule_catalogue(extra), rule_id)
     if entry is None:
+        from analyzer.knowledge.structure_rules import load_structure
+
+        retired = load_structure().retired.get(rule_id.upper())
+        if retired is not None:
+            click.echo(f"{rule_id.upper()} is retired (rules/structure.toml [retired]): {retired}")
+            return 0
         raise UsageError(f"no rule {rule_id!r} (see `llm-kernel-map rules list`)")
     if entry.kind in ("structure", "phase"):
         _explain_structure(entry.id)
