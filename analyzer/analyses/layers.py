@@ -97,6 +97,7 @@ KV_UPDATE_BEFORE_GEMM = _ID("kv-update-before-gemm")
 KV_UPDATE_BY_NAME = _ID("kv-update-by-name")
 ATTENTION_INPUT_COPIES = _ID("attention-input-copies")
 INNER_NORMS = _ID("inner-norms")
+QK_NORM_INPUT = _ID("qk-norm-input-copy")
 PROLOGUE_SHIFT = _ID("prologue-shift")
 SELF_CHECK = _ID("structure-self-check")
 # the region defaults: region -> (stage, rule id)
@@ -458,7 +459,7 @@ def walk_sequence(
     generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
     _label_generic(seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape, why, th)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
-    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm, why, th)
+    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm, why, th, op_names)
     moved = _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts)
     if fired is not None and moved:
         fired[PROLOGUE_SHIFT] += moved
@@ -1138,10 +1139,27 @@ def _label_inner_norms(
     norm: Sequence[str] = (),
     why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
+    op_names: Sequence[str | None] = (),
 ) -> None:
     """Norms inside the attention input (Qwen3 / OLMo-2 / Gemma-3 q/k norms) are norms, not RoPE:
     the learned norm shape (:func:`_norm_shape`) is applied to the norm clusters found between the
     QKV GEMM and attention. ``attn_in``: per position, in that region."""
+    why = {} if why is None else why
+    if op_names:
+        # the contiguous copy of the q or k slice right before its norm kernel is the norm's input
+        rows_ = seq.tolist()
+        for c in np.flatnonzero(attn_in & normish).tolist():
+            q = c - 1
+            if (
+                q >= 0
+                and attn_in[q]
+                and was_generic[q]
+                and not normish[q]
+                and stage[rows_[q]] in ("rope", *GENERIC)
+                and _is_cast(rows_[q], norm, op_names)
+            ):
+                stage[rows_[q]] = "norm"
+                why[rows_[q]] = QK_NORM_INPUT
     if shape is None:
         return
     why = {} if why is None else why
