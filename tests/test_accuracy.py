@@ -147,11 +147,12 @@ def test_extract_truth_by_launch_thread_and_correlation(table) -> None:
     assert t["start_ns"][0] == 10_000 + 1000 and t["kind"][5] == "memcpy"
 
 
-def test_agreement_is_time_weighted(table) -> None:
+def _kernels(truth, extra=None):
+    """Analysed kernels of the small truth document: one wrong stage (the norm kernel left
+    elementwise), one wrong phase (argmax said decode in a prefill step); ``extra`` columns added."""
     import pyarrow as pa
 
-    truth = extract_truth(_doc(), table)
-    kernels = pa.table(
+    return pa.table(
         {
             "correlation": [1, 2, 3, 4, 4, 5],
             "start_ns": truth["start_ns"].to_pylist(),
@@ -160,8 +161,15 @@ def test_agreement_is_time_weighted(table) -> None:
             "stage": ["qkv_gemm", "elementwise", "sampling", "gemm", "gemm", "memcpy"],
             "category": ["dense_gemm", "other", "sampling", "dense_gemm", "dense_gemm", "memory"],
             "phase": ["prefill", "prefill", "decode", "decode", "decode", "prefill"],
+            **(extra or {}),
         }
     )
+
+
+def test_agreement_is_time_weighted(table) -> None:
+
+    truth = extract_truth(_doc(), table)
+    kernels = _kernels(truth)
     r = agreement(kernels, truth, table)
     assert r["stage"]["agreement"] == pytest.approx(4000 / 5000)  # the norm kernel is wrong
     assert r["phase"]["agreement"] == pytest.approx(5000 / 6000)  # argmax was prefill
@@ -299,23 +307,16 @@ def test_check_stays_distinct_from_rules_check(capsys: pytest.CaptureFixture[str
 
 def test_agreement_per_rule_names_the_rule_of_a_wrong_answer(table) -> None:
     import pandas as pd
-    import pyarrow as pa
 
     # GIVEN the small truth and kernels whose stage and step rules are known
     truth = extract_truth(_doc(), table)
-    kernels = pa.table(
+    kernels = _kernels(
+        truth,
         {
-            "correlation": [1, 2, 3, 4, 4, 5],
-            "start_ns": truth["start_ns"].to_pylist(),
-            "dur_ns": [2000, 1000, 1000, 1000, 1000, 1000],
-            "name": truth["name"].to_pylist(),
-            "stage": ["qkv_gemm", "elementwise", "sampling", "gemm", "gemm", "memcpy"],
-            "category": ["dense_gemm", "other", "sampling", "dense_gemm", "dense_gemm", "memory"],
-            "phase": ["prefill", "prefill", "decode", "decode", "decode", "prefill"],
             "stage_rule": ["STR007", "ATN099", "OPH005", "GEM001", "GEM001", "MEM001"],
             "trace_id": [0] * 6,
             "step": [0, 0, 0, 1, 1, -1],
-        }
+        },
     )
     steps = pd.DataFrame({"trace_id": [0, 0], "step": [0, 1], "phase_rule": ["PHS007", "lkm"]})
     # WHEN agreement is measured with the steps

@@ -6,18 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.cli import main
 from analyzer.readers.case import read_case
 from analyzer.results.cases import case_outcome, parse_steps, score_case
+from tests.test_cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO_LLAMA = ROOT / "fixtures" / "zoo" / "llama-sdpa-bf16" / "trace.json.gz"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cut_one_layer_of_a_decode_step_keeps_its_truth(capsys, tmp_path: Path) -> None:

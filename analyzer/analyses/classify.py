@@ -161,15 +161,12 @@ ROLE_FREE = frozenset({"gemm", "elementwise", "other"})
 TRAINING_WARNING = "training, not inference: no phases or inference findings"
 
 
-SHAPE_DISAGREEMENT = layers.DEFAULT_THRESHOLDS.shape_disagreement  # rules/structure.toml
-
-
 def _apply_shape_roles(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], model: Any, th: Any = None
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], model: Any, th: Any = layers.DEFAULT_THRESHOLDS
 ) -> tuple[np.ndarray, str | None]:
     """GEMM roles from recorded shapes (:mod:`analyzer.analyses.shape_roles`): taken where the
     layer walk gave none (``gemm``) or the same one; where the two disagree the walk's role stays
-    and, above :data:`SHAPE_DISAGREEMENT` of the time shapes decide, the reason is reported.
+    and, above ``th.shape_disagreement`` of the time shapes decide, the reason is reported.
     Returns the kernels whose role shapes decided, and that reason (or None)."""
     n = kernels.num_rows
     shaped = np.zeros(n, bool)
@@ -199,8 +196,7 @@ def _apply_shape_roles(
         else:
             other += int(dur[r])
             said[(stage[r], role)] += int(dur[r])
-    limit = th.shape_disagreement if th is not None else SHAPE_DISAGREEMENT
-    if decided and other > limit * decided:
+    if decided and other > th.shape_disagreement * decided:
         (walk, shape), _ = said.most_common(1)[0]
         return shaped, (
             f"GEMM roles from shapes (hidden {dims.hidden}, vocab {dims.vocab}) and from the layer "
@@ -226,8 +222,8 @@ def _rule_codes(rule_id: pa.Array, know: StructureKnowledge) -> tuple[list[str],
     names = [x if x is not None else "UNCLASSIFIED" for x in col.dictionary.to_pylist()]
     at = {x: i for i, x in enumerate(ids)}
     for x in names:
-        at.setdefault(x, len(at))
-        if len(ids) < len(at):
+        if x not in at:
+            at[x] = len(ids)
             ids.append(x)
     lut = np.asarray([at[x] for x in names] + [at.get("UNCLASSIFIED", 0)], np.int16)
     idx = col.indices.fill_null(len(names)).to_numpy(zero_copy_only=False)
@@ -292,6 +288,17 @@ def classification_shares(stage_source: Any, dur_ns: Any) -> dict[str, float]:
 _BACKWARD_WORDS = layers.KNOWLEDGE.words("backward_words")
 
 
+def is_training(kernels: pa.Table) -> bool:
+    """A training run: an optimizer kernel, or backward kernels by name (tested once per distinct
+    name and stage)."""
+    if kernels.num_rows == 0:
+        return False
+    if dict_isin(kernels["stage"], ["optimizer"]).any():
+        return True
+    names = dict_strings(kernels["norm_name"] if "norm_name" in kernels.column_names else kernels["name"])
+    return any(u and any(w in u for w in _BACKWARD_WORDS) for u in names.dictionary.to_pylist())
+
+
 def _check_warnings(kernels: pa.Table, undecided: list[str]) -> list[str]:
     """The self-check's warnings: structure that could not be decided, and a training trace."""
     out = []
@@ -300,13 +307,7 @@ def _check_warnings(kernels: pa.Table, undecided: list[str]) -> list[str]:
             f"layer structure not found with confidence ({why}): "
             "GEMMs keep the role-free stage `gemm`, generic kernels `elementwise`"
         )
-    names = kernels["norm_name"].combine_chunks()
-    if isinstance(names, pa.DictionaryArray):
-        uniq = names.dictionary.to_pylist()
-    else:
-        uniq = pc.unique(names).to_pylist()
-    stages = set(pylist(pc.unique(kernels["stage"].combine_chunks().cast(pa.string()))))
-    if "optimizer" in stages or any(u and any(w in u for w in _BACKWARD_WORDS) for u in uniq):
+    if is_training(kernels):
         out.append(TRAINING_WARNING)
     return out
 

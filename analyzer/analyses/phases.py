@@ -38,6 +38,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analyzer.analyses.classify import is_training
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
@@ -84,7 +85,6 @@ STATIC_BATCH = _ID("static-batch-decode")
 KERNEL_EVIDENCE = _ID("kernel-phase-evidence")
 TRAINING_RUN = _ID("training-run")
 NO_LLM_STRUCTURE = _ID("no-llm-structure")
-_BACKWARD_WORDS = KNOWLEDGE.words("backward_words")
 EVIDENCE_CONFLICT = _ID("evidence-conflict")
 # per kernel: the phase its family's rule says engines run it in (rules/kernels.toml `phases`)
 NO_EVIDENCE, DECODE_EVIDENCE, PREFILL_EVIDENCE = 0, 1, 2
@@ -304,12 +304,7 @@ def not_inference(kernels: pa.Table, annotated: bool) -> tuple[str, str] | None:
     of an LLM's structure, e.g. a kernel benchmark)."""
     if kernels.num_rows == 0:
         return None
-    stages = dict_strings(kernels["stage"])
-    names = dict_strings(kernels["norm_name"] if "norm_name" in kernels.column_names else kernels["name"])
-    kinds = set(stages.dictionary.to_pylist())
-    if "optimizer" in kinds or any(
-        u and any(w in u for w in _BACKWARD_WORDS) for u in names.dictionary.to_pylist()
-    ):
+    if is_training(kernels):
         return TRAINING_RUN, ""  # classify says "training, not inference"
     if annotated:
         return None

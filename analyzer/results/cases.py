@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -289,14 +288,3 @@ def _expectations(
         src["phase"] = "annotations"
     assert len(exp["stage"]) == n
     return exp, src
-
-
-def read_case_file(path: str | Path) -> Any:  # pragma: no cover - re-export for the CLI
-    from analyzer.readers.case import read_case
-
-    return read_case(path)
-
-
-def case_files(root: str | Path) -> Sequence[Path]:
-    """The case files under ``root``, sorted."""
-    return sorted(Path(root).glob("*.json"))
