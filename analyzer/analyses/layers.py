@@ -1143,36 +1143,34 @@ def _label_inner_norms(
 ) -> None:
     """Norms inside the attention input (Qwen3 / OLMo-2 / Gemma-3 q/k norms) are norms, not RoPE:
     the learned norm shape (:func:`_norm_shape`) is applied to the norm clusters found between the
-    QKV GEMM and attention. ``attn_in``: per position, in that region."""
-    why = {} if why is None else why
-    if op_names:
-        # the contiguous copy of the q or k slice right before its norm kernel is the norm's input
-        rows_ = seq.tolist()
-        for c in np.flatnonzero(attn_in & normish).tolist():
-            q = c - 1
-            if (
-                q >= 0
-                and attn_in[q]
-                and was_generic[q]
-                and not normish[q]
-                and stage[rows_[q]] in ("rope", *GENERIC)
-                and _is_cast(rows_[q], norm, op_names)
-            ):
-                stage[rows_[q]] = "norm"
-                why[rows_[q]] = QK_NORM_INPUT
-    if shape is None:
-        return
+    QKV GEMM and attention; a copy right before a q / k norm kernel that the learned shape does not
+    cover is that norm's input (STR046). ``attn_in``: per position, in that region."""
     why = {} if why is None else why
     rows = seq.tolist()
     n = len(rows)
     inner = attn_in & normish
     if not inner.any():
         return
-    bounds = _cluster_bounds(np.flatnonzero(inner), int(th.norm_cluster_gap))
-    for q in sorted(_norm_windows(bounds, 0, n, shape, rows, norm)):
-        if attn_in[q] and was_generic[q] and stage[rows[q]] in ("rope", *GENERIC):
-            stage[rows[q]] = "norm"
-            why[rows[q]] = INNER_NORMS
+    if shape is not None:
+        bounds = _cluster_bounds(np.flatnonzero(inner), int(th.norm_cluster_gap))
+        for q in sorted(_norm_windows(bounds, 0, n, shape, rows, norm)):
+            if attn_in[q] and was_generic[q] and stage[rows[q]] in ("rope", *GENERIC):
+                stage[rows[q]] = "norm"
+                why[rows[q]] = INNER_NORMS
+    if op_names:
+        # the contiguous copy of the q or k slice right before its norm kernel is the norm's input
+        for c in np.flatnonzero(inner).tolist():
+            q = c - 1
+            if (
+                q >= 0
+                and attn_in[q]
+                and was_generic[q]
+                and not normish[q]
+                and stage[rows[q]] in ("rope", *GENERIC)
+                and _is_cast(rows[q], norm, op_names)
+            ):
+                stage[rows[q]] = "norm"
+                why[rows[q]] = QK_NORM_INPUT
 
 
 def _label_first_norm(
