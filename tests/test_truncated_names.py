@@ -192,7 +192,7 @@ def test_kernel_table_names_cut_at_a_column_width_are_never_confidently_wrong(wi
         # the visible kernel class decides; a split-KV combine's example contradicts the visible text
         (
             "_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCacheKernelINS_40BlockFm…",
-            "ATT012",
+            "ATT726",
             "flash_attention",
         ),
     ],

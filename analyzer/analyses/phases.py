@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 
 from analyzer.analyses.classify import is_training
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
+from analyzer.knowledge.kernel_rules import PhaseEvidence
 from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
 from analyzer.model import dict_isin, dict_strings, launch_calls, objects
@@ -86,8 +87,18 @@ KERNEL_EVIDENCE = _ID("kernel-phase-evidence")
 TRAINING_RUN = _ID("training-run")
 NO_LLM_STRUCTURE = _ID("no-llm-structure")
 EVIDENCE_CONFLICT = _ID("evidence-conflict")
-# per kernel: the phase its family's rule says engines run it in (rules/kernels.toml `phases`)
-NO_EVIDENCE, DECODE_EVIDENCE, PREFILL_EVIDENCE = 0, 1, 2
+GRID_QUERY_TILES = _ID("grid-query-tiles")
+GRID_SEQUENCES = _ID("grid-decode-sequences")
+M_REGIME = _ID("gemm-m-regime")
+# per kernel: the phase its family's rule says engines run it in (rules/kernels.toml `phases`), or
+# prefill by its launch grid (a query longer than one tile, PHS030)
+NO_EVIDENCE, DECODE_EVIDENCE, PREFILL_EVIDENCE, PREFILL_GRID_EVIDENCE = 0, 1, 2, 3
+# per kernel: the M regime of a GEMM whose rule states its token tile (PHS032)
+NO_REGIME, SKINNY, LARGE, BETWEEN = 0, 1, 2, 3
+M_REGIMES = {SKINNY: "skinny", LARGE: "large"}
+# GEMM roles whose rows are not the step's tokens: the LM head scores sampled rows only, the router's
+# N is the expert count
+_NOT_TOKEN_ROWS = ("lm_head_gemm", "moe_gate_gemm")
 
 
 @dataclasses.dataclass
@@ -257,13 +268,13 @@ def label_phases(
     patterns: Sequence[Mapping[str, Any]],
     attention_ops: AttentionOps | None = None,
     structure: StructureKnowledge | None = None,
-    kernel_phases: Mapping[str, str] | None = None,
+    kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
 ) -> Labelled:
     """Phase, step and tokens of every kernel, and the steps table. Each input's steps depend on
     that input alone, so inputs may be labelled apart and joined. ``attention_ops``: the layouts of
     ``rules/attention_ops.toml`` (loaded when not given); ``structure``: the registry with the run's
-    thresholds (default: ``rules/structure.toml``); ``kernel_phases``: kernel rule id -> ``prefill`` /
-    ``decode`` for the families engines run in one phase only (``RuleSet.phase_evidence``)."""
+    thresholds (default: ``rules/structure.toml``); ``kernel_phases``: the kernel rules' phase facts
+    (``RuleSet.phase_evidence``; a plain mapping: rule id -> ``prefill`` / ``decode`` families)."""
     anns, engines = step_annotations(annotations, patterns)
     th = structure.thresholds if structure is not None else DEFAULT_THRESHOLDS
     whole = not_inference(kernels, bool(engines))
@@ -283,6 +294,9 @@ def label_phases(
         phase, step, tokens, steps, warnings = split_phases(
             kernels, host_ops, anns, attention_ops, th, kernel_phases
         )
+        regimed = int(steps["m_regime"].notna().sum()) if len(steps) else 0
+        if regimed:
+            fired[M_REGIME] = regimed
     for name, arr in (
         ("phase", dict_strings(pa.array(phase, pa.string()))),
         ("step", pa.array(step, pa.int32())),
@@ -354,6 +368,7 @@ STEP_COLUMNS = [
     "source",
     "phase_rule",
     "phase_evidence",
+    "m_regime",
 ]
 
 
@@ -363,7 +378,7 @@ def split_phases(
     anns: list[StepAnnotation],
     attention_ops: AttentionOps | None = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
-    kernel_phases: Mapping[str, str] | None = None,
+    kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.DataFrame, list[str]]:
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
@@ -373,6 +388,7 @@ def split_phases(
     tokens = np.full(n, None, object)
     warnings: list[str] = []
     stage = objects(kernels["stage"])
+    facts = _as_evidence(kernel_phases)
     # plain numpy columns: per-step slicing by position must not go through pandas indexing
     df = {
         "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
@@ -390,7 +406,9 @@ def split_phases(
         "name": _name_codes(kernels),
         "lm_rows": _lm_head_rows(kernels, host_ops),
         "graph": kernels["graph_launch"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool),
-        "evidence": _kernel_evidence(kernels, kernel_phases or {}),
+        "evidence": _kernel_evidence(kernels, facts),
+        "seqs": _grid_sequences(kernels, facts),
+        "regime": _m_regimes(kernels, facts, th),
         "layer": (
             kernels["layer"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
             if "layer" in kernels.column_names
@@ -451,29 +469,105 @@ def _launchers_of(kernels: pa.Table, host_ops: pa.Table, which: np.ndarray) -> n
     return np.unique(ops["row"].take(at).to_numpy(zero_copy_only=False).astype(np.int64))
 
 
-def _kernel_evidence(kernels: pa.Table, kernel_phases: Mapping[str, str]) -> np.ndarray:
-    """Per kernel: DECODE_EVIDENCE / PREFILL_EVIDENCE where its rule's family runs in that phase only
-    (looked up once per distinct rule id), else NO_EVIDENCE."""
-    n = kernels.num_rows
-    if not kernel_phases or "rule_id" not in kernels.column_names:
-        return np.zeros(n, np.int8)
-    ids = dict_strings(kernels["rule_id"])
+def _as_evidence(facts: PhaseEvidence | Mapping[str, str] | None) -> PhaseEvidence:
+    if isinstance(facts, PhaseEvidence):
+        return facts
+    return PhaseEvidence(families=dict(facts or {}))
+
+
+def _per_rule(kernels: pa.Table, values: Mapping[str, Any], default: Any) -> np.ndarray:
+    """Per kernel: ``values`` of its rule id (looked up once per distinct id), else ``default``."""
+    if not values or "rule_id" not in kernels.column_names:
+        names: list[Any] = []
+        at = np.zeros(kernels.num_rows, np.int64)
+    else:
+        ids = dict_strings(kernels["rule_id"])
+        names = ids.dictionary.to_pylist()
+        at = ids.indices.fill_null(len(names)).to_numpy(zero_copy_only=False)
+    lut = np.empty(len(names) + 1, object)  # filled one by one: a tuple value must stay one element
+    for j, x in enumerate(names):
+        lut[j] = values.get(x or "", default)
+    lut[len(names)] = default
+    return lut[at]
+
+
+def _grid_axis(kernels: pa.Table, axis: str) -> np.ndarray:
+    """The launch grid along ``axis`` (x / y / z) per kernel; 0 where the trace has none."""
+    col = f"grid_{axis}"
+    if col not in kernels.column_names:
+        return np.zeros(kernels.num_rows, np.int64)
+    return kernels[col].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _kernel_evidence(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
+    """Per kernel: DECODE_EVIDENCE / PREFILL_EVIDENCE where its rule's family runs in that phase only;
+    PREFILL_GRID_EVIDENCE where its rule's ``query_tile_axes`` are all >= 2 in its grid (PHS030: a
+    query longer than one tile); else NO_EVIDENCE."""
     code = {"decode": DECODE_EVIDENCE, "prefill": PREFILL_EVIDENCE}
-    lut = np.asarray(
-        [code.get(kernel_phases.get(x or "", ""), NO_EVIDENCE) for x in ids.dictionary.to_pylist()] + [0],
-        np.int8,
-    )
-    return lut[ids.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False)]
+    out = _per_rule(kernels, {k: code[v] for k, v in facts.families.items()}, NO_EVIDENCE).astype(np.int8)
+    axes = _per_rule(kernels, facts.query_tile_axes, ())
+    tiled = np.flatnonzero([bool(a) for a in axes]) if facts.query_tile_axes else np.empty(0, np.int64)
+    if len(tiled):
+        grids = {a: _grid_axis(kernels, a)[tiled] for a in "xyz"}
+        long_query = np.asarray([all(grids[a][j] >= 2 for a in axes[i]) for j, i in enumerate(tiled)], bool)
+        out[tiled[long_query & (out[tiled] == NO_EVIDENCE)]] = PREFILL_GRID_EVIDENCE
+    return out
 
 
-def _evidence_phase(seg: np.ndarray, df: Any) -> str | None:
-    """The phase a step's own kernels say: decode families alone -> decode, prefill families alone
-    -> prefill, both -> mixed; None without any."""
+def _grid_sequences(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
+    """Per kernel: the sequences its launch grid counts along its decode family's ``sequences_axis``
+    (PHS031), else 0."""
+    out = np.zeros(kernels.num_rows, np.int64)
+    if not facts.sequences_axis:
+        return out
+    axis = _per_rule(kernels, facts.sequences_axis, "")
+    for a in "xyz":
+        on = axis == a
+        if on.any():
+            out[on] = _grid_axis(kernels, a)[on]
+    return out
+
+
+def _m_regimes(kernels: pa.Table, facts: PhaseEvidence, th: Thresholds) -> np.ndarray:
+    """Per kernel: the M regime (SKINNY / LARGE / BETWEEN) of a GEMM whose rule says which decoded tile
+    runs along the tokens (PHS032), NO_REGIME for every other kernel and for the LM head and router."""
+    n = kernels.num_rows
+    out = np.full(n, NO_REGIME, np.int8)
+    if not facts.token_tile or "tile_m" not in kernels.column_names:
+        return out
+    which = _per_rule(kernels, facts.token_tile, "")
+    tm = kernels["tile_m"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    tn = kernels["tile_n"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    tile = np.where(which == "m", tm, np.where(which == "n", tn, np.minimum(tm, tn)))
+    known = (which != "") & (tile > 0) & ~dict_isin(kernels["stage"], _NOT_TOKEN_ROWS)
+    out[known] = BETWEEN
+    out[known & (tile <= th.skinny_token_tile)] = SKINNY
+    out[known & (tile >= th.large_token_tile)] = LARGE
+    return out
+
+
+def _step_regime(members: np.ndarray, df: Any) -> str | None:
+    """A step's M regime (PHS032): skinny / large where its regimed GEMMs show only that one, mixed
+    where they show both; tiles between the thresholds say nothing."""
+    if "regime" not in df:
+        return None
+    r = df["regime"][members]
+    skinny, large = bool((r == SKINNY).any()), bool((r == LARGE).any())
+    return "mixed" if skinny and large else "skinny" if skinny else "large" if large else None
+
+
+def _evidence_phase(seg: np.ndarray, df: Any) -> tuple[str | None, str]:
+    """The phase a step's own kernels say, and the rule that said it: decode families alone ->
+    decode, prefill families or long-query grids alone -> prefill, both -> mixed; None without any.
+    The rule is PHS030 where a grid alone said it, else PHS025."""
     ev = df["evidence"][seg]
-    dec, pre = bool((ev == DECODE_EVIDENCE).any()), bool((ev == PREFILL_EVIDENCE).any())
-    if dec and pre:
-        return "mixed"
-    return "decode" if dec else "prefill" if pre else None
+    dec = bool((ev == DECODE_EVIDENCE).any())
+    by_family = bool((ev == PREFILL_EVIDENCE).any())
+    by_grid = bool((ev == PREFILL_GRID_EVIDENCE).any())
+    rule = GRID_QUERY_TILES if by_grid and not (dec or by_family) else KERNEL_EVIDENCE
+    if dec and (by_family or by_grid):
+        return "mixed", rule
+    return ("decode" if dec else "prefill" if by_family or by_grid else None), rule
 
 
 def _name_codes(kernels: pa.Table) -> np.ndarray:
@@ -646,6 +740,7 @@ def _step_row(
         "source": source,
         "phase_rule": label.rule,
         "phase_evidence": list(dict.fromkeys(label.evidence)),
+        "m_regime": _step_regime(members, df),
     }
 
 
@@ -822,19 +917,21 @@ def label_steps(
     )  # fmt: skip
     # each step's own kernels: families engines run in one phase only decide a step without shapes,
     # and a step whose shapes say otherwise has no phase (the two kinds of evidence contradict)
-    said = [_evidence_phase(seg, df) if "evidence" in df else None for seg in segments]
+    said = [_evidence_phase(seg, df) if "evidence" in df else (None, KERNEL_EVIDENCE) for seg in segments]
     conflict = []
-    for i, (ph, ev) in enumerate(zip(phases, said, strict=True)):
+    for i, (ph, (ev, by)) in enumerate(zip(phases, said, strict=True)):
         if ev is None or i in doubtful:
             continue
+        grid = [GRID_QUERY_TILES] if bool((df["evidence"][segments[i]] == PREFILL_GRID_EVIDENCE).any()) else []
         if ph is None:
-            phases[i], rules[i] = ev, KERNEL_EVIDENCE
+            phases[i], rules[i] = ev, by
+            evidence[i] += [r for r in grid if r != by]
         elif ev != "mixed" and ph != "mixed" and ev != ph:
-            evidence[i] += [rules[i], KERNEL_EVIDENCE]
+            evidence[i] += [rules[i], KERNEL_EVIDENCE, *grid]
             rules[i] = EVIDENCE_CONFLICT
             conflict.append(i)
         else:
-            evidence[i].append(KERNEL_EVIDENCE)
+            evidence[i] += [KERNEL_EVIDENCE, *grid]
     _no_phase(
         phases, conflict, warnings,
         f"trace {tid}: {len(conflict)} steps have attention shapes of one phase and kernels that "
@@ -887,7 +984,9 @@ def label_steps(
     batches = {h[0] for h, p in zip(hits, phases, strict=True) if h is not None and p == "prefill"}
     batch = batches.pop() if len(batches) == 1 else None
     speculative = "draft" in models
-    out = []
+    # a decode step without shapes: the sequences its decode family's launches count (PHS031)
+    seqs = [int(df["seqs"][seg].max()) if "seqs" in df and len(seg) else 0 for seg in segments]
+    out: list[StepLabel] = []
     for h, ph, model, pk, d_packed, rule, ev in zip(
         hits, phases, models, packed, decodes, rules, evidence, strict=True
     ):
@@ -902,6 +1001,9 @@ def label_steps(
             if ph == "decode" and q > 1 and model == "target" and not pk and speculative:
                 verify = q
                 ev.append(VERIFY_WIDTH)
+        elif ph == "decode" and seqs[len(out)] > 0:
+            tok = seqs[len(out)]
+            ev.append(GRID_SEQUENCES)
         elif ph == "decode" and batch:
             tok = batch
             ev.append(STATIC_BATCH)

@@ -146,6 +146,15 @@ def _explain_kernel_rule(asked: str, r: rules_mod.Rule, rs: rules_mod.RuleSet) -
         f"  phases: {r.phases}"
         + (f" ({r.phases_source})" if r.phases_source else " (engines run it in either phase)")
     )
+    if r.query_tile_axes:
+        click.echo(
+            f"  query tiles on grid axis {' or '.join(r.query_tile_axes)}: every one >= 2 is a query longer "
+            f"than a tile, prefill evidence (PHS030; {r.grid_source})"
+        )
+    if r.sequences_axis:
+        click.echo(f"  sequences on grid axis {r.sequences_axis}: a decode step's tokens (PHS031; {r.grid_source})")
+    if r.token_tile:
+        click.echo(f"  token tile: {r.token_tile} (PHS032; {r.token_tile_source})")
     for e in r.examples:
         click.echo(f"  example: {e}")
     for e in r.not_examples:

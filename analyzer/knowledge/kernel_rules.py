@@ -37,7 +37,7 @@ import dataclasses
 import functools
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,10 @@ __all__ = [
     "BARRIER_RULE_ID",
     "MAX_PATTERN_LENGTH",
     "TRUNCATED_RULE_ID",
+    "GRID_AXES",
+    "TOKEN_TILES",
     "Match",
+    "PhaseEvidence",
     "Rule",
     "RuleSet",
     "Taxonomy",
@@ -92,9 +95,19 @@ _RULE_KEYS = {
     "note",
     "phases",
     "phases_source",
+    "query_tile_axes",
+    "sequences_axis",
+    "grid_source",
+    "token_tile",
+    "token_tile_source",
 }
 #: In which phases engines run a rule's family: prefill only, decode only, or either (the default).
 RULE_PHASES = ("prefill", "decode", "either")
+#: launch-grid axes a rule's grid facts may name
+GRID_AXES = ("x", "y", "z")
+#: which decoded tile dimension runs along the tokens: ``m`` / ``n``, or ``min`` (the library's tile
+#: order follows the call's transposition; a GEMM with a skinny tile has it along the tokens)
+TOKEN_TILES = ("m", "n", "min")
 _REQUIRED_KEYS = ("id", "pattern", "stage", "provider", "examples", "note")
 _FLAG_LETTERS = {"i": re.IGNORECASE}
 
@@ -119,6 +132,14 @@ class Rule:
     # in which phases engines run the family (RULE_PHASES), and where the library shows it
     phases: str = "either"
     phases_source: str = ""
+    # launch-grid facts (PhaseEvidence): the axes one of which counts query tiles (a decode launch has 1
+    # on one of them), the axis that counts the launch's sequences, and where the library shows them
+    query_tile_axes: tuple[str, ...] = ()
+    sequences_axis: str = ""
+    grid_source: str = ""
+    # which decoded tile dimension runs along the tokens (TOKEN_TILES), and where that is shown
+    token_tile: str = ""
+    token_tile_source: str = ""
     # literals of which at least one must occur in a name the pattern can match (a pure speed-up)
     literals: tuple[str, ...] | None = None
 
@@ -142,6 +163,24 @@ class Match:
     category: str
     provider: str
     rule_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseEvidence:
+    """The phase facts of the kernel rules, by rule id (rules/README.md, "Phase evidence").
+
+    ``families``: ``prefill`` / ``decode`` for a family engines run in that phase only.
+    ``query_tile_axes``: the grid axes one of which counts the launch's query tiles, the others
+    heads or sequences, so a launch with one query token per sequence (a decode) has 1 on one of
+    them; a launch with every one of them >= 2 held a query longer than a tile (prefill evidence).
+    ``sequences_axis``: the grid axis that counts the launch's sequences (one query token each in a
+    decode family). ``token_tile``: which decoded tile dimension runs along the tokens (TOKEN_TILES).
+    """
+
+    families: dict[str, str] = dataclasses.field(default_factory=dict)
+    query_tile_axes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    sequences_axis: dict[str, str] = dataclasses.field(default_factory=dict)
+    token_tile: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,9 +261,15 @@ class RuleSet:
                     return rule
         return None
 
-    def phase_evidence(self) -> dict[str, str]:
-        """Rule id -> ``prefill`` / ``decode`` for the families engines run in one phase only."""
-        return {r.id: r.phases for r in self.rules if r.phases != "either"}
+    def phase_evidence(self) -> PhaseEvidence:
+        """What the rules say about phases: the families engines run in one phase only, and the
+        launch-grid and tile facts of the others (:class:`PhaseEvidence`)."""
+        return PhaseEvidence(
+            families={r.id: r.phases for r in self.rules if r.phases != "either"},
+            query_tile_axes={r.id: r.query_tile_axes for r in self.rules if r.query_tile_axes},
+            sequences_axis={r.id: r.sequences_axis for r in self.rules if r.sequences_axis},
+            token_tile={r.id: r.token_tile for r in self.rules if r.token_tile},
+        )
 
     def rule(self, rule_id: str) -> Rule | None:
         """The rule with this id, following aliases of retired ids; None when unknown."""
@@ -551,6 +596,7 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple
         fail(
             "phases_source must name the library code or docs that show the phase (required unless phases = 'either')"
         )
+    _check_grid_keys(entry, phases, fail)
     examples = entry.get("examples")
     if "examples" in entry and (not _str_list(examples) or not examples):
         fail("examples must be a non-empty list of kernel names")
@@ -595,9 +641,38 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple
         source=str(path),
         phases=phases,
         phases_source=" ".join(str(phases_source).split()),
+        query_tile_axes=tuple(entry.get("query_tile_axes", ())),
+        sequences_axis=entry.get("sequences_axis", ""),
+        grid_source=" ".join(str(entry.get("grid_source", "")).split()),
+        token_tile=entry.get("token_tile", ""),
+        token_tile_source=" ".join(str(entry.get("token_tile_source", "")).split()),
         literals=_parsed_literals(parsed, flags),
     )
     return rule, problems
+
+
+def _check_grid_keys(entry: dict[str, Any], phases: Any, fail: Callable[[str], None]) -> None:
+    """Check the launch-grid and token-tile keys of one rule (each fact needs its source), reporting
+    every problem through ``fail``."""
+    axes = entry.get("query_tile_axes", [])
+    if not (_str_list(axes) and all(a in GRID_AXES for a in axes) and len(set(axes)) == len(axes)):
+        fail(f"query_tile_axes must be a list of distinct grid axes ({', '.join(GRID_AXES)})")
+    seq = entry.get("sequences_axis", "")
+    if seq not in ("", *GRID_AXES):
+        fail(f"sequences_axis must be one of {', '.join(GRID_AXES)}")
+    elif seq and phases != "decode":
+        fail("sequences_axis counts decode tokens, so it needs phases = 'decode'")
+    if axes and phases != "either":
+        fail("query_tile_axes tells the phase of a family engines run in either phase: it needs phases = 'either'")
+    grid_source = entry.get("grid_source", "")
+    if not isinstance(grid_source, str) or ((axes or seq) and not grid_source.strip()):
+        fail("grid_source must name the library code that launches the grid (required with query_tile_axes or sequences_axis)")
+    tile = entry.get("token_tile", "")
+    if tile not in ("", *TOKEN_TILES):
+        fail(f"token_tile must be one of {', '.join(TOKEN_TILES)}")
+    tile_source = entry.get("token_tile_source", "")
+    if not isinstance(tile_source, str) or (tile and not tile_source.strip()):
+        fail("token_tile_source must say where the tile order is shown (required with token_tile)")
 
 
 def _hits(regex: re.Pattern[str], name: str) -> bool:

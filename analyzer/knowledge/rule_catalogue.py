@@ -112,6 +112,11 @@ def _kernel_entries(extra: Sequence[str]) -> list[RuleEntry]:
                     "not_examples": list(r.not_examples),
                     "phases": r.phases,
                     "phases_source": r.phases_source,
+                    "query_tile_axes": list(r.query_tile_axes),
+                    "sequences_axis": r.sequences_axis,
+                    "grid_source": r.grid_source,
+                    "token_tile": r.token_tile,
+                    "token_tile_source": r.token_tile_source,
                     "fallback": False,
                 },
             )

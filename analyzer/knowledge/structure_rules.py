@@ -40,7 +40,7 @@ STRUCTURE_TOML = RULES_DIR / "structure.toml"
 ID_FORM = re.compile(r"^(STR|PHS)\d{3}$")
 KINDS = {"STR": "structure", "PHS": "phase"}
 DECIDES = frozenset({"stage", "layer", "step", "phase", "model", "tokens"})
-NEEDS = frozenset({"nothing", "host_ops", "shapes", "graph_replays", "annotations"})
+NEEDS = frozenset({"nothing", "host_ops", "shapes", "graph_replays", "annotations", "grids"})
 _RULE_KEYS = ("id", "name", "kind", "decides", "needs", "contract", "source", "added", "reads")
 _STAGE_LISTS = frozenset(
     {

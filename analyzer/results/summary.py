@@ -645,6 +645,7 @@ def step_rows(analysis: Analysis) -> list[dict[str, Any]]:
                 "source": r.source,
                 "phase_rule": r.phase_rule if isinstance(getattr(r, "phase_rule", None), str) else None,
                 "phase_evidence": _ids(getattr(r, "phase_evidence", None)),
+                "m_regime": r.m_regime if isinstance(getattr(r, "m_regime", None), str) else None,
             }
         )
     return out

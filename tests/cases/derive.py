@@ -119,6 +119,18 @@ def layers_alone(t: Trace) -> Trace:
     return dataclasses.replace(t, kernels=k.filter(pa.array(keep)))
 
 
+def eager_decode_grids(t: Trace) -> Trace:
+    # the same decode captured without CUDA graphs: every launch records its grid, and aiter's ll4mi
+    # paged attention launches (sequences, KV partitions, KV heads); the step's 16 sequences (its
+    # annotation's token count) on x, one partition, Llama-3-8B's 8 KV heads
+    k = t.kernels
+    pa_kernel = pc.match_substring(k["name"].combine_chunks().cast(pa.string()), "paged_attention_ll4mi_QKV")
+    for col, v in (("grid_x", 16), ("grid_y", 1), ("grid_z", 8)):
+        old = k[col].combine_chunks()
+        k = k.set_column(k.schema.get_field_index(col), col, pc.if_else(pa_kernel, pa.scalar(v, old.type), old))
+    return dataclasses.replace(t, kernels=k)
+
+
 DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
     ("derived-unknown-attention", "llama-sdpa-prefill-decode", unknown_attention,
      "An attention kernel no rule knows: the layer structure is not found with confidence, names kept"),
@@ -132,6 +144,8 @@ DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
      "The decoder layers alone (a layer benchmark without host ops, 5 ms of host work between forwards): no forward start, idle gaps cut the steps"),
     ("derived-every-step-novel", "llama-assisted-noshape-depth", every_step_novel,
      "Without shapes, two halves of a run whose heavy kernels share no name: no phase"),
+    ("derived-eager-decode-grids", "sglang-llama8b-decode-mi300x-bare", eager_decode_grids,
+     "The SGLang MI300X decode step as an eager capture records it: the paged decode kernel's grid counts the step's 16 sequences"),
 ]  # fmt: skip
 
 
