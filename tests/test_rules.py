@@ -202,6 +202,46 @@ def test_the_same_rule_files_are_parsed_once_and_an_edited_file_again(tmp_path):
         (_rule_toml("USR001", "^x", "gemm", "cublas", ["x"], "colour = 'red'\n"), "unknown key"),
         (_rule_toml("usr1", "^x", "gemm", "cublas", ["x"]), "id must be"),
         (_rule_toml("USR001", "^x(", "gemm", "cublas", ["x"]), "does not compile"),
+        (_rule_toml("USR001", "^x", "gemm", "cublas", ["x"], "phases = 'decode'\n"), "phases_source must"),
+        (
+            _rule_toml(
+                "USR001", "^x", "gemm", "cublas", ["x"], "phases = 'sometimes'\nphases_source = 's'\n"
+            ),
+            "phases must be one of",
+        ),
+        # launch-grid and tile facts: their values, what they need and their sources
+        (
+            _rule_toml(
+                "USR001", "^x", "gemm", "cublas", ["x"], "query_tile_axes = ['w']\ngrid_source = 's'\n"
+            ),
+            "query_tile_axes must be",
+        ),
+        (
+            _rule_toml("USR001", "^x", "gemm", "cublas", ["x"], "query_tile_axes = ['x']\n"),
+            "grid_source must",
+        ),
+        (
+            _rule_toml(
+                "USR001",
+                "^x",
+                "gemm",
+                "cublas",
+                ["x"],
+                "query_tile_axes = ['x']\ngrid_source = 's'\nphases = 'decode'\nphases_source = 's'\n",
+            ),
+            "needs phases = 'either'",
+        ),
+        (
+            _rule_toml("USR001", "^x", "gemm", "cublas", ["x"], "sequences_axis = 'x'\ngrid_source = 's'\n"),
+            "needs phases = 'decode'",
+        ),
+        (
+            _rule_toml(
+                "USR001", "^x", "gemm", "cublas", ["x"], "token_tile = 'k'\ntoken_tile_source = 's'\n"
+            ),
+            "token_tile must be",
+        ),
+        (_rule_toml("USR001", "^x", "gemm", "cublas", ["x"], "token_tile = 'n'\n"), "token_tile_source must"),
         ("[[rule]]\nid = 'USR001'\n", "missing key"),
         ("rule = [", "invalid TOML"),
     ],

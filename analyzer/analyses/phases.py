@@ -922,7 +922,9 @@ def label_steps(
     for i, (ph, (ev, by)) in enumerate(zip(phases, said, strict=True)):
         if ev is None or i in doubtful:
             continue
-        grid = [GRID_QUERY_TILES] if bool((df["evidence"][segments[i]] == PREFILL_GRID_EVIDENCE).any()) else []
+        grid = (
+            [GRID_QUERY_TILES] if bool((df["evidence"][segments[i]] == PREFILL_GRID_EVIDENCE).any()) else []
+        )
         if ph is None:
             phases[i], rules[i] = ev, by
             evidence[i] += [r for r in grid if r != by]

@@ -152,7 +152,9 @@ def _explain_kernel_rule(asked: str, r: rules_mod.Rule, rs: rules_mod.RuleSet) -
             f"than a tile, prefill evidence (PHS030; {r.grid_source})"
         )
     if r.sequences_axis:
-        click.echo(f"  sequences on grid axis {r.sequences_axis}: a decode step's tokens (PHS031; {r.grid_source})")
+        click.echo(
+            f"  sequences on grid axis {r.sequences_axis}: a decode step's tokens (PHS031; {r.grid_source})"
+        )
     if r.token_tile:
         click.echo(f"  token tile: {r.token_tile} (PHS032; {r.token_tile_source})")
     for e in r.examples:

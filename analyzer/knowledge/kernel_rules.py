@@ -663,10 +663,14 @@ def _check_grid_keys(entry: dict[str, Any], phases: Any, fail: Callable[[str], N
     elif seq and phases != "decode":
         fail("sequences_axis counts decode tokens, so it needs phases = 'decode'")
     if axes and phases != "either":
-        fail("query_tile_axes tells the phase of a family engines run in either phase: it needs phases = 'either'")
+        fail(
+            "query_tile_axes tells the phase of a family engines run in either phase: it needs phases = 'either'"
+        )
     grid_source = entry.get("grid_source", "")
     if not isinstance(grid_source, str) or ((axes or seq) and not grid_source.strip()):
-        fail("grid_source must name the library code that launches the grid (required with query_tile_axes or sequences_axis)")
+        fail(
+            "grid_source must name the library code that launches the grid (required with query_tile_axes or sequences_axis)"
+        )
     tile = entry.get("token_tile", "")
     if tile not in ("", *TOKEN_TILES):
         fail(f"token_tile must be one of {', '.join(TOKEN_TILES)}")

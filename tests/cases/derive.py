@@ -127,7 +127,9 @@ def eager_decode_grids(t: Trace) -> Trace:
     pa_kernel = pc.match_substring(k["name"].combine_chunks().cast(pa.string()), "paged_attention_ll4mi_QKV")
     for col, v in (("grid_x", 16), ("grid_y", 1), ("grid_z", 8)):
         old = k[col].combine_chunks()
-        k = k.set_column(k.schema.get_field_index(col), col, pc.if_else(pa_kernel, pa.scalar(v, old.type), old))
+        k = k.set_column(
+            k.schema.get_field_index(col), col, pc.if_else(pa_kernel, pa.scalar(v, old.type), old)
+        )
     return dataclasses.replace(t, kernels=k)
 
 
