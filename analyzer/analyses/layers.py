@@ -98,6 +98,8 @@ KV_UPDATE_BY_NAME = _ID("kv-update-by-name")
 ATTENTION_INPUT_COPIES = _ID("attention-input-copies")
 INNER_NORMS = _ID("inner-norms")
 QK_NORM_INPUT = _ID("qk-norm-input-copy")
+OUTPUT_ROWS = _ID("output-row-gather")
+HOST_INPUTS = _ID("host-input-boundary")
 PROLOGUE_SHIFT = _ID("prologue-shift")
 SELF_CHECK = _ID("structure-self-check")
 # the region defaults: region -> (stage, rule id)
@@ -321,6 +323,15 @@ def walk_sequence(
 
     gemm = stages(GEMM_STAGES)
     op_first, op_last = _gemm_ops(seq, gemm, norm, launch)
+    gathers = _demote_output_row_gathers(
+        rows, stage, stages(("embedding",)), stages(ATTENTION), op_first, normish, why
+    )
+    if gathers:
+        if fired is not None:  # the region labels them next: the final stage names that rule
+            fired[OUTPUT_ROWS] += gathers
+        st = list(map(stage.__getitem__, rows))
+        kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
+        code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
     hard = normish | stages(ATTENTION, ("embedding",))
     if _mark_routers(
         rows,
@@ -339,17 +350,19 @@ def walk_sequence(
         code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
     blocker = normish | stages(ATTENTION, _MOE_ROUTING, ("embedding",))
     router = stages(("moe_gate_gemm",))
-    anchor = stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm"))
+    boundary = _host_input_boundaries(stages(("memcpy", "memset")), stages(("embedding",)), op_last, normish)
+    anchor = stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm")) | boundary
     # what follows each GEMM op, seen from the position after it: the next anchor kernel; the next
     # anchor or GEMM ("gemm" for a GEMM); whether a GEMM comes before the next norm / attention /
     # routing / embedding kernel
     after = op_last + 1
     at = _next_where(anchor, after).tolist()
-    follow = [st[q] if q < n else "" for q in at]
+    # a host-input boundary ends the forward as the next forward's lookup would
+    follow = [("embedding" if boundary[q] else st[q]) if q < n else "" for q in at]
     anchor_at = at  # per GEMM op: the position of the next anchor kernel after it
     next_anchor_or_gemm = _next_where(anchor | gemm, after)
     at = next_anchor_or_gemm.tolist()
-    lead = [("gemm" if not anchor[q] else st[q]) if q < n else "" for q in at]
+    lead = [("gemm" if not anchor[q] else "embedding" if boundary[q] else st[q]) if q < n else "" for q in at]
     # a router GEMM ends the MLP before it (Qwen2-MoE runs its shared expert first)
     at = _next_where(gemm | blocker | router, after).tolist()
     gemm_ahead = [q < n and bool(gemm[q]) and not router[q] for q in at]
@@ -361,7 +374,9 @@ def walk_sequence(
     # only these positions change the walk's state; the runs between them take the region as it is
     events = np.zeros(n, bool)
     events[op_first] = True
-    events |= normish | stages(ATTENTION, _MOE_ROUTING, ("embedding", "sampling", "moe_expert_gemm"))
+    events |= (
+        normish | boundary | stages(ATTENTION, _MOE_ROUTING, ("embedding", "sampling", "moe_expert_gemm"))
+    )
     region = "pre"
     layer_no = -1
     norm_seen = False
@@ -400,6 +415,8 @@ def walk_sequence(
                 role, region, layer_no, rid = _role(
                     region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next, opens
                 )
+                if role == "lm_head_gemm" and anchor_at[k] < n and boundary[anchor_at[k]]:
+                    rid = HOST_INPUTS
                 if opens and role == "qkv_gemm":
                     opened.append(k)
             last_head = k if role == "lm_head_gemm" else -1
@@ -413,7 +430,7 @@ def walk_sequence(
                 layer_of[q] = -1 if region in ("pre", "tail") else layer_no
             p = b + 1
             continue
-        if s == "embedding":
+        if s == "embedding" or boundary[p]:
             region, layer_no, norm_seen, fresh = "pre", -1, False, True
         elif s in ATTENTION:
             region, norm_seen = "attn", False
@@ -694,6 +711,63 @@ def reduction_rows(norm_names: Any, op_column: pa.Array) -> np.ndarray:
     return dict_where(norm_names, lambda x: any(w in x for w in _MEAN_WORDS)) | dict_isin(
         op_column, list(_REDUCE_OPS)
     )
+
+
+def _host_input_boundaries(
+    transfer: np.ndarray, lookup: np.ndarray, op_last: np.ndarray, normish: np.ndarray
+) -> np.ndarray:
+    """STR048: per position, the first kernel of a run of memory transfers that ends a forward. Where
+    the device runs no embedding lookup (the engine embeds the tokens on the host), a run of
+    transfers right after a GEMM op and right before a norm is the engine handing the step's output
+    to the host and uploading the next step's inputs: the GEMM is the LM head, the norm opens the
+    next forward. ``transfer`` / ``lookup`` / ``normish``: per position; ``op_last``: each GEMM op's
+    last position."""
+    n = len(transfer)
+    out = np.zeros(n, bool)
+    if lookup.any() or not transfer.any() or not len(op_last):
+        return out
+    edges = np.diff(np.concatenate([[0], transfer.astype(np.int8), [0]]))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # runs [start, end)
+    gemm_end = np.zeros(n, bool)
+    gemm_end[op_last] = True
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if a > 0 and b < n and gemm_end[a - 1] and normish[b]:
+            out[a] = True
+    return out
+
+
+def _demote_output_row_gathers(
+    rows: list[int],
+    stage: list[str],
+    lookup: np.ndarray,
+    attention: np.ndarray,
+    op_first: np.ndarray,
+    normish: np.ndarray,
+    why: Any,
+) -> int:
+    """STR047: an embedding lookup (by name) whose attention comes right before it, with one GEMM op
+    (the O projection) and no norm between, selects rows of the layer's hidden states (llama.cpp
+    keeps only the rows whose logits are computed, ``inp_out_ids``, in the last layer after its
+    attention); it opens no forward and takes its region's stage. A forward's own lookup comes
+    after the previous forward's norms and MLP, never right after an O projection. Returns the
+    kernels relabelled (``lookup`` / ``attention`` / ``normish``: per position)."""
+    emb = np.flatnonzero(lookup)
+    att = np.flatnonzero(attention)
+    if not len(emb) or not len(att):
+        return 0
+    norm_count = np.concatenate([[0], np.cumsum(normish)])
+    last_att = np.searchsorted(att, emb) - 1
+    done = 0
+    for e, j in zip(emb.tolist(), last_att.tolist(), strict=True):
+        if j < 0:
+            continue
+        a = int(att[j])
+        ops = int(np.searchsorted(op_first, e) - np.searchsorted(op_first, a + 1))
+        if ops == 1 and norm_count[e] == norm_count[a + 1]:
+            stage[rows[e]] = "elementwise"
+            why[rows[e]] = OUTPUT_ROWS
+            done += 1
+    return done
 
 
 def _demote_lone_pow(

@@ -90,6 +90,8 @@ EVIDENCE_CONFLICT = _ID("evidence-conflict")
 GRID_QUERY_TILES = _ID("grid-query-tiles")
 GRID_SEQUENCES = _ID("grid-decode-sequences")
 M_REGIME = _ID("gemm-m-regime")
+FRESH_CONTEXT = _ID("no-cached-keys")
+NORM_ROWS = _ID("norm-row-tokens")
 # per kernel: the phase its family's rule says engines run it in (rules/kernels.toml `phases`), or
 # prefill by its launch grid (a query longer than one tile, PHS030)
 NO_EVIDENCE, DECODE_EVIDENCE, PREFILL_EVIDENCE, PREFILL_GRID_EVIDENCE = 0, 1, 2, 3
@@ -408,6 +410,8 @@ def split_phases(
         "graph": kernels["graph_launch"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool),
         "evidence": _kernel_evidence(kernels, facts),
         "seqs": _grid_sequences(kernels, facts),
+        "rows": _norm_rows(kernels, facts),
+        "keys": _key_lengths(kernels, facts),
         "regime": _m_regimes(kernels, facts, th),
         "layer": (
             kernels["layer"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
@@ -528,6 +532,54 @@ def _grid_sequences(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
     return out
 
 
+def _norm_rows(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
+    """Per kernel: the token rows its launch grid counts along its norm family's ``rows_axis``
+    (PHS034), else 0."""
+    out = np.zeros(kernels.num_rows, np.int64)
+    if not facts.rows_axis:
+        return out
+    axis = _per_rule(kernels, facts.rows_axis, "")
+    for a in "xyz":
+        on = axis == a
+        if on.any():
+            out[on] = _grid_axis(kernels, a)[on]
+    return out
+
+
+def _key_lengths(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
+    """Per kernel: the key length its name carries by its rule's ``key_length`` pattern (PHS033),
+    read once per distinct name; 0 where none (no pattern, no match, or a generic length 0)."""
+    n = kernels.num_rows
+    if not facts.key_length or "norm_name" not in kernels.column_names:
+        return np.zeros(n, np.int64)
+    pattern = _per_rule(kernels, facts.key_length, None)
+    names = dict_strings(kernels["norm_name"])
+    words = names.dictionary.to_pylist()
+    at = names.indices.fill_null(len(words)).to_numpy(zero_copy_only=False)
+    out = np.zeros(n, np.int64)
+    for j in np.unique(at[pattern != None]).tolist():  # noqa: E711 - an object array's missing entries
+        if j >= len(words):
+            continue
+        rows = np.flatnonzero((at == j) & (pattern != None))  # noqa: E711
+        m = pattern[rows[0]].search(words[j] or "")
+        out[rows] = int(m.group(1)) if m else 0
+    return out
+
+
+def _fresh_context(seg: np.ndarray, df: Any) -> tuple[int, bool]:
+    """The step's token rows (its first norm launch with a row axis; 0: none) and whether its
+    attention attends only the step's own keys: every key length its launches name equals those
+    rows, so no cached context exists and every token is a prompt token (PHS033)."""
+    if "rows" not in df or not len(seg):
+        return 0, False
+    rows = df["rows"][seg]
+    first = np.flatnonzero(rows > 0)
+    tokens = int(rows[first[0]]) if len(first) else 0
+    keys = df["keys"][seg]
+    keys = keys[keys > 0]
+    return tokens, bool(tokens > 0 and len(keys) and (keys == tokens).all())
+
+
 def _m_regimes(kernels: pa.Table, facts: PhaseEvidence, th: Thresholds) -> np.ndarray:
     """Per kernel: the M regime (SKINNY / LARGE / BETWEEN) of a GEMM whose rule says which decoded tile
     runs along the tokens (PHS032), NO_REGIME for every other kernel and for the LM head and router."""
@@ -558,16 +610,21 @@ def _step_regime(members: np.ndarray, df: Any) -> str | None:
 
 def _evidence_phase(seg: np.ndarray, df: Any) -> tuple[str | None, str]:
     """The phase a step's own kernels say, and the rule that said it: decode families alone ->
-    decode, prefill families or long-query grids alone -> prefill, both -> mixed; None without any.
-    The rule is PHS030 where a grid alone said it, else PHS025."""
+    decode, prefill families, long-query grids or keys of the step's own tokens alone -> prefill,
+    both -> mixed; None without any. The rule is PHS030 / PHS033 where a grid / the key lengths
+    alone said it, else PHS025."""
     ev = df["evidence"][seg]
     dec = bool((ev == DECODE_EVIDENCE).any())
     by_family = bool((ev == PREFILL_EVIDENCE).any())
     by_grid = bool((ev == PREFILL_GRID_EVIDENCE).any())
-    rule = GRID_QUERY_TILES if by_grid and not (dec or by_family) else KERNEL_EVIDENCE
-    if dec and (by_family or by_grid):
+    fresh = _fresh_context(seg, df)[1]
+    if dec or by_family:
+        rule = KERNEL_EVIDENCE
+    else:
+        rule = GRID_QUERY_TILES if by_grid else FRESH_CONTEXT
+    if dec and (by_family or by_grid or fresh):
         return "mixed", rule
-    return ("decode" if dec else "prefill" if by_family or by_grid else None), rule
+    return ("decode" if dec else "prefill" if by_family or by_grid or fresh else None), rule
 
 
 def _name_codes(kernels: pa.Table) -> np.ndarray:
@@ -925,6 +982,8 @@ def label_steps(
         grid = (
             [GRID_QUERY_TILES] if bool((df["evidence"][segments[i]] == PREFILL_GRID_EVIDENCE).any()) else []
         )
+        if _fresh_context(segments[i], df)[1]:
+            grid.append(FRESH_CONTEXT)
         if ph is None:
             phases[i], rules[i] = ev, by
             evidence[i] += [r for r in grid if r != by]
@@ -988,6 +1047,8 @@ def label_steps(
     speculative = "draft" in models
     # a decode step without shapes: the sequences its decode family's launches count (PHS031)
     seqs = [int(df["seqs"][seg].max()) if "seqs" in df and len(seg) else 0 for seg in segments]
+    # a step without shapes: the token rows of its first norm launch with a row axis (PHS034)
+    rows = [_fresh_context(seg, df)[0] for seg in segments]
     out: list[StepLabel] = []
     for h, ph, model, pk, d_packed, rule, ev in zip(
         hits, phases, models, packed, decodes, rules, evidence, strict=True
@@ -1006,6 +1067,9 @@ def label_steps(
         elif ph == "decode" and seqs[len(out)] > 0:
             tok = seqs[len(out)]
             ev.append(GRID_SEQUENCES)
+        elif rows[len(out)] > 0:
+            tok = rows[len(out)]
+            ev.append(NORM_ROWS)
         elif ph == "decode" and batch:
             tok = batch
             ev.append(STATIC_BATCH)

@@ -100,6 +100,9 @@ _RULE_KEYS = {
     "grid_source",
     "token_tile",
     "token_tile_source",
+    "rows_axis",
+    "key_length_pattern",
+    "key_length_source",
 }
 #: In which phases engines run a rule's family: prefill only, decode only, or either (the default).
 RULE_PHASES = ("prefill", "decode", "either")
@@ -140,6 +143,11 @@ class Rule:
     # which decoded tile dimension runs along the tokens (TOKEN_TILES), and where that is shown
     token_tile: str = ""
     token_tile_source: str = ""
+    # the grid axis that counts a hidden-state norm's token rows (its source: grid_source), and the
+    # pattern whose one group reads the attention's key length from a launch's name, with its source
+    rows_axis: str = ""
+    key_length_pattern: str = ""
+    key_length_source: str = ""
     # literals of which at least one must occur in a name the pattern can match (a pure speed-up)
     literals: tuple[str, ...] | None = None
 
@@ -175,12 +183,17 @@ class PhaseEvidence:
     them; a launch with every one of them >= 2 held a query longer than a tile (prefill evidence).
     ``sequences_axis``: the grid axis that counts the launch's sequences (one query token each in a
     decode family). ``token_tile``: which decoded tile dimension runs along the tokens (TOKEN_TILES).
+    ``rows_axis``: the grid axis that counts a hidden-state norm's token rows. ``key_length``: the
+    compiled pattern whose one group is the key length (the keys every query row attends) that a
+    launch's name carries (0 or no match: none).
     """
 
     families: dict[str, str] = dataclasses.field(default_factory=dict)
     query_tile_axes: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     sequences_axis: dict[str, str] = dataclasses.field(default_factory=dict)
     token_tile: dict[str, str] = dataclasses.field(default_factory=dict)
+    rows_axis: dict[str, str] = dataclasses.field(default_factory=dict)
+    key_length: dict[str, re.Pattern[str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +282,8 @@ class RuleSet:
             query_tile_axes={r.id: r.query_tile_axes for r in self.rules if r.query_tile_axes},
             sequences_axis={r.id: r.sequences_axis for r in self.rules if r.sequences_axis},
             token_tile={r.id: r.token_tile for r in self.rules if r.token_tile},
+            rows_axis={r.id: r.rows_axis for r in self.rules if r.rows_axis},
+            key_length={r.id: re.compile(r.key_length_pattern) for r in self.rules if r.key_length_pattern},
         )
 
     def rule(self, rule_id: str) -> Rule | None:
@@ -646,6 +661,9 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple
         grid_source=" ".join(str(entry.get("grid_source", "")).split()),
         token_tile=entry.get("token_tile", ""),
         token_tile_source=" ".join(str(entry.get("token_tile_source", "")).split()),
+        rows_axis=entry.get("rows_axis", ""),
+        key_length_pattern=entry.get("key_length_pattern", ""),
+        key_length_source=" ".join(str(entry.get("key_length_source", "")).split()),
         literals=_parsed_literals(parsed, flags),
     )
     return rule, problems
@@ -666,11 +684,30 @@ def _check_grid_keys(entry: dict[str, Any], phases: Any, fail: Callable[[str], N
         fail(
             "query_tile_axes tells the phase of a family engines run in either phase: it needs phases = 'either'"
         )
+    rows = entry.get("rows_axis", "")
+    if rows not in ("", *GRID_AXES):
+        fail(f"rows_axis must be one of {', '.join(GRID_AXES)}")
     grid_source = entry.get("grid_source", "")
-    if not isinstance(grid_source, str) or ((axes or seq) and not grid_source.strip()):
+    if not isinstance(grid_source, str) or ((axes or seq or rows) and not grid_source.strip()):
         fail(
-            "grid_source must name the library code that launches the grid (required with query_tile_axes or sequences_axis)"
+            "grid_source must name the library code that launches the grid "
+            "(required with query_tile_axes, sequences_axis or rows_axis)"
         )
+    keys = entry.get("key_length_pattern", "")
+    if not isinstance(keys, str):
+        fail("key_length_pattern must be a pattern string")
+    elif keys:
+        problem = redos_problem(keys)
+        if problem is None and re.compile(keys).groups != 1:
+            problem = "it must have exactly one group (the key length)"
+        if problem:
+            fail(f"key_length_pattern rejected: {problem}")
+        source = entry.get("key_length_source", "")
+        if not isinstance(source, str) or not source.strip():
+            fail(
+                "key_length_source must name the library code that names the key length "
+                "(required with key_length_pattern)"
+            )
     tile = entry.get("token_tile", "")
     if tile not in ("", *TOKEN_TILES):
         fail(f"token_tile must be one of {', '.join(TOKEN_TILES)}")
