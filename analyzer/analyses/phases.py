@@ -479,20 +479,18 @@ def _as_evidence(facts: PhaseEvidence | Mapping[str, str] | None) -> PhaseEviden
     return PhaseEvidence(families=dict(facts or {}))
 
 
-def _per_rule(kernels: pa.Table, values: Mapping[str, Any], default: Any) -> np.ndarray:
-    """Per kernel: ``values`` of its rule id (looked up once per distinct id), else ``default``."""
-    if not values or "rule_id" not in kernels.column_names:
-        names: list[Any] = []
-        at = np.zeros(kernels.num_rows, np.int64)
-    else:
-        ids = dict_strings(kernels["rule_id"])
-        names = ids.dictionary.to_pylist()
-        at = ids.indices.fill_null(len(names)).to_numpy(zero_copy_only=False)
-    lut = np.empty(len(names) + 1, object)  # filled one by one: a tuple value must stay one element
-    for j, x in enumerate(names):
-        lut[j] = values.get(x or "", default)
-    lut[len(names)] = default
-    return lut[at]
+def _rule_codes(kernels: pa.Table, values: Mapping[str, Any]) -> tuple[np.ndarray, list[Any]]:
+    """Per kernel: the index (from 1) of its rule's value among the distinct values returned, 0 where
+    its rule has none; looked up once per distinct rule id, so per-kernel work stays integer."""
+    opts = list(dict.fromkeys(values.values()))
+    n = kernels.num_rows
+    if not opts or "rule_id" not in kernels.column_names:
+        return np.zeros(n, np.int16), opts
+    index = {v: i + 1 for i, v in enumerate(opts)}
+    ids = dict_strings(kernels["rule_id"])
+    words = ids.dictionary.to_pylist()
+    lut = np.asarray([index.get(values.get(x or ""), 0) for x in words] + [0], np.int16)
+    return lut[ids.indices.fill_null(len(words)).to_numpy(zero_copy_only=False)], opts
 
 
 def _grid_axis(kernels: pa.Table, axis: str) -> np.ndarray:
@@ -503,66 +501,63 @@ def _grid_axis(kernels: pa.Table, axis: str) -> np.ndarray:
     return kernels[col].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+def _along(kernels: pa.Table, axes: Mapping[str, str]) -> np.ndarray:
+    """Per kernel: its grid along the axis its rule names in ``axes`` (rule id -> x / y / z), else 0."""
+    out = np.zeros(kernels.num_rows, np.int64)
+    code, opts = _rule_codes(kernels, axes)
+    for i, a in enumerate(opts, start=1):
+        on = code == i
+        if on.any():
+            out[on] = _grid_axis(kernels, a)[on]
+    return out
+
+
 def _kernel_evidence(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
     """Per kernel: DECODE_EVIDENCE / PREFILL_EVIDENCE where its rule's family runs in that phase only;
     PREFILL_GRID_EVIDENCE where its rule's ``query_tile_axes`` are all >= 2 in its grid (PHS030: a
     query longer than one tile); else NO_EVIDENCE."""
-    code = {"decode": DECODE_EVIDENCE, "prefill": PREFILL_EVIDENCE}
-    out = _per_rule(kernels, {k: code[v] for k, v in facts.families.items()}, NO_EVIDENCE).astype(np.int8)
-    axes = _per_rule(kernels, facts.query_tile_axes, ())
-    tiled = np.flatnonzero([bool(a) for a in axes]) if facts.query_tile_axes else np.empty(0, np.int64)
-    if len(tiled):
-        grids = {a: _grid_axis(kernels, a)[tiled] for a in "xyz"}
-        long_query = np.asarray([all(grids[a][j] >= 2 for a in axes[i]) for j, i in enumerate(tiled)], bool)
-        out[tiled[long_query & (out[tiled] == NO_EVIDENCE)]] = PREFILL_GRID_EVIDENCE
+    phase_code = {"decode": DECODE_EVIDENCE, "prefill": PREFILL_EVIDENCE}
+    code, opts = _rule_codes(kernels, facts.families)
+    out = np.asarray([NO_EVIDENCE] + [phase_code[p] for p in opts], np.int8)[code]
+    code, opts = _rule_codes(kernels, facts.query_tile_axes)
+    for i, axes in enumerate(opts, start=1):
+        on = (code == i) & (out == NO_EVIDENCE)
+        for a in axes:
+            on &= _grid_axis(kernels, a) >= 2
+        out[on] = PREFILL_GRID_EVIDENCE
     return out
 
 
 def _grid_sequences(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
     """Per kernel: the sequences its launch grid counts along its decode family's ``sequences_axis``
     (PHS031), else 0."""
-    out = np.zeros(kernels.num_rows, np.int64)
-    if not facts.sequences_axis:
-        return out
-    axis = _per_rule(kernels, facts.sequences_axis, "")
-    for a in "xyz":
-        on = axis == a
-        if on.any():
-            out[on] = _grid_axis(kernels, a)[on]
-    return out
+    return _along(kernels, facts.sequences_axis)
 
 
 def _norm_rows(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
     """Per kernel: the token rows its launch grid counts along its norm family's ``rows_axis``
     (PHS034), else 0."""
-    out = np.zeros(kernels.num_rows, np.int64)
-    if not facts.rows_axis:
-        return out
-    axis = _per_rule(kernels, facts.rows_axis, "")
-    for a in "xyz":
-        on = axis == a
-        if on.any():
-            out[on] = _grid_axis(kernels, a)[on]
-    return out
+    return _along(kernels, facts.rows_axis)
 
 
 def _key_lengths(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
     """Per kernel: the key length its name carries by its rule's ``key_length`` pattern (PHS033),
-    read once per distinct name; 0 where none (no pattern, no match, or a generic length 0)."""
+    read once per distinct (name, pattern); 0 where none (no pattern, no match, or length 0)."""
     n = kernels.num_rows
-    if not facts.key_length or "norm_name" not in kernels.column_names:
-        return np.zeros(n, np.int64)
-    pattern = _per_rule(kernels, facts.key_length, None)
-    names = dict_strings(kernels["norm_name"])
-    words = names.dictionary.to_pylist()
-    at = names.indices.fill_null(len(words)).to_numpy(zero_copy_only=False)
     out = np.zeros(n, np.int64)
-    for j in np.unique(at[pattern != None]).tolist():  # noqa: E711 - an object array's missing entries
-        if j >= len(words):
-            continue
-        rows = np.flatnonzero((at == j) & (pattern != None))  # noqa: E711
-        m = pattern[rows[0]].search(words[j] or "")
-        out[rows] = int(m.group(1)) if m else 0
+    code, opts = _rule_codes(kernels, facts.key_length)
+    sel = np.flatnonzero(code)
+    if not len(sel) or "norm_name" not in kernels.column_names:
+        return out
+    names = dict_strings(kernels["norm_name"])
+    words = names.dictionary.to_pylist() + [None]
+    at = names.indices.fill_null(len(words) - 1).to_numpy(zero_copy_only=False)[sel]
+    pairs, inv = np.unique(np.stack([at, code[sel]], axis=1), axis=0, return_inverse=True)
+    values = np.zeros(len(pairs), np.int64)
+    for u, (j, c) in enumerate(pairs.tolist()):
+        m = opts[c - 1].search(words[j] or "")
+        values[u] = int(m.group(1)) if m else 0
+    out[sel] = values[np.asarray(inv).reshape(-1)]
     return out
 
 
@@ -587,11 +582,14 @@ def _m_regimes(kernels: pa.Table, facts: PhaseEvidence, th: Thresholds) -> np.nd
     out = np.full(n, NO_REGIME, np.int8)
     if not facts.token_tile or "tile_m" not in kernels.column_names:
         return out
-    which = _per_rule(kernels, facts.token_tile, "")
+    code, opts = _rule_codes(kernels, facts.token_tile)
     tm = kernels["tile_m"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
     tn = kernels["tile_n"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    tile = np.where(which == "m", tm, np.where(which == "n", tn, np.minimum(tm, tn)))
-    known = (which != "") & (tile > 0) & ~dict_isin(kernels["stage"], _NOT_TOKEN_ROWS)
+    tile = np.zeros(n, np.int64)
+    for i, which in enumerate(opts, start=1):
+        on = code == i
+        tile[on] = (tm if which == "m" else tn if which == "n" else np.minimum(tm, tn))[on]
+    known = (tile > 0) & ~dict_isin(kernels["stage"], _NOT_TOKEN_ROWS)
     out[known] = BETWEEN
     out[known & (tile <= th.skinny_token_tile)] = SKINNY
     out[known & (tile >= th.large_token_tile)] = LARGE
