@@ -97,7 +97,6 @@ NORM_ROWS = _ID("norm-row-tokens")
 NO_EVIDENCE, DECODE_EVIDENCE, PREFILL_EVIDENCE, PREFILL_GRID_EVIDENCE = 0, 1, 2, 3
 # per kernel: the M regime of a GEMM whose rule states its token tile (PHS032)
 NO_REGIME, SKINNY, LARGE, BETWEEN = 0, 1, 2, 3
-M_REGIMES = {SKINNY: "skinny", LARGE: "large"}
 # GEMM roles whose rows are not the step's tokens: the LM head scores sampled rows only, the router's
 # N is the expert count
 _NOT_TOKEN_ROWS = ("lm_head_gemm", "moe_gate_gemm")
@@ -501,10 +500,13 @@ def _grid_axis(kernels: pa.Table, axis: str) -> np.ndarray:
     return kernels[col].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _along(kernels: pa.Table, axes: Mapping[str, str]) -> np.ndarray:
-    """Per kernel: its grid along the axis its rule names in ``axes`` (rule id -> x / y / z), else 0."""
-    out = np.zeros(kernels.num_rows, np.int64)
+def _along(kernels: pa.Table, axes: Mapping[str, str]) -> np.ndarray | None:
+    """Per kernel: its grid along the axis its rule names in ``axes`` (rule id -> x / y / z), else 0;
+    None (nothing allocated) where no kernel's rule names one."""
     code, opts = _rule_codes(kernels, axes)
+    if not code.any():
+        return None
+    out = np.zeros(kernels.num_rows, np.int32)
     for i, a in enumerate(opts, start=1):
         on = code == i
         if on.any():
@@ -528,27 +530,27 @@ def _kernel_evidence(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
     return out
 
 
-def _grid_sequences(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
+def _grid_sequences(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray | None:
     """Per kernel: the sequences its launch grid counts along its decode family's ``sequences_axis``
     (PHS031), else 0."""
     return _along(kernels, facts.sequences_axis)
 
 
-def _norm_rows(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
+def _norm_rows(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray | None:
     """Per kernel: the token rows its launch grid counts along its norm family's ``rows_axis``
     (PHS034), else 0."""
     return _along(kernels, facts.rows_axis)
 
 
-def _key_lengths(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray:
+def _key_lengths(kernels: pa.Table, facts: PhaseEvidence) -> np.ndarray | None:
     """Per kernel: the key length its name carries by its rule's ``key_length`` pattern (PHS033),
-    read once per distinct (name, pattern); 0 where none (no pattern, no match, or length 0)."""
-    n = kernels.num_rows
-    out = np.zeros(n, np.int64)
+    read once per distinct (name, pattern); 0 where none (no pattern, no match, or length 0); None
+    where no kernel's rule has a pattern."""
     code, opts = _rule_codes(kernels, facts.key_length)
     sel = np.flatnonzero(code)
     if not len(sel) or "norm_name" not in kernels.column_names:
-        return out
+        return None
+    out = np.zeros(kernels.num_rows, np.int32)
     names = dict_strings(kernels["norm_name"])
     words = names.dictionary.to_pylist() + [None]
     at = names.indices.fill_null(len(words) - 1).to_numpy(zero_copy_only=False)[sel]
@@ -565,11 +567,13 @@ def _fresh_context(seg: np.ndarray, df: Any) -> tuple[int, bool]:
     """The step's token rows (its first norm launch with a row axis; 0: none) and whether its
     attention attends only the step's own keys: every key length its launches name equals those
     rows, so no cached context exists and every token is a prompt token (PHS033)."""
-    if "rows" not in df or not len(seg):
+    if df.get("rows") is None or not len(seg):
         return 0, False
     rows = df["rows"][seg]
     first = np.flatnonzero(rows > 0)
     tokens = int(rows[first[0]]) if len(first) else 0
+    if df.get("keys") is None:
+        return tokens, False
     keys = df["keys"][seg]
     keys = keys[keys > 0]
     return tokens, bool(tokens > 0 and len(keys) and (keys == tokens).all())
@@ -1044,7 +1048,7 @@ def label_steps(
     batch = batches.pop() if len(batches) == 1 else None
     speculative = "draft" in models
     # a decode step without shapes: the sequences its decode family's launches count (PHS031)
-    seqs = [int(df["seqs"][seg].max()) if "seqs" in df and len(seg) else 0 for seg in segments]
+    seqs = [int(df["seqs"][seg].max()) if df.get("seqs") is not None and len(seg) else 0 for seg in segments]
     # a step without shapes: the token rows of its first norm launch with a row axis (PHS034)
     rows = [_fresh_context(seg, df)[0] for seg in segments]
     out: list[StepLabel] = []
