@@ -13,17 +13,15 @@ from analyzer.errors import InputError
 from analyzer.knowledge.kernel_rules import (
     BARRIER_RULE_ID,
     KERNELS_TOML,
-    MAX_PATTERN_LENGTH,
     RULES_DIR,
     TRUNCATED_RULE_ID,
     classify_names,
     default_rules,
     load_rules,
     load_taxonomy,
-    redos_problem,
-    required_literals,
 )
 from analyzer.knowledge.names import normalize_name
+from analyzer.knowledge.patterns import MAX_PATTERN_LENGTH, redos_problem, required_literals
 
 RULESET = default_rules()
 TAXONOMY = RULESET.taxonomy

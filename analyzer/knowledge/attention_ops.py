@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.knowledge import loader
-from analyzer.knowledge.kernel_rules import redos_problem
+from analyzer.knowledge.patterns import redos_problem
 from analyzer.paths import RULES_DIR
 
 __all__ = ["ATTENTION_OPS_TOML", "AttentionLayout", "AttentionOps", "load_attention_ops"]
