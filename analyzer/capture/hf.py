@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from analyzer.capture import libraries
 from analyzer.capture.profile import export_trace
 from analyzer.capture.truth import Instrumentation, step_name
 
@@ -80,6 +81,8 @@ class CaptureSpec:
     shapes: bool = True
     warmup: bool = True
     seed: int = 0
+    kernels: str | None = None  # kernel libraries patched in: liger, fla (analyzer/capture/libraries.py)
+    quant: str | None = None  # linear-layer quantization: fp8-row, fp8-tensor, int8-wo, int4-wo ...
 
 
 def attention_implementations() -> list[str]:
@@ -300,6 +303,10 @@ def capture(spec: CaptureSpec) -> dict[str, Any]:
         )
     if spec.mode == "continuous-batching" and spec.assistant:
         raise CaptureError("assisted generation does not run under continuous batching")
+    try:
+        libraries.check_options(spec.kernels, spec.quant, device=spec.device, dtype=spec.dtype)
+    except libraries.LibraryError as exc:
+        raise CaptureError(str(exc)) from None
     t0 = time.perf_counter()
     with _quiet():
         model = build(
@@ -323,6 +330,7 @@ def capture(spec: CaptureSpec) -> dict[str, Any]:
         vocab = int(model.config.get_text_config().vocab_size)
         ids = _prompts(spec, vocab, spec.device)
         cb = spec.mode == "continuous-batching"
+        prepared = _prepare_libraries(spec, model)  # before the truth ranges wrap the model's functions
         inst = Instrumentation(truth=spec.truth, steps=not cb)
         inst.add_model(model, "target")
         if draft is not None:
@@ -346,6 +354,7 @@ def capture(spec: CaptureSpec) -> dict[str, Any]:
                         torch.cuda.synchronize()
         finally:
             inst.close()
+            prepared.undo()
             if cb_steps is not None:
                 cb_steps.remove()
         export_trace(prof, spec.output, compresslevel=9)  # the zoo's fixtures stay small
@@ -378,9 +387,20 @@ def capture(spec: CaptureSpec) -> dict[str, Any]:
     }
     if cb_steps is not None:
         meta["batching_threads"] = len(cb_steps.threads)
+    if spec.kernels or spec.quant:
+        meta.update(prepared.meta)
     if spec.device.startswith("cuda"):
         meta["gpu"] = torch.cuda.get_device_name(torch.device(spec.device))
     return meta
+
+
+def _prepare_libraries(spec: CaptureSpec, model: Any) -> libraries.Prepared:
+    try:
+        return libraries.prepare(
+            model, kernels=spec.kernels, quant=spec.quant, truth=spec.truth, device=spec.device, dtype=spec.dtype
+        )
+    except libraries.LibraryError as exc:
+        raise CaptureError(str(exc)) from None
 
 
 def _tf_version() -> str:
