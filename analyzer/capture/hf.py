@@ -18,7 +18,11 @@ Modes (``--mode``):
   thread is recorded (``profile_all_threads``);
 * ``forward`` — one forward over the prompt (a prefill step).
 
-Imports only torch, transformers, :mod:`analyzer.capture.truth` and (for ``experts="triton_fused"``)
+``kernels`` (Liger, flash-linear-attention) and ``quant`` (torchao FP8 / int8 / int4) patch the built
+model before the truth ranges are installed and are undone after (:mod:`analyzer.capture.libraries`).
+
+Imports only torch, transformers, :mod:`analyzer.capture.truth`, :mod:`analyzer.capture.libraries`
+(and a library only for the option that names it) and (for ``experts="triton_fused"``)
 :mod:`analyzer.capture.fused_experts` with Triton, so it runs where the analyzer's own dependencies
 are not installed (``python -m analyzer.capture.zoo`` on a GPU machine).
 """
@@ -397,7 +401,12 @@ def capture(spec: CaptureSpec) -> dict[str, Any]:
 def _prepare_libraries(spec: CaptureSpec, model: Any) -> libraries.Prepared:
     try:
         return libraries.prepare(
-            model, kernels=spec.kernels, quant=spec.quant, truth=spec.truth, device=spec.device, dtype=spec.dtype
+            model,
+            kernels=spec.kernels,
+            quant=spec.quant,
+            truth=spec.truth,
+            device=spec.device,
+            dtype=spec.dtype,
         )
     except libraries.LibraryError as exc:
         raise CaptureError(str(exc)) from None

@@ -182,7 +182,9 @@ def hub_functions(model: nn.Module) -> dict[str, str]:
 
 def _require_fla(model: nn.Module) -> None:
     if importlib.util.find_spec("fla") is None:
-        raise LibraryError("kernels fla: flash-linear-attention is not installed (pip install flash-linear-attention)")
+        raise LibraryError(
+            "kernels fla: flash-linear-attention is not installed (pip install flash-linear-attention)"
+        )
     picked = {k: v for k, v in hub_functions(model).items() if v.startswith("fla.")}
     if not picked:
         model_type = getattr(model.config, "model_type", "?")

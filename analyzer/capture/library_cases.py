@@ -71,7 +71,14 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     ),
     # ---- flash-linear-attention under linear-attention / hybrid families
     "fla-qwen3-next-bf16": (
-        {"model_type": "qwen3_next", **_GQA, **_GDN, **_MOE, "head_dim": 32, "shared_expert_intermediate_size": 128},
+        {
+            "model_type": "qwen3_next",
+            **_GQA,
+            **_GDN,
+            **_MOE,
+            "head_dim": 32,
+            "shared_expert_intermediate_size": 128,
+        },
         {"kernels": "fla"},
         "fla chunk / fused-recurrent Gated DeltaNet in a hybrid MoE (torch causal conv1d)",
     ),
@@ -87,34 +94,83 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     ),
     "fla-kimi-linear-bf16": (
         {
-            "model_type": "kimi_linear", **_GQA, "num_key_value_heads": 4, "moe_intermediate_size": 64,
-            "num_local_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "kv_lora_rank": 32,
-            "q_lora_rank": None, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
-            "linear_head_dim": 64, "linear_num_heads": 2, "layer_types": ["linear_attention", "full_attention"],
-            "mlp_layer_types": ["dense", "sparse"], "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+            "model_type": "kimi_linear",
+            **_GQA,
+            "num_key_value_heads": 4,
+            "moe_intermediate_size": 64,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "kv_lora_rank": 32,
+            "q_lora_rank": None,
+            "qk_rope_head_dim": 16,
+            "qk_nope_head_dim": 32,
+            "v_head_dim": 32,
+            "linear_head_dim": 64,
+            "linear_num_heads": 2,
+            "layer_types": ["linear_attention", "full_attention"],
+            "mlp_layer_types": ["dense", "sparse"],
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
         },
         {"kernels": "fla"},
         "fla Kimi delta attention (KDA) beside MLA, MoE",
     ),  # fmt: skip
     "liger-fla-qwen3-next-bf16": (
-        {"model_type": "qwen3_next", **_GQA, **_GDN, **_MOE, "head_dim": 32, "shared_expert_intermediate_size": 128},
+        {
+            "model_type": "qwen3_next",
+            **_GQA,
+            **_GDN,
+            **_MOE,
+            "head_dim": 32,
+            "shared_expert_intermediate_size": 128,
+        },
         {"kernels": "liger,fla"},
         "Liger norms / RoPE beside fla Gated DeltaNet",
     ),
     # ---- quantized linear layers (torchao; PyTorch's int8 weight-only kernel)
     "fp8-row-llama-bf16": ({"model_type": "llama", **_QGQA}, {"quant": "fp8-row"}, "FP8 dynamic per-row"),
-    "fp8-row-qwen3-bf16": ({"model_type": "qwen3", **_QGQA}, {"quant": "fp8-row"}, "FP8 dynamic per-row, q/k norms"),
-    "fp8-tensor-llama-bf16": ({"model_type": "llama", **_QGQA}, {"quant": "fp8-tensor"}, "FP8 dynamic per-tensor"),
+    "fp8-row-qwen3-bf16": (
+        {"model_type": "qwen3", **_QGQA},
+        {"quant": "fp8-row"},
+        "FP8 dynamic per-row, q/k norms",
+    ),
+    "fp8-tensor-llama-bf16": (
+        {"model_type": "llama", **_QGQA},
+        {"quant": "fp8-tensor"},
+        "FP8 dynamic per-tensor",
+    ),
     "fp8-tensor-mistral-bf16": (
         {"model_type": "mistral", **_QGQA, "sliding_window": 64},
         {"quant": "fp8-tensor"},
         "FP8 dynamic per-tensor, sliding window",
     ),
-    "int8-wo-llama-bf16": ({"model_type": "llama", **_QGQA}, {"quant": "int8-wo"}, "int8 weight-only (torchao)"),
-    "int8-wo-qwen2-bf16": ({"model_type": "qwen2", **_QGQA}, {"quant": "int8-wo"}, "int8 weight-only, qkv bias"),
-    "int4-wo-llama-bf16": ({"model_type": "llama", **_QGQA}, {"quant": "int4-wo"}, "int4 weight-only, tinygemm"),
-    "int4-wo-qwen3-bf16": ({"model_type": "qwen3", **_QGQA}, {"quant": "int4-wo"}, "int4 weight-only, q/k norms"),
-    "int8-dq-llama-bf16": ({"model_type": "llama", **_QGQA}, {"quant": "int8-dq"}, "int8 dynamic activations, _int_mm"),
+    "int8-wo-llama-bf16": (
+        {"model_type": "llama", **_QGQA},
+        {"quant": "int8-wo"},
+        "int8 weight-only (torchao)",
+    ),
+    "int8-wo-qwen2-bf16": (
+        {"model_type": "qwen2", **_QGQA},
+        {"quant": "int8-wo"},
+        "int8 weight-only, qkv bias",
+    ),
+    "int4-wo-llama-bf16": (
+        {"model_type": "llama", **_QGQA},
+        {"quant": "int4-wo"},
+        "int4 weight-only, tinygemm",
+    ),
+    "int4-wo-qwen3-bf16": (
+        {"model_type": "qwen3", **_QGQA},
+        {"quant": "int4-wo"},
+        "int4 weight-only, q/k norms",
+    ),
+    "int8-dq-llama-bf16": (
+        {"model_type": "llama", **_QGQA},
+        {"quant": "int8-dq"},
+        "int8 dynamic activations, _int_mm",
+    ),
     "int8-pack-llama-bf16": (
         {"model_type": "llama", **_QGQA},
         {"quant": "int8-pack"},
@@ -217,7 +273,15 @@ def _result(name: str, out_dir: Path, rc: int | None, late: bool, seconds: float
     if rc == 0 and trace.exists() and meta.exists():
         m = json.loads(meta.read_text(encoding="utf-8"))
         res.update(status="ok", trace_mb=round(trace.stat().st_size / 1e6, 3), steps=len(m.get("steps", [])))
-        for key in ("library_versions", "liger", "quantized", "kernel_functions", "gpu", "torch", "transformers"):
+        for key in (
+            "library_versions",
+            "liger",
+            "quantized",
+            "kernel_functions",
+            "gpu",
+            "torch",
+            "transformers",
+        ):
             res[key] = m.get(key)
         try:
             res["kernels"] = kernel_summary(trace)
@@ -233,7 +297,9 @@ def _result(name: str, out_dir: Path, rc: int | None, late: bool, seconds: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analyzer.capture.library_cases", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m analyzer.capture.library_cases", description=__doc__.splitlines()[0]
+    )
     p.add_argument("out_dir")
     p.add_argument("--jobs", type=int, default=4)
     p.add_argument("--only", "--cases", default="", metavar="NAME[,NAME]", help="capture only these cases")

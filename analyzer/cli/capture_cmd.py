@@ -12,6 +12,9 @@ import click
 
 from analyzer.errors import UsageError
 
+#: the --quant schemes (analyzer/capture/libraries.py QUANTS; listed here so the CLI imports no torch)
+QUANTS = ("fp8-row", "fp8-tensor", "int8-wo", "int8-dq", "int4-wo", "int8-pack")
+
 
 @click.command("capture")
 @click.option(
@@ -84,6 +87,16 @@ from analyzer.errors import UsageError
     metavar="IMPL",
     help="MoE experts implementation: eager, batched_mm, grouped_mm, triton_fused (ours) ...",
 )
+@click.option(
+    "--kernels",
+    metavar="LIB[,LIB]",
+    help="Kernel libraries patched into the model: liger (Triton norm / RoPE / SwiGLU), fla (linear attention).",
+)
+@click.option(
+    "--quant",
+    type=click.Choice(QUANTS),
+    help="Quantize the decoder's linear layers (torchao; int8-pack: aten._weight_int8pack_mm).",
+)
 @click.option("--sampling", is_flag=True, help="Sample (temperature, top-k, top-p) instead of greedy.")
 @click.option("--assistant", metavar="CONFIG", help="Draft model's config.json: assisted generation.")
 @click.option("--requests", default=4, show_default=True, help="Continuous batching: requests.")
@@ -110,6 +123,8 @@ def command(
     attn: str | None = None,
     sdpa_backend: str | None = None,
     experts: str | None = None,
+    kernels: str | None = None,
+    quant: str | None = None,
     sampling: bool = False,
     assistant: str | None = None,
     requests: int = 4,
@@ -143,18 +158,30 @@ def command(
             "kernels; run it on a GPU machine, or pass --device cpu to profile the CPU on purpose"
         )
     device = device or "cuda"
-    hf_path = bool(mode or truth or attn or sdpa_backend or experts or sampling or assistant or no_shapes)
+    hf_path = bool(
+        mode
+        or truth
+        or attn
+        or sdpa_backend
+        or experts
+        or kernels
+        or quant
+        or sampling
+        or assistant
+        or no_shapes
+    )
     if hf_path:
         meta = _capture_hf(
             model_spec, output, layers=layers, batch=batch, prompt=prompt, new_tokens=new_tokens,
             device=device, dtype=dtype, seed=seed, mode=mode or "generate", truth=truth, attn=attn or "sdpa",
-            sdpa_backend=sdpa_backend, experts=experts, sampling=sampling, assistant=assistant,
+            sdpa_backend=sdpa_backend, experts=experts, kernels=kernels, quant=quant, sampling=sampling, assistant=assistant,
             requests=requests, batch_tokens=batch_tokens, shapes=not no_shapes,
         )  # fmt: skip
         click.echo(
             f"captured {output} ({Path(output).stat().st_size / 1e6:.1f} MB): {meta['model_type']} x{meta['layers']} "
             f"layers ({meta['attn']}, {dtype}, {device}, {meta['mode']}), {len(meta['steps'])} steps"
-            f"{', truth ranges' if truth else ''}",
+            f"{', truth ranges' if truth else ''}"
+            f"{f', kernels {kernels}' if kernels else ''}{f', quant {quant}' if quant else ''}",
             err=True,
         )
         if meta_path:
@@ -214,7 +241,9 @@ def _capture_hf(
     from analyzer.capture import hf
 
     if not hf_available():
-        raise UsageError("--mode/--truth/--attn ... need transformers: pip install transformers")
+        raise UsageError(
+            "--mode/--truth/--attn/--kernels/--quant ... need transformers: pip install transformers"
+        )
     config = _config_of(spec, layers)
     draft = _config_of(assistant, None) if assistant else None
     try:
