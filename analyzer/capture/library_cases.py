@@ -215,7 +215,7 @@ def kernel_summary(trace: Path) -> list[dict[str, Any]]:
         name = str(e.get("name", ""))
         if e.get("cat") == "user_annotation" and name.startswith("lkm::truth region="):
             ranges[e["tid"]].append((e["ts"], e["ts"] + e.get("dur", 0), name.split("=", 1)[1]))
-        elif e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
             launches[e["args"]["correlation"]] = (e["tid"], e["ts"])
     out: dict[str, dict[str, Any]] = {}
     for e in events:
