@@ -88,6 +88,18 @@ def test_the_run_decides_when_it_names_exactly_one_candidate() -> None:
     assert _attribute(rows, run) == ["sglang", "unknown"]
 
 
+def test_a_run_without_engine_ops_runs_the_library_of_origin() -> None:
+    """GIVEN flash-linear-attention's kernel names (vendored by vLLM, SGLang and TRT-LLM) WHEN the run's
+    host ops name no candidate but are recorded (transformers: aten:: only) THEN fla's own; an
+    engine's op or run names the engine; a run without host ops stays unknown."""
+    name = "chunk_gated_delta_rule_fwd_kernel_h_blockdim64"
+    rows = [(0, "ATT038", name, "fla", None), (1, "ATT038", name, "fla", None), (2, "ATT038", name, "fla", None),
+            (3, "ATT038", name, "fla", "vllm::gdn_attention_core")]  # fmt: skip
+    run = {0: frozenset({"pytorch"}), 1: frozenset({"pytorch", "vllm"}), 3: frozenset({"pytorch"})}
+    assert _attribute(rows, run) == ["fla", "vllm", "unknown", "vllm"]
+    assert FACTS.shared["NRM011"].origin == "fla" and FACTS.shared["MOE018"].origin is None
+
+
 def test_no_shared_rule_leaves_the_column_as_it_was() -> None:
     got = _attribute([(0, "NRM001", "aiter::rmsnorm_kernel", "aiter", "sgl_kernel::rmsnorm")])
     assert got == ["aiter"]
@@ -119,6 +131,10 @@ def test_real_sglang_trace_names_its_engine_and_keeps_its_providers() -> None:
         (
             '[[shared]]\nrule = "MOE018"\nproviders = ["vllm", "sglang"]\nnamed = { aiter = "a" }\nnote = "n"\n',
             "not one of",
+        ),
+        (
+            '[[shared]]\nrule = "MOE018"\nproviders = ["vllm", "sglang"]\norigin = "fla"\nnote = "n"\n',
+            "origin 'fla'",
         ),
     ],
 )

@@ -7,7 +7,9 @@ validated ``rules/providers.toml``, whose header is the spec):
   provider its rule gave (a GEMM launched by ``aten::mm`` stays hipBLASLt's).
 * For a shared kernel, first hit wins: a ``named`` marker in its normalized name; the provider its
   launching host op names (``[ops]``), when that is one of the entry's providers; the one entry
-  provider the host ops of its input name, when exactly one is named; else ``unknown``.
+  provider the host ops of its input name, when exactly one is named; the entry's ``origin`` when
+  the input's host ops name providers but none of the entry's (a framework running the library's
+  own code, such as transformers calling flash-linear-attention); else ``unknown``.
 * Decided once per distinct (input, rule, name, launching op) and mapped back (no loop per kernel).
 """
 
@@ -122,8 +124,14 @@ def providers_from_context(
             if ctx in entry.providers:
                 got = ctx
         if got is None:
-            said = run_of(t) & set(entry.providers)
-            got = next(iter(said)) if len(said) == 1 else UNKNOWN
+            ran = run_of(t)
+            said = ran & set(entry.providers)
+            if len(said) == 1:
+                got = next(iter(said))
+            elif not said and ran and entry.origin is not None:
+                got = entry.origin
+            else:
+                got = UNKNOWN
         decided[uniq_combo[i]] = got
     values = pa.array(decided[combo].tolist(), pa.string())
     out = pc.replace_with_mask(prov.cast(pa.string()), pa.array(shared), values)

@@ -4,7 +4,9 @@ names several libraries ship. Read, validated against the taxonomy and the rule 
 Contract (the file's header is the spec): ``[ops]`` maps a provider to host-op names, an entry ending
 in ``::`` being a namespace prefix and any other an exact name, each listed once; ``[[shared]]``
 tables name a built-in ``rule``, its candidate ``providers`` (at least two), optional ``named``
-markers (provider -> a substring of the normalized name that says it) and a ``note``.
+markers (provider -> a substring of the normalized name that says it), an optional ``origin`` (the
+candidate whose own code it is, taken where the input's host ops are recorded and name none of the
+candidates) and a ``note``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from analyzer.paths import RULES_DIR
 __all__ = ["PROVIDERS_TOML", "ProviderFacts", "SharedRule", "load_provider_facts"]
 
 PROVIDERS_TOML = RULES_DIR / "providers.toml"
-_SHARED_KEYS = {"rule", "providers", "named", "note"}
+_SHARED_KEYS = {"rule", "providers", "named", "origin", "note"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,7 @@ class SharedRule:
     rule: str
     providers: tuple[str, ...]
     named: tuple[tuple[str, str], ...]  # (provider, marker) in file order
+    origin: str | None = None  # the library whose code the name is: where host ops name no candidate
 
     def named_provider(self, norm_name: str) -> str | None:
         """The provider a marker in ``norm_name`` names, or None."""
@@ -133,6 +136,11 @@ def _parse(doc: dict[str, Any], path: Path) -> ProviderFacts:
                 raise loader.fail(path, where, f"named provider {p!r} is not one of its providers")
             if not isinstance(marker, str) or not marker:
                 raise loader.fail(path, where, f"named.{p} must be a non-empty string")
-        shared[rule] = SharedRule(rule=rule, providers=tuple(provs), named=tuple(named.items()))
+        origin = e.get("origin")
+        if origin is not None and origin not in provs:
+            raise loader.fail(path, where, f"origin {origin!r} is not one of its providers")
+        shared[rule] = SharedRule(
+            rule=rule, providers=tuple(provs), named=tuple(named.items()), origin=origin
+        )
     ordered = tuple(sorted(prefixes.items(), key=lambda kv: -len(kv[0])))
     return ProviderFacts(exact=exact, prefixes=ordered, shared=shared)
