@@ -216,3 +216,18 @@ def test_the_runner_records_a_failed_case(tmp_path: Path) -> None:
     case = manifest["cases"]["int4-wo-llama-bf16"]
     assert rc == 1 and case["status"] == "failed"
     assert "runs on a GPU only" in case["error"]
+    import tarfile
+
+    packed = library_cases.pack(tmp_path, tmp_path / "out")
+    assert sorted(p.name for p in packed) == ["manifest.json", "quant.tar.xz"]
+    with tarfile.open(tmp_path / "out" / "quant.tar.xz") as tar:
+        assert "int4-wo-llama-bf16/log.txt" in tar.getnames()
+
+
+def test_the_runner_past_its_deadline_starts_nothing(tmp_path: Path) -> None:
+    rc = library_cases.main(
+        [str(tmp_path), "--only", "int8-pack-llama-bf16,fla-qwen3-5-bf16", "--deadline", "0"]
+    )
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert rc == 1 and manifest["cases"] == {}
+    assert manifest["not_started"] == ["fla-qwen3-5-bf16", "int8-pack-llama-bf16"]  # linear attention first

@@ -7,10 +7,12 @@ steps), but with ``kernels`` (Liger, flash-linear-attention) or ``quant`` (torch
 PyTorch's int8 weight-only kernel) set (:mod:`analyzer.capture.libraries`). The output has the zoo's
 layout, ``OUT_DIR/<case>/trace.json.gz`` + ``meta.json``, so a case can join ``fixtures/zoo``.
 
-``python -m analyzer.capture.library_cases OUT_DIR [--jobs N] [--only NAME,...] [--timeout S]``
-starts one process per case (a library's patches and transformers' import-time choice of fla are
-process-wide, and a crash or a hang costs only its case), ``--jobs`` at a time on the one GPU, each
-killed after ``--timeout`` seconds. ``OUT_DIR/manifest.json`` is rewritten as each case ends: per case
+``python -m analyzer.capture.library_cases OUT_DIR [--jobs N] [--only NAME,...] [--timeout S]
+[--deadline S]`` starts one process per case (a library's patches and transformers' import-time
+choice of fla are process-wide, and a crash or a hang costs only its case), ``--jobs`` at a time on
+the one GPU, the linear-attention cases first, each killed after ``--timeout`` seconds; past
+``--deadline`` seconds (or on SIGTERM) no case is started and the running ones are ended.
+``--pack DIR`` then writes ``DIR/{liger,fla,quant}.tar.xz`` (the case folders) and the manifest. ``OUT_DIR/manifest.json`` is rewritten as each case ends: per case
 its status (``ok`` / ``failed`` / ``timeout``), seconds, trace size, steps, the library versions,
 the GPU kernels by name with their counts and truth regions, and for a failure the end of its log
 (``OUT_DIR/<case>/log.txt``). Exit status 0 when every case was captured, 1 otherwise.
@@ -229,41 +231,68 @@ def kernel_summary(trace: Path) -> list[dict[str, Any]]:
     return [{**r, "regions": dict(r["regions"])} for r in sorted(out.values(), key=lambda r: -r["count"])]
 
 
-def _run_all(names: list[str], out_dir: Path, device: str, jobs: int, timeout: float, sets: list[str]) -> int:
+class _Stopped(Exception):
+    """SIGTERM reached the runner (an outer ``timeout``): its cases are ended, the manifest kept."""
+
+
+def _run_all(
+    names: list[str], out_dir: Path, device: str, jobs: int, timeout: float, deadline: float, sets: list[str]
+) -> int:
     manifest: dict[str, Any] = {"cases": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    pending = list(names)
+    # the linear-attention cases first: their Triton autotuning makes them the slowest
+    pending = sorted(names, key=lambda n: "fla" not in (CASES[n][1].get("kernels") or ""))
     running: dict[str, tuple[subprocess.Popen[bytes], float, Any]] = {}
+    start = time.monotonic()
 
     def write() -> None:
         (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
-    while pending or running:
-        while pending and len(running) < max(1, jobs):
-            name = pending.pop(0)
-            (out_dir / name).mkdir(parents=True, exist_ok=True)
-            log = open(out_dir / name / "log.txt", "wb")  # noqa: SIM115 (closed when the case ends)
-            cmd = [sys.executable, "-m", "analyzer.capture.library_cases", str(out_dir), "--one", name,
-                   "--device", device, *(a for s in sets for a in ("--set", s))]  # fmt: skip
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            running[name] = (proc, time.monotonic(), log)
-        time.sleep(0.5)
-        for name, (proc, t0, log) in list(running.items()):
-            rc = proc.poll()
-            late = rc is None and time.monotonic() - t0 > timeout
-            if rc is None and not late:
-                continue
-            if late:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-            del running[name]
-            manifest["cases"][name] = _result(name, out_dir, rc, late, time.monotonic() - t0)
-            print(f"{name}: {manifest['cases'][name]['status']}", flush=True)
-            write()
+    def end(name: str, rc: int | None, late: bool) -> None:
+        proc, t0, log = running.pop(name)
+        if rc is None:  # the cases run in their own sessions: end the whole group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+        manifest["cases"][name] = _result(name, out_dir, rc, late, time.monotonic() - t0)
+        print(f"{name}: {manifest['cases'][name]['status']}", flush=True)
+        write()
+
+    def stop(*_: Any) -> None:
+        raise _Stopped
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        while pending or running:
+            out_of_time = time.monotonic() - start > deadline
+            while pending and len(running) < max(1, jobs) and not out_of_time:
+                name = pending.pop(0)
+                (out_dir / name).mkdir(parents=True, exist_ok=True)
+                log = open(out_dir / name / "log.txt", "wb")  # noqa: SIM115 (closed when the case ends)
+                cmd = [sys.executable, "-m", "analyzer.capture.library_cases", str(out_dir), "--one", name,
+                       "--device", device, *(a for s in sets for a in ("--set", s))]  # fmt: skip
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                running[name] = (proc, time.monotonic(), log)
+            if out_of_time and pending:
+                manifest["not_started"] = list(pending)
+                pending = []
+            time.sleep(0.5)
+            for name, (proc, t0, _) in list(running.items()):
+                rc = proc.poll()
+                late = rc is None and (time.monotonic() - t0 > timeout or out_of_time)
+                if rc is not None or late:
+                    end(name, rc, late)
+    except (_Stopped, KeyboardInterrupt):
+        manifest["stopped"] = "the runner was stopped; running cases were ended"
+        manifest["not_started"] = manifest.get("not_started", []) + list(pending)
+        for name in list(running):
+            end(name, None, True)
+    finally:
+        signal.signal(signal.SIGTERM, old)
     manifest["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     write()
-    return 0 if all(c["status"] == "ok" for c in manifest["cases"].values()) else 1
+    done = len(manifest["cases"]) == len(names)
+    return 0 if done and all(c["status"] == "ok" for c in manifest["cases"].values()) else 1
 
 
 def _result(name: str, out_dir: Path, rc: int | None, late: bool, seconds: float) -> dict[str, Any]:
@@ -296,6 +325,34 @@ def _result(name: str, out_dir: Path, rc: int | None, late: bool, seconds: float
     return res
 
 
+def group_of(name: str) -> str:
+    """The archive a case goes into: ``fla`` (linear attention), ``liger`` or ``quant``."""
+    kernels = CASES[name][1].get("kernels") or ""
+    return "fla" if "fla" in kernels else "liger" if "liger" in kernels else "quant"
+
+
+def pack(out_dir: Path, dest: Path) -> list[Path]:
+    """``dest/<group>.tar.xz`` of the case folders (trace, meta, log) and ``dest/manifest.json``."""
+    import shutil
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, list[Path]] = collections.defaultdict(list)
+    for case in sorted(p for p in out_dir.iterdir() if p.is_dir() and p.name in CASES):
+        groups[group_of(case.name)].append(case)
+    written = []
+    for group, cases in groups.items():
+        path = dest / f"{group}.tar.xz"
+        with tarfile.open(path, "w:xz") as tar:
+            for case in cases:
+                tar.add(case, arcname=case.name)
+        written.append(path)
+    if (out_dir / "manifest.json").exists():
+        shutil.copy(out_dir / "manifest.json", dest / "manifest.json")
+        written.append(dest / "manifest.json")
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m analyzer.capture.library_cases", description=__doc__.splitlines()[0]
@@ -305,7 +362,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", "--cases", default="", metavar="NAME[,NAME]", help="capture only these cases")
     p.add_argument("--device", default="cuda")
     p.add_argument("--timeout", type=float, default=420.0, help="seconds before a case is killed")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=1e9,
+        help="seconds for the whole run: later cases are not started, running ones ended",
+    )
     p.add_argument("--set", action="append", default=[], help="override a capture option, KEY=JSON")
+    p.add_argument(
+        "--pack", metavar="DIR", help="then write DIR/{liger,fla,quant}.tar.xz and DIR/manifest.json"
+    )
     p.add_argument("--one", metavar="NAME", help=argparse.SUPPRESS)  # the worker: one case, this process
     p.add_argument("--list", action="store_true", help="print the cases and exit")
     a = p.parse_args(argv)
@@ -324,7 +390,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown case(s) {', '.join(unknown)}", file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _run_all(names, out_dir, a.device, a.jobs, a.timeout, a.set)
+    rc = _run_all(names, out_dir, a.device, a.jobs, a.timeout, a.deadline, a.set)
+    if a.pack:
+        for path in pack(out_dir, Path(a.pack)):
+            print(f"packed {path} ({path.stat().st_size / 2**20:.2f} MiB)", flush=True)
+    return rc
 
 
 if __name__ == "__main__":
