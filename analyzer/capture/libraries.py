@@ -6,8 +6,8 @@ attention through flash-linear-attention and serve quantized weights. Two captur
 that (``docs/capture.md``):
 
 * ``kernels`` — a comma list of ``liger`` (Liger Kernel's Triton RMSNorm / LayerNorm, RoPE,
-  SwiGLU / GeGLU and fused-MoE kernels, patched into the built model with
-  ``_apply_liger_kernel_to_instance``; its loss kernels stay off, inference computes no loss) and
+  SwiGLU / GeGLU and fused-MoE kernels, patched into the built model by its ``apply_liger_kernel_to_<type>``
+  with Liger's defaults for the family; its loss kernels stay off, inference computes no loss) and
   ``fla`` (flash-linear-attention: transformers picks its Triton Gated DeltaNet / KDA kernels for
   the linear-attention layers when it is importable; the option makes that a checked requirement).
 * ``quant`` — one torchao scheme for the decoder's ``nn.Linear`` layers (never the LM head or a MoE
@@ -206,16 +206,18 @@ def _apply_liger(model: nn.Module, out: Prepared) -> dict[str, Any]:
     apply_fn = monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if apply_fn is None:
         raise LibraryError(f"kernels liger: Liger has no patch for model type {model_type!r}")
-    wanted = {"rope": True, "rms_norm": True, "layer_norm": True, "swiglu": True, "geglu": True,
-              "cross_entropy": False, "fused_linear_cross_entropy": False}  # fmt: skip
+    # Liger's own defaults per family (rope is off where the family's rotary is partial, e.g. Qwen3-Next),
+    # its loss kernels off: inference computes no loss, and a fused linear + cross-entropy forward
+    # would replace the model's own forward
     params = inspect.signature(apply_fn).parameters
-    kwargs = {k: v for k, v in wanted.items() if k in params}
+    kwargs = {k: False for k in ("cross_entropy", "fused_linear_cross_entropy") if k in params}
+    options = {k: p.default for k, p in params.items() if isinstance(p.default, bool)} | kwargs
     snapshot = _snapshot_modules("transformers.")
     try:
         apply_fn(model=model, **kwargs)
     finally:
         changed = _restore_later(snapshot, out)
-    return {"apply": apply_fn.__name__, "options": kwargs, "module_attributes": changed}
+    return {"apply": apply_fn.__name__, "options": options, "module_attributes": changed}
 
 
 def _snapshot_modules(prefix: str) -> dict[str, dict[str, Any]]:
