@@ -140,6 +140,8 @@ def prepare(
     check_options(kernels, quant, device=device, dtype=dtype)
     names = parse_kernels(kernels)
     out = Prepared()
+    if not names and quant is None:  # a plain capture: nothing to patch, nothing to record
+        return out
     out.meta["kernels"] = list(names) or None
     out.meta["quant"] = quant
     out.meta["library_versions"] = versions(names, quant)
