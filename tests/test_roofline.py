@@ -26,12 +26,13 @@ def test_gemm_formulas() -> None:
     assert f == 2 * 64 * 1536 * 2048
 
 
-def test_attention_formula_halves_causal_prefill() -> None:
+def test_attention_formula_counts_the_causal_half() -> None:
+    # a whole prompt counts the pairs its causal mask keeps: q (q + 1) / 2 of the q x q scores
     q, kv = [4, 32, 512, 128], [4, 8, 512, 128]
     f, b, _ = roofline.op_work(
         "aten::_scaled_dot_product_cudnn_attention", [q, kv, kv], ["c10::BFloat16"] * 3
     )
-    assert f == 2 * 4 * 32 * 512 * 512 * 256 * 0.5
+    assert f == 2 * 4 * 32 * (512 * 513 / 2) * 256
     assert b == 2 * (4 * 32 * 512 * 128 * 2 + 2 * 4 * 8 * 512 * 128)
     f1, _, _ = roofline.op_work(
         "aten::_scaled_dot_product_cudnn_attention",

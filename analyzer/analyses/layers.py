@@ -36,6 +36,7 @@ ATTENTION = frozenset(ATTENTION_KERNEL_STAGES)  # attention kernels: the anchor 
 # The registry (rules/structure.toml): the rules' ids, the vocabularies and the default thresholds
 KNOWLEDGE = load_structure()
 _V = KNOWLEDGE.set_of
+WORK_OPS = load_work_ops()  # the GEMM layouts (rules/work_ops.toml): read once, as the registry
 DEFAULT_THRESHOLDS: Thresholds = KNOWLEDGE.thresholds
 # kernels whose stage the structure may refine: generic framework kernels only
 GENERIC = _V("generic_stages")  # a bare ATen add is only a guess
@@ -1461,7 +1462,7 @@ def structure_problem(
 def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, int] | None:
     """(K, N) of a recorded dense GEMM op from its input shapes (``rules/work_ops.toml``, grouped
     products left out: their weights are experts); None when not a GEMM the table reads."""
-    return load_work_ops().dense_shape(op_name, dims)
+    return WORK_OPS.dense_shape(op_name, dims)
 
 
 def gemm_roles_from_shapes(kernels: pa.Table, host_ops: pa.Table, arch: Any, tp: int = 1) -> list[str | None]:

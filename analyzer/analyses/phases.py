@@ -39,11 +39,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.analyses.classify import is_training
+from analyzer.analyses.layers import WORK_OPS
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.kernel_rules import PhaseEvidence
 from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
-from analyzer.knowledge.work_ops import load_work_ops
 from analyzer.model import dict_isin, dict_strings, launch_calls, objects
 from analyzer.tables import intervals, launches, lookup
 
@@ -423,7 +423,7 @@ def split_phases(
     df["launch"], df["launched"] = launch_ts, launched
     shapes = attention_shapes(
         host_ops,
-        attention_ops if attention_ops is not None else load_attention_ops(),
+        (attention_ops if attention_ops is not None else load_attention_ops()).for_steps(),
         _launchers_of(kernels, host_ops, df["is_attn"]),
     )
     step_rows: list[dict[str, Any]] = []
@@ -1256,7 +1256,7 @@ def _lm_head_rows(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
 
 def _gemm_rows(op: str | None, dims: Any) -> int:
     """Rows (M) of a recorded GEMM op's activation (``rules/work_ops.toml``), -1 when the shapes do not say."""
-    return load_work_ops().rows(op, dims)
+    return WORK_OPS.rows(op, dims)
 
 
 def _signature_by_model(

@@ -35,8 +35,9 @@ _REQUIRED = ("id", "note", "query", "rank", "q_dim")
 _OPTIONAL_DIMS = ("batch_dim", "head_dim", "heads_dim")  # dimensions of the query tensor
 _INPUTS = ("key", "value", "cu_seqlens", "kv_tokens")  # input indices
 _RANKS = ("key_rank",)
+_FLAGS = ("composed", "step_shapes")
 _KEY_DIMS = ("kv_dim", "kv_heads_dim")  # dimensions of the key tensor
-_KEYS = {*_REQUIRED, "names", "pattern", "composed", *_OPTIONAL_DIMS, *_INPUTS, *_KEY_DIMS, *_RANKS}
+_KEYS = {*_REQUIRED, "names", "pattern", *_FLAGS, *_OPTIONAL_DIMS, *_INPUTS, *_KEY_DIMS, *_RANKS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,7 @@ class AttentionLayout:
     cu_seqlens: int | None = None
     kv_tokens: int | None = None
     key_rank: int | None = None
+    step_shapes: bool = True  # read for the steps' phases and tokens (phases.py); false: the roofline only
 
     @property
     def packed(self) -> bool:
@@ -147,6 +149,15 @@ class AttentionOps:
             return hits[0]
         return next((lay for lay in hits if lay.fits(dims)), None)
 
+    def for_steps(self) -> AttentionOps:
+        """The table without the entries marked ``step_shapes = false`` (what the step labels read)."""
+        if all(lay.step_shapes for lays in self.by_name.values() for lay in lays) and all(
+            lay.step_shapes for _, lay in self.patterns
+        ):
+            return self
+        by_name = {n: kept for n, lays in self.by_name.items() if (kept := tuple(x for x in lays if x.step_shapes))}
+        return AttentionOps(by_name=by_name, patterns=tuple(p for p in self.patterns if p[1].step_shapes))
+
 
 def load_attention_ops(path: str | Path = ATTENTION_OPS_TOML) -> AttentionOps:
     """The validated table of ``path`` (shared between callers: read it only)."""
@@ -201,10 +212,11 @@ def _parse(doc: dict[str, Any], path: Path) -> AttentionOps:
             raise fail("key and kv_dim (or kv_tokens) go together")
         if ("kv_heads_dim" in e or "key_rank" in e) and "key" not in e:
             raise fail("kv_heads_dim and key_rank need key")
-        composed = e.get("composed", False)
-        if not isinstance(composed, bool):
-            raise fail("composed must be true or false")
-        lay = AttentionLayout(id=oid, composed=composed, **{k: v for k, v in ints.items()})
+        flags = {k: e.get(k, k == "step_shapes") for k in _FLAGS}
+        for k, v in flags.items():
+            if not isinstance(v, bool):
+                raise fail(f"{k} must be true or false")
+        lay = AttentionLayout(id=oid, **flags, **{k: v for k, v in ints.items()})
         names = e.get("names", [])
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise fail("names must be a list of host-op names")
