@@ -37,7 +37,8 @@ _INPUTS = ("key", "value", "cu_seqlens", "kv_tokens")  # input indices
 _RANKS = ("key_rank",)
 _FLAGS = ("composed", "step_shapes")
 _KEY_DIMS = ("kv_dim", "kv_heads_dim")  # dimensions of the key tensor
-_KEYS = {*_REQUIRED, "names", "pattern", *_FLAGS, *_OPTIONAL_DIMS, *_INPUTS, *_KEY_DIMS, *_RANKS}
+_KEYS = {*_REQUIRED, "names", "pattern", *_FLAGS, *_OPTIONAL_DIMS, *_INPUTS, *_KEY_DIMS, *_RANKS, "cases"}
+_CASE_KEYS = {"dims", "types", "op", "flops", "bytes", "trace"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,7 @@ class AttentionLayout:
     kv_tokens: int | None = None
     key_rank: int | None = None
     step_shapes: bool = True  # read for the steps' phases and tokens (phases.py); false: the roofline only
+    cases: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def packed(self) -> bool:
@@ -155,7 +157,9 @@ class AttentionOps:
             lay.step_shapes for _, lay in self.patterns
         ):
             return self
-        by_name = {n: kept for n, lays in self.by_name.items() if (kept := tuple(x for x in lays if x.step_shapes))}
+        by_name = {
+            n: kept for n, lays in self.by_name.items() if (kept := tuple(x for x in lays if x.step_shapes))
+        }
         return AttentionOps(by_name=by_name, patterns=tuple(p for p in self.patterns if p[1].step_shapes))
 
 
@@ -216,7 +220,13 @@ def _parse(doc: dict[str, Any], path: Path) -> AttentionOps:
         for k, v in flags.items():
             if not isinstance(v, bool):
                 raise fail(f"{k} must be true or false")
-        lay = AttentionLayout(id=oid, **flags, **{k: v for k, v in ints.items()})
+        cases = e.get("cases", [])
+        if not isinstance(cases, list) or (not cases and not flags["composed"]):
+            raise fail("needs cases (the roofline's numbers of one recorded call), unless composed")
+        for c in cases:
+            if not isinstance(c, dict) or not {"dims", "op", "trace"} <= set(c) or set(c) - _CASE_KEYS:
+                raise fail(f"a case is a table with dims, op and trace (and types, flops, bytes)")
+        lay = AttentionLayout(id=oid, **flags, cases=tuple(cases), **{k: v for k, v in ints.items()})
         names = e.get("names", [])
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise fail("names must be a list of host-op names")

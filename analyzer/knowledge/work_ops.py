@@ -50,7 +50,7 @@ _KEYS = {
     "unsized": _COMMON,
     "copy": (_COMMON - {"names"}) | {"pattern", "moved"},
 }
-_CASE_KEYS = {"dims", "types", "flops", "bytes", "trace", "consumer"}
+_CASE_KEYS = {"dims", "types", "flops", "bytes", "trace", "consumer", "op"}
 _COPY_CASE_KEYS = {"name", "recorded", "bytes", "trace"}
 SELECTS = ("rows", "elements", "consumer")
 
