@@ -68,6 +68,11 @@ COLUMNS = {
     "intensity": pa.float64(),
     "bound": DICT_STRING,
 }
+#: the one causal convention of every attention family, as the summary and the report state it
+CAUSAL_CONVENTION = (
+    "a causal prefill counts half the score matrix: the (query, key) pairs its mask keeps, "
+    "q x (kv - q) + q (q + 1) / 2 per sequence and head; decode counts every key"
+)
 #: the basis of a kernel's numbers: recorded shapes, sizes found in the trace, ``--model``, none
 FLOPS_SOURCES = ("shapes", "found", "model", "none")
 #: why a kernel has no numbers (the ``uncounted`` column; null where it has them)
@@ -775,9 +780,8 @@ def _sizes(
                 bad = shape_roles.size_disagreements(found, model, world)
                 if bad:
                     warnings.append(
-                        f"--model {model.name} disagrees with the sizes the trace's shapes show"
-                        f"{'' if len(traces) == 1 else f' (input {t})'}: {'; '.join(bad)}; "
-                        "kernels without shapes are counted with --model's"
+                        f"--model {model.name} disagrees with the sizes input {t}'s shapes show: "
+                        f"{'; '.join(bad)}; kernels without shapes are counted with --model's"
                     )
             continue
         ws_found = WorkSizes.from_found(found) if found is not None else None

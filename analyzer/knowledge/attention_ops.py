@@ -225,7 +225,7 @@ def _parse(doc: dict[str, Any], path: Path) -> AttentionOps:
             raise fail("needs cases (the roofline's numbers of one recorded call), unless composed")
         for c in cases:
             if not isinstance(c, dict) or not {"dims", "op", "trace"} <= set(c) or set(c) - _CASE_KEYS:
-                raise fail(f"a case is a table with dims, op and trace (and types, flops, bytes)")
+                raise fail("a case is a table with dims, op and trace (and types, flops, bytes)")
         lay = AttentionLayout(id=oid, **flags, cases=tuple(cases), **{k: v for k, v in ints.items()})
         names = e.get("names", [])
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from analyzer.analyses.classify import classification_shares
 from analyzer.analyses.ranks import rank_summary
+from analyzer.analyses.roofline import CAUSAL_CONVENTION, FLOPS_SOURCES
 from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.knowledge.taxonomy import PHASES
 from analyzer.pipeline import Analysis
@@ -82,6 +83,7 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
             gpu=analysis.gpu,
         ),
         "unclassified": unclassified(df, total),
+        "work": work_basis(analysis, total),
         "barrier_packets": barrier_packets(df, total),
         "classification": {
             **classification_shares(df["stage_source"], df["dur_ns"]),
@@ -596,6 +598,63 @@ def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["norm_name"]))
     return rows
+
+
+def work_basis(analysis: Analysis, total: int) -> dict[str, Any]:
+    """What the FLOPs and bytes rest on (DESIGN §5): kernel time by ``flops_source``, the kernels
+    without numbers by the reason (``uncounted``) with their largest stages, the sizes that counted
+    kernels without shapes (per input), the causal convention, and the kernels ``--model`` would
+    count (``model_would_count``: GEMM-role and expert kernels without shapes in a run where no
+    sizes were found; the ``analyze`` hint). Read from the kernels table (the frame leaves these
+    columns out)."""
+    k = analysis.kernels
+    cols = [c for c in ("flops_source", "uncounted", "stage", "dur_ns", "count") if c in k.column_names]
+    if "flops_source" not in cols or "dur_ns" not in cols:
+        return {
+            "causal": CAUSAL_CONVENTION,
+            "basis": {},
+            "uncounted": [],
+            "sizes": {},
+            "model_would_count": None,
+        }
+    t = k.select(cols)
+    if "count" not in cols:
+        t = t.append_column("count", pa.array(np.ones(t.num_rows, np.int64)))
+
+    def grouped(keys: list[str]) -> list[dict[str, Any]]:
+        g = t.group_by(keys).aggregate([("dur_ns", "sum"), ("count", "sum")]).to_pylist()
+        return [r for r in g if all(r[x] is not None for x in keys)]
+
+    def part(time_ns: int, kernels: int) -> dict[str, Any]:
+        return {"kernels": int(kernels), "time_ns": int(time_ns), "share": time_ns / total if total else 0.0}
+
+    basis = {
+        r["flops_source"]: part(r["dur_ns_sum"], r["count_sum"])
+        for r in sorted(grouped(["flops_source"]), key=lambda r: FLOPS_SOURCES.index(r["flops_source"]))
+    }
+    uncounted = []
+    if "uncounted" in cols:
+        by_stage = grouped(["uncounted", "stage"]) if "stage" in cols else []
+        for r in grouped(["uncounted"]):
+            stages = sorted(
+                (x for x in by_stage if x["uncounted"] == r["uncounted"]), key=lambda x: -x["dur_ns_sum"]
+            )
+            uncounted.append(
+                {
+                    "reason": r["uncounted"],
+                    **part(r["dur_ns_sum"], r["count_sum"]),
+                    "stages": [x["stage"] for x in stages[:4]],
+                }
+            )
+        uncounted.sort(key=lambda r: (-r["time_ns"], r["reason"]))
+    would = next((r for r in uncounted if r["reason"] == "no_sizes"), None)
+    return {
+        "causal": CAUSAL_CONVENTION,
+        "basis": basis,
+        "uncounted": uncounted,
+        "sizes": dict(sorted(analysis.work_sizes.items())),
+        "model_would_count": {x: would[x] for x in ("kernels", "time_ns", "share")} if would else None,
+    }
 
 
 def rule_times(df: pd.DataFrame) -> dict[str, int]:
