@@ -83,7 +83,7 @@ UNCOUNTED = {
     "shapes_unreadable": "its launching op is in a work table, but the recorded shapes do not fit its layout",
     "no_shapes": "no recorded shapes for its launch (shapes off, CUDA-graph replay, compiled region) and no sizes count its stage",
     "no_sizes": "a GEMM-role or MoE-expert kernel without shapes: no sizes were found in the trace; --model would count it",
-    "no_tokens": "a GEMM-role or MoE-expert kernel without shapes in a step whose token count is unknown",
+    "no_tokens": "a GEMM-role or MoE-expert kernel without shapes in a step whose token count is unknown (an LM head outside decode: the rows it scores are unknown)",
     "not_work": "not work: a barrier packet, or a copy without a recorded size",
 }
 _MISSING = object()
@@ -636,6 +636,7 @@ def _why_uncounted(
         else np.full(n, np.nan)
     )
     trace = kernels["trace_id"].to_numpy(zero_copy_only=False)
+    phase = objects(kernels["phase"]) if "phase" in kernels.column_names else np.full(n, "", object)
     for i in np.flatnonzero(~counted).tolist():
         why = str(reason[i])
         if barrier[i]:
@@ -644,13 +645,8 @@ def _why_uncounted(
             out[i] = "helper"
         elif stage[i] in _MODEL_STAGES and why in ("", "op", "no_shapes"):
             has_sizes = int(trace[i]) in sizes or -1 in sizes
-            out[i] = (
-                "no_tokens"
-                if has_sizes and tokens[i] != tokens[i]
-                else "no_shapes"
-                if has_sizes
-                else "no_sizes"
-            )
+            unknown_rows = tokens[i] != tokens[i] or (stage[i] == "lm_head_gemm" and phase[i] != "decode")
+            out[i] = "no_tokens" if has_sizes and unknown_rows else "no_shapes" if has_sizes else "no_sizes"
         elif why and why != "op":
             out[i] = why
         else:
@@ -910,6 +906,10 @@ def _model_work(
     roles = [r for r in shapes if r != "gemm"]
     moe = "moe_expert_gemm" if ws.is_moe else None
     todo &= np.isin(stage, [*roles, *([moe] if moe else [])])
+    if "phase" in kernels.column_names:
+        # an LM head scores one row per sequence in a prefill (or every position): its rows are the
+        # step's tokens only in decode
+        todo &= ~((stage == "lm_head_gemm") & ~dict_isin(kernels["phase"], ["decode"]))
     if not todo.any():
         return
     rows = np.flatnonzero(todo)
