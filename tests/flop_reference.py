@@ -22,8 +22,9 @@ Matching (:func:`compare`, docs/roofline-validation.md):
   (attention: the fused calls and the matmuls of an attention module; GEMMs: every other product),
   the sorted per-op FLOPs of the two sides are paired one to one where the two sides ran as many
   ops; where they did not - an attention the CPU runs as two matmuls and the GPU as one fused call
-  (an fp32 or MLA SDPA), or MoE experts run as a loop whose per-expert rows follow the routing of the
-  random weights - the group's step total is compared instead.
+  (an fp32 or MLA SDPA), experts the GPU runs per token (bmm) and the CPU grouped, or a loop over
+  experts whose per-expert rows follow the routing of the random weights - the step's total of those
+  products is compared instead. GEMMs are paired within their weight shape (K, N).
 * **kernels without shapes** (CUDA-graph replays, captures without shapes): the step's GEMM total
   of the kernels counted from sizes (found in the trace, or ``--model`` from the case's config)
   against the counter's GEMM total of that forward.
@@ -53,8 +54,8 @@ NOT_COMPARED = {
 @dataclasses.dataclass(frozen=True)
 class RefOp:
     """One counted call: its step (forward), op, useful FLOPs, whether it is attention (SDPA, or a
-    matmul of an attention module), the (K, N) of a product's right operand, and whether it ran
-    inside a module ``experts`` (routed: its rows follow the router)."""
+    matmul of an attention module), the (K, N) of a product's right operand, and whether it is one
+    expert's product in a loop over experts (routed: its rows follow the router)."""
 
     step: int
     op: str
@@ -107,7 +108,9 @@ class _Counter(fc.FlopCounterMode):
             self.attn_calls += 1
             flops *= _pairs(q, kv) / (q * kv)
         if flops:
-            routed = any(".experts" in p for p in self.mod_tracker.parents)
+            # a loop over experts multiplies each expert's own rows, which follow the router (and so
+            # the random weights); grouped and per-token batched experts multiply all routed rows
+            routed = func_packet in (aten.mm, aten.addmm) and any(".experts" in p for p in self.mod_tracker.parents)
             self.calls.append(
                 RefOp(
                     self.step, name, flops, attention, None if attention else _kn(func_packet, args), routed
