@@ -110,7 +110,9 @@ class _Counter(fc.FlopCounterMode):
         if flops:
             # a loop over experts multiplies each expert's own rows, which follow the router (and so
             # the random weights); grouped and per-token batched experts multiply all routed rows
-            routed = func_packet in (aten.mm, aten.addmm) and any(".experts" in p for p in self.mod_tracker.parents)
+            routed = func_packet in (aten.mm, aten.addmm) and any(
+                ".experts" in p for p in self.mod_tracker.parents
+            )
             self.calls.append(
                 RefOp(
                     self.step, name, flops, attention, None if attention else _kn(func_packet, args), routed

@@ -86,7 +86,10 @@ UNCOUNTED = {
     "no_tokens": "a GEMM-role or MoE-expert kernel without shapes in a step whose token count is unknown (an LM head outside decode: the rows it scores are unknown)",
     "not_work": "not work: a barrier packet, or a copy without a recorded size",
 }
-_MISSING = object()
+# what a kernel's launch said about its numbers while they were read (int8 codes per kernel): nothing
+# yet, "has a launching op", or an UNCOUNTED reason
+_REASONS = ("", "op", *UNCOUNTED)
+_R = {r: np.int8(i) for i, r in enumerate(_REASONS)}
 BOUNDS = ("unknown", "compute", "memory", "latency", "invalid")
 _BOUND_CODE = {b: i for i, b in enumerate(BOUNDS)}
 LATENCY_NS = 10_000  # a kernel shorter than this that reaches < LATENCY_PCT of its roof
@@ -436,9 +439,9 @@ class Work:
 
     flops: np.ndarray
     bytes: np.ndarray
-    source: list[str]
-    dtype: list[str]
-    uncounted: list[str | None]
+    source: np.ndarray  # object (str)
+    dtype: np.ndarray  # object (str)
+    uncounted: Any  # a dictionary array (null where counted), or a sequence of str / None
     sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
 
@@ -456,9 +459,17 @@ def kernel_work(
     """Per kernel: its numbers and their basis (see the module contract)."""
     tables = tables or Tables.load()
     n = kernels.num_rows
-    w = Work(np.full(n, np.nan), np.full(n, np.nan), ["none"] * n, ["bf16"] * n, [None] * n)
-    reason = np.full(n, "", object)
-    kind = np.asarray(objects(kernels["kind"]) if n else [], object)
+    w = Work(
+        np.full(n, np.nan),
+        np.full(n, np.nan),
+        np.full(n, "none", object),
+        np.full(n, "bf16", object),
+        None,
+    )
+    reason = np.zeros(n, np.int8)  # codes of _REASONS
+    kind = kernels["kind"]
+    is_kernel = pc.equal(kind, "kernel").fill_null(False).to_numpy(zero_copy_only=False)
+    is_copy = pc.is_in(kind, pa.array(["memcpy", "memset"])).fill_null(False).to_numpy(zero_copy_only=False)
     barrier = barrier_rows(kernels)
     # 1. shapes: the numbers of each launching op go to its longest kernel
     found = launches.launching_op_rows(kernels, host_ops)
@@ -466,20 +477,29 @@ def kernel_work(
     if found is not None:
         ops, pos = found
         p = pc.fill_null(pos, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        reason[p >= 0] = "op"  # has a launching op: decided below
-        covered = _shape_work(kernels, host_ops, ops, p, (kind == "kernel") & ~barrier, tables, w, reason)
+        reason[p >= 0] = _R["op"]  # has a launching op: decided below
+        covered = _shape_work(kernels, host_ops, ops, p, is_kernel & ~barrier, tables, w, reason)
     # 2. memcpy / memset: the bytes the trace records
-    _copy_work(kernels, kind, tables.work, w, reason)
+    _copy_work(kernels, is_copy, tables.work, w, reason)
     # 3. sizes (--model, else found in the trace) for GEMM roles and experts without shapes
-    stage = kernels["stage"].to_pylist() if "stage" in kernels.column_names else [""] * n
-    sizes, warnings = _sizes(kernels, host_ops, stage, model, world_size, tables)
+    # sizes are looked for only where a kernel needs them (or --model is to be checked against them)
+    wanting = (
+        dict_isin(kernels["stage"], list(_MODEL_STAGES)) & (w.source == "none") & ~covered
+        if "stage" in kernels.column_names
+        else np.zeros(n, bool)
+    )
+    sizes, warnings = (
+        _sizes(kernels, host_ops, objects(kernels["stage"]), model, world_size, tables)
+        if "stage" in kernels.column_names and (model is not None or wanting.any())
+        else ({}, [])
+    )
     w.warnings.extend(warnings)
     for t, (label, ws) in sizes.items():
         mine = kernels["trace_id"].to_numpy(zero_copy_only=False) == t if t >= 0 else np.ones(n, bool)
         _model_work(kernels, ws, ws.tp, w.flops, w.bytes, w.source, skip=covered | ~mine, label=label)
         w.sizes[str(t)] = ws.describe()
     # 4. why the rest has no numbers
-    w.uncounted = _why_uncounted(kernels, stage, w, reason, covered, barrier, kind, sizes)
+    w.uncounted = _why_uncounted(kernels, w, reason, covered, barrier, sizes)
     return w
 
 
@@ -522,41 +542,62 @@ def _shape_work(
         if key not in memo:
             memo[key] = read_op(nm, d, ty, tables)
         per_group.append(memo[key])
-    results: list[Any] = [per_group[g] for g in inverse.tolist()]
-    need = [i for i, r in enumerate(results) if isinstance(r, str)]
-    if need:
+    ng = len(group_names)
+    g_flops, g_bytes = np.full(ng, np.nan), np.full(ng, np.nan)
+    g_dtype = np.full(ng, "bf16", object)
+    g_ok = np.zeros(ng, bool)
+    g_consumer = np.zeros(ng, bool)
+    g_share = np.ones(ng)  # the causal share of a GEMM group where it runs an attention (composed)
+    g_reason = np.zeros(ng, np.int8)
+    for g, (nm, r) in enumerate(zip(group_names, per_group, strict=True)):
+        if isinstance(r, OpWork):
+            g_flops[g], g_bytes[g], g_dtype[g], g_ok[g] = r.flops, r.bytes, r.dtype, True
+            if tables.work.is_gemm(nm):
+                g_share[g] = _composed_causal_share(tables.work.gemm(nm, dims[g]))
+        elif r == "consumer":
+            g_consumer[g] = True
+        else:
+            g_reason[g] = _R[_no_count_reason(nm or "", dims[g], tables)]
+    inv = np.asarray(inverse, np.int64)
+    # ops whose rows are read from the op after them: one lookup per op (a few per layer)
+    per_op_f, per_op_b = np.full(len(lead), np.nan), np.full(len(lead), np.nan)
+    per_op_dt = np.full(len(lead), "bf16", object)
+    need = np.flatnonzero(g_consumer[inv])
+    if len(need):
         nxt = launches.following_ops(host_ops, op_rows[need], CONSUMER_WINDOW)
-        for i, follow in zip(need, nxt, strict=True):
+        for i, follow in zip(need.tolist(), nxt, strict=True):
             r = int(op_rows[i])
             nm = str(host_ops["name"][r])
             d, ty = host_ops["input_dims"][r].as_py(), host_ops["input_types"][r].as_py()
-            got = None
             table = d[0] if d else None
             for f in follow.tolist():
                 cons = host_ops["input_dims"][f].as_py()
                 if table and consumer_rows(table, cons) is not None:
                     got = read_op(nm, d, ty, tables, consumer=cons)
+                    if got is not None:
+                        per_op_f[i], per_op_b[i], per_op_dt[i] = got.flops, got.bytes, got.dtype
                     break
-            results[i] = got
-    stage = kernels["stage"].to_pylist() if "stage" in kernels.column_names else None
-    names_of = [group_names[g] for g in inverse.tolist()]
-    op_reason = np.full(ops.num_rows, "", object)
-    for i, (row, r) in enumerate(zip(lead.tolist(), results, strict=True)):
-        if r is None:
-            nm = names_of[i] or ""
-            d = dims[int(inverse[i])]
-            reason[row] = op_reason[p[row]] = _no_count_reason(nm, d, tables)
-            continue
-        flops = r.flops
-        if (
-            stage is not None
-            and stage[row] in _SOFTMAX_ATTENTION
-            and tables.work.is_gemm(nm := names_of[i] or "")
-        ):
-            flops *= _composed_causal_share(tables.work.gemm(nm, dims[int(inverse[i])]))
-        w.flops[row], w.bytes[row], w.dtype[row], w.source[row] = flops, r.bytes, r.dtype, "shapes"
-        reason[row] = ""
-    rest = np.flatnonzero((p >= 0) & (reason == "op"))
+    fl, by, dt = g_flops[inv], g_bytes[inv], g_dtype[inv]
+    cons = g_consumer[inv]
+    fl[cons], by[cons], dt[cons] = per_op_f[cons], per_op_b[cons], per_op_dt[cons]
+    ok = g_ok[inv] | (cons & ~np.isnan(per_op_b))
+    attention = (
+        dict_isin(kernels["stage"], list(_SOFTMAX_ATTENTION))[lead]
+        if "stage" in kernels.column_names
+        else np.zeros(len(lead), bool)
+    )
+    fl = np.where(attention, fl * g_share[inv], fl)
+    rows = lead[ok]
+    w.flops[rows], w.bytes[rows] = fl[ok], by[ok]
+    w.dtype[rows] = dt[ok]
+    w.source[rows] = "shapes"
+    reason[rows] = _R[""]
+    bad = ~ok
+    why = np.where(cons, _R["output_unknown"], g_reason[inv]).astype(np.int8)
+    reason[lead[bad]] = why[bad]
+    op_reason = np.zeros(ops.num_rows, np.int8)
+    op_reason[p[lead[bad]]] = why[bad]
+    rest = np.flatnonzero((p >= 0) & (reason == _R["op"]))
     reason[rest] = op_reason[p[rest]]  # the op's other kernels: what its shapes could not say
     return _helpers_of_measured_ops(
         kernels, host_ops, ops, p, lead, w.flops, w.bytes, w.source, w.dtype, tables
@@ -594,64 +635,67 @@ def _no_count_reason(name: str, dims: Any, tables: Tables) -> str:
     return "no_formula"
 
 
-def _copy_work(kernels: pa.Table, kind: np.ndarray, work: WorkOps, w: Work, reason: np.ndarray) -> None:
+def _copy_work(kernels: pa.Table, is_copy: np.ndarray, work: WorkOps, w: Work, reason: np.ndarray) -> None:
     """memcpy / memset activities: the bytes the trace records, as ``[[copy]]`` counts them."""
     if "bytes_recorded" not in kernels.column_names:
         return
-    rows = np.flatnonzero((kind == "memcpy") | (kind == "memset"))
+    rows = np.flatnonzero(is_copy)
     if not len(rows):
         return
     rec = kernels["bytes_recorded"].take(pa.array(rows)).to_numpy(zero_copy_only=False).astype(np.float64)
     names = objects(kernels["name"].take(pa.array(rows)))
-    moved_of: dict[str, float | None] = {}
-    for r, b, nm in zip(rows.tolist(), rec.tolist(), names.tolist(), strict=True):
-        if not b == b or b < 0:
-            reason[r] = "not_work"
-            continue
-        if nm not in moved_of:
-            moved_of[nm] = work.moved(str(nm))
-        m = moved_of[nm]
-        if m is None:
-            continue
-        w.flops[r], w.bytes[r], w.dtype[r], w.source[r] = 0.0, b * m, "bf16", "shapes"
-        reason[r] = ""
+    uniq, at = np.unique(names.astype(str), return_inverse=True)
+    moved = np.array([work.moved(str(u)) or np.nan for u in uniq.tolist()], np.float64)[at.reshape(-1)]
+    unknown = np.isnan(rec) | (rec < 0)
+    reason[rows[unknown]] = _R["not_work"]
+    ok = ~unknown & ~np.isnan(moved)
+    rows = rows[ok]
+    w.flops[rows], w.bytes[rows] = 0.0, rec[ok] * moved[ok]
+    w.dtype[rows], w.source[rows] = "bf16", "shapes"
+    reason[rows] = _R[""]
 
 
 def _why_uncounted(
     kernels: pa.Table,
-    stage: list[str],
     w: Work,
     reason: np.ndarray,
     covered: np.ndarray,
     barrier: np.ndarray,
-    kind: np.ndarray,
     sizes: dict[int, Any],
-) -> list[str | None]:
+) -> pa.DictionaryArray:
+    """Per kernel without numbers, why (:data:`UNCOUNTED`); null where it has numbers."""
     n = kernels.num_rows
-    counted = ~(np.isnan(w.flops) & np.isnan(w.bytes))
-    out: list[str | None] = [None] * n
+    out = np.zeros(n, np.int8)  # codes of _REASONS; 0: null
+    unc = np.isnan(w.flops) & np.isnan(w.bytes)
     tokens = (
         kernels["tokens"].to_numpy(zero_copy_only=False).astype(np.float64)
         if "tokens" in kernels.column_names
         else np.full(n, np.nan)
     )
-    trace = kernels["trace_id"].to_numpy(zero_copy_only=False)
-    phase = objects(kernels["phase"]) if "phase" in kernels.column_names else np.full(n, "", object)
-    for i in np.flatnonzero(~counted).tolist():
-        why = str(reason[i])
-        if barrier[i]:
-            out[i] = "not_work"
-        elif covered[i]:
-            out[i] = "helper"
-        elif stage[i] in _MODEL_STAGES and why in ("", "op", "no_shapes"):
-            has_sizes = int(trace[i]) in sizes or -1 in sizes
-            unknown_rows = tokens[i] != tokens[i] or (stage[i] == "lm_head_gemm" and phase[i] != "decode")
-            out[i] = "no_tokens" if has_sizes and unknown_rows else "no_shapes" if has_sizes else "no_sizes"
-        elif why and why != "op":
-            out[i] = why
-        else:
-            out[i] = "no_shapes"
-    return out
+    trace = kernels["trace_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+    out[unc & barrier] = _R["not_work"]
+    out[unc & ~barrier & covered] = _R["helper"]
+    rest = unc & ~barrier & ~covered
+    quiet = (reason == _R[""]) | (reason == _R["op"])  # nothing said about the op's shapes
+    plain = quiet | (reason == _R["no_shapes"])
+    staged = "stage" in kernels.column_names
+    by_sizes = rest & plain & (dict_isin(kernels["stage"], list(_MODEL_STAGES)) if staged else False)
+    has = np.isin(trace, list(sizes)) | (-1 in sizes)
+    lm_head = dict_isin(kernels["stage"], ["lm_head_gemm"]) if staged else np.zeros(n, bool)
+    decode = dict_isin(kernels["phase"], ["decode"]) if "phase" in kernels.column_names else np.zeros(n, bool)
+    # an LM head outside decode: sizes would not count it either (the rows it scores are unknown)
+    rows_unknown = np.isnan(tokens) | (lm_head & ~decode)
+    out[by_sizes & (has | (lm_head & ~decode)) & rows_unknown] = _R["no_tokens"]
+    out[by_sizes & has & ~rows_unknown] = _R["no_shapes"]
+    out[by_sizes & ~has & ~(lm_head & ~decode)] = _R["no_sizes"]
+    other = rest & ~by_sizes
+    said = other & ~quiet
+    out[said] = reason[said]
+    out[other & ~said] = _R["no_shapes"]
+    labels = pa.array(list(_REASONS), pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(out.astype(np.int32), mask=out == 0), labels).cast(
+        DICT_STRING
+    )
 
 
 # --------------------------------------------------------------------------- sizes for kernels without shapes
@@ -841,7 +885,7 @@ def _helpers_of_measured_ops(
     the op's longest kernel). A split-K reduce among them gets the reduce's own numbers: the op's
     M x N partials read ``split`` times and C written once."""
     measured = np.zeros(ops.num_rows, bool)
-    done = np.array([source[i] == "shapes" for i in lead.tolist()], bool)
+    done = np.asarray(source, object)[lead] == "shapes"
     measured[p[lead[done]]] = True
     covered = (p >= 0) & measured[np.maximum(p, 0)]
     covered[lead[done]] = False
@@ -897,22 +941,22 @@ def _model_work(
     ws = model if isinstance(model, WorkSizes) else WorkSizes.from_arch(model, tp)
     tp = ws.tp if isinstance(model, WorkSizes) else max(1, tp)
     n = kernels.num_rows
-    stage = np.asarray(kernels["stage"].to_pylist(), dtype=object)
     tokens = np.asarray(kernels["tokens"].to_numpy(zero_copy_only=False), np.float64)
-    todo = np.array([src == "none" for src in source], bool) & ~np.isnan(tokens)
+    todo = (np.asarray(source, object) == "none") & ~np.isnan(tokens)
     if skip is not None and len(skip):
         todo &= ~skip
     shapes = ws.gemms
     roles = [r for r in shapes if r != "gemm"]
     moe = "moe_expert_gemm" if ws.is_moe else None
-    todo &= np.isin(stage, [*roles, *([moe] if moe else [])])
+    todo &= dict_isin(kernels["stage"], [*roles, *([moe] if moe else [])])
     if "phase" in kernels.column_names:
         # an LM head scores one row per sequence in a prefill (or every position): its rows are the
         # step's tokens only in decode
-        todo &= ~((stage == "lm_head_gemm") & ~dict_isin(kernels["phase"], ["decode"]))
+        todo &= ~(dict_isin(kernels["stage"], ["lm_head_gemm"]) & ~dict_isin(kernels["phase"], ["decode"]))
     if not todo.any():
         return
     rows = np.flatnonzero(todo)
+    stage = objects(kernels["stage"])
     dur = kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.float64)
     reduce = splitk_reduce_mask(kernels)
     names = kernels["norm_name"].to_pylist() if ws.quant_method or moe else None
