@@ -489,7 +489,7 @@ def kernel_work(
         else np.zeros(n, bool)
     )
     sizes, warnings = (
-        _sizes(kernels, host_ops, objects(kernels["stage"]), model, world_size, tables)
+        _sizes(kernels, host_ops, objects(kernels["stage"]), model, world_size, tables, wanting)
         if "stage" in kernels.column_names and (model is not None or wanting.any())
         else ({}, [])
     )
@@ -797,16 +797,22 @@ def _sizes(
     model: architectures.ModelArch | None,
     world: int,
     tables: Tables,
+    wanting: np.ndarray,
 ) -> tuple[dict[int, tuple[str, WorkSizes]], list[str]]:
     """Per input (trace id): the sizes that count its kernels without shapes, and the warnings of
-    a ``--model`` that disagrees with the sizes the input's shapes show."""
+    a ``--model`` that disagrees with the sizes the input's shapes show. Sizes are looked for in an
+    input only where its own kernels want them (``wanting``) or ``--model`` is to be checked: each
+    input is measured from itself, alone or joined with others."""
     out: dict[int, tuple[str, WorkSizes]] = {}
     warnings: list[str] = []
     if kernels.num_rows == 0:
         return out, warnings
-    traces = np.unique(kernels["trace_id"].to_numpy(zero_copy_only=False)).tolist()
+    trace_of = kernels["trace_id"].to_numpy(zero_copy_only=False)
+    traces = np.unique(trace_of).tolist()
     have_shapes = host_ops.num_rows > 0 and "input_dims" in host_ops.column_names
     for t in traces:
+        if model is None and not wanting[trace_of == t].any():
+            continue
         one = None if len(traces) == 1 else int(t)
         found = (
             shape_roles.found_sizes(kernels, host_ops, stage, tables.attention, tables.work, one)

@@ -201,7 +201,14 @@ def _rate(r: dict[str, Any]) -> str:
         val = f"{r['achieved_tbps']:.2f} TB/s"
     else:
         return "-"
-    return val + (f" ({100 * pct:.0f}%)" if pct is not None else "")
+    # a rate not from the ops' own shapes names its basis: sizes found in the trace, or --model
+    other = [_BASIS_SHORT[b] for b in r.get("basis") or [] if b in _BASIS_SHORT]
+    return (
+        val + (f" ({100 * pct:.0f}%)" if pct is not None else "") + (f" [{'+'.join(other)}]" if other else "")
+    )
+
+
+_BASIS_SHORT = {"found": "found sizes", "model": "--model"}
 
 
 def _rate_from(r: dict[str, Any], rate: str) -> str:

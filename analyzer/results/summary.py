@@ -125,6 +125,7 @@ def _decoded_tiles(rows: list[dict[str, Any]], kernels: Any) -> None:
 # what roofline_fields and _dominant_bound read
 _RATE_COLUMNS = (
     "dur_ns",
+    "flops_source",
     "flops",
     "bytes",
     "achieved_tflops",
@@ -325,6 +326,7 @@ def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[
             "intensity": None,
             "pct_of_peak": None,
             "bound": _dominant_bound(g),
+            "basis": None,
             **invalid,
         }
     fl = g["flops"].to_numpy(np.float64, na_value=np.nan)
@@ -345,8 +347,16 @@ def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[
         "intensity": flops / nbytes if flops is not None and nbytes else None,
         "pct_of_peak": float(np.average(pct[has_pct], weights=w)) if len(w) and w.sum() > 0 else None,
         "bound": _dominant_bound(g),
+        "basis": _basis(g["flops_source"][known]) if "flops_source" in g else None,
         **invalid,
     }
+
+
+def _basis(sources: pd.Series) -> list[str] | None:
+    """What the rated kernels' numbers rest on (``flops_source`` values, in FLOPS_SOURCES order)."""
+    seen = set(sources.astype(str))
+    got = [s for s in FLOPS_SOURCES if s in seen]
+    return got or None
 
 
 def _nan_sum(values: np.ndarray) -> float | None:
@@ -416,7 +426,16 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
     if "flops" in df:
         # only the columns used here: a copy of the whole frame costs far more per kernel
         df = df[
-            [*keys, "count", "dur_ns", "flops", "bytes", "pct_of_peak", *(["bound"] if "bound" in df else [])]
+            [
+                *keys,
+                "count",
+                "dur_ns",
+                "flops",
+                "bytes",
+                "pct_of_peak",
+                *(["bound"] if "bound" in df else []),
+                *(["flops_source"] if "flops_source" in df else []),
+            ]
         ]
         if bad.any():  # invalid kernels' numbers are not rates: out of the sums
             ok = pd.Series(~bad, index=df.index)
@@ -442,7 +461,15 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
         # a group without a single number has no sum (NaN), not 0
         agg["flops"] = agg["flops"].where(agg["flops_n"] > 0)
         agg["bytes"] = agg["bytes"].where(agg["bytes_n"] > 0)
+        basis: dict[tuple, list[str]] = {}
+        if "flops_source" in df:
+            for key, n in (
+                df[known].groupby([*keys, "flops_source"], observed=True, sort=False).size().items()
+            ):
+                if n:
+                    basis.setdefault(tuple(key[:-1]), []).append(str(key[-1]))
     else:
+        basis = {}
         agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"), time_ns=("dur_ns", "sum")
         )
@@ -471,6 +498,7 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
                 "bound": bounds.get(tuple(key), "unknown")
                 if "bound" in df and df["bound"].notna().any()
                 else None,
+                "basis": [b for b in FLOPS_SOURCES if b in basis.get(tuple(key), ())] or None,
                 "invalid_kernels": reasons.get(tuple(key), (0, None))[0],
                 "invalid_reason": reasons.get(tuple(key), (0, None))[1],
             }
@@ -496,7 +524,7 @@ def top_kernels(
     # the columns a row reads: each top group's rows are taken out of this narrower frame
     df = only_columns(df, "group_key", "dur_ns", "stage", "phase", "norm_name", "provider", "rule_id",
                       "stage_rule", "count", "tile_m", "tile_n", "tile_k", "split_k", "flops", "bytes", "pct_of_peak",
-                      "bound", "category")  # fmt: skip
+                      "bound", "category", "flops_source")  # fmt: skip
     groups = df.groupby("group_key", observed=True)
     tot = groups["dur_ns"].sum()
     tot = tot.reset_index().sort_values(["dur_ns", "group_key"], ascending=[False, True])
