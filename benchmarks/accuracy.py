@@ -131,7 +131,7 @@ def flops_rows() -> list[dict[str, Any]]:
                 try:
                     row["cmp"] = flop_reference.compare(case, model)
                 except InputError as e:
-                    reason = f"--model cannot read its config ({e})"
+                    reason = f"--model cannot read its config: {str(e).split(': ', 1)[-1]}"
             row["skip"] = reason
             rows.append(row)
             print(f"{case.name}: {reason or 'compared'}", file=sys.stderr)
