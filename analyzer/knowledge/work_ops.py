@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.knowledge import loader
-from analyzer.knowledge.kernel_rules import redos_problem
+from analyzer.knowledge.patterns import redos_problem
 from analyzer.paths import RULES_DIR
 
 __all__ = [
