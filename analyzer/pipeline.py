@@ -45,6 +45,7 @@ from analyzer.knowledge.structure_rules import (
     load_structure,
     with_overrides,
 )
+from analyzer.knowledge.work_ops import WorkOps, load_work_ops
 from analyzer.model import Trace
 from analyzer.options import Options
 from analyzer.tables import launches
@@ -60,6 +61,7 @@ class Context:
     op_hints: Mapping[str, str]
     annotation_patterns: Sequence[Mapping[str, Any]]
     attention_ops: AttentionOps  # where each attention op keeps its query length (rules/attention_ops.toml)
+    work_ops: WorkOps  # what work each host op does from its shapes (rules/work_ops.toml)
     finding_settings: Mapping[str, Mapping[str, Any]]
     structure: StructureKnowledge  # the structure / phase rules and their thresholds (rules/structure.toml)
     provider_facts: ProviderFacts  # host op -> provider for shared kernel names (rules/providers.toml)
@@ -87,6 +89,7 @@ def resolve_context(options: Options | None = None) -> Context:
         op_hints=load_op_hints(),
         annotation_patterns=load_annotation_patterns(),
         attention_ops=load_attention_ops(),
+        work_ops=load_work_ops(),
         finding_settings=load_finding_settings(
             {k: v for k, v in options.settings.items() if not k.startswith(SETTING_PREFIX)}
         ),
@@ -114,6 +117,8 @@ class Analysis:
     # kernels per id of the structure rules that decided layers only, or dropped a walk (the
     # stage deciders are in the kernels' stage_rule column)
     layer_rules: dict[str, int] = dataclasses.field(default_factory=dict)
+    # per input (trace id as text): the sizes that counted kernels without shapes (roofline)
+    work_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
     _frame: tuple[pa.Table, pd.DataFrame] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
     )
@@ -175,9 +180,22 @@ def phases_step(a: Analysis, ctx: Context) -> Analysis:
 
 
 def roofline_step(a: Analysis, ctx: Context) -> Analysis:
-    got = roofline.measure(a.kernels, a.trace.host_ops, a.trace.inputs, ctx.gpu, ctx.model, ctx.gpu_table)
+    got = roofline.measure(
+        a.kernels,
+        a.trace.host_ops,
+        a.trace.inputs,
+        ctx.gpu,
+        ctx.model,
+        ctx.gpu_table,
+        roofline.Tables(ctx.work_ops, ctx.attention_ops),
+    )
     return dataclasses.replace(
-        a, kernels=got.kernels, gpu=got.gpu, model=ctx.model if ctx.model is not None else a.model
+        a,
+        kernels=got.kernels,
+        gpu=got.gpu,
+        model=ctx.model if ctx.model is not None else a.model,
+        work_sizes={**a.work_sizes, **got.sizes},
+        warnings=[*a.warnings, *got.warnings],
     )
 
 

@@ -4,6 +4,8 @@
     python benchmarks/accuracy.py --pin      # also write tests/data/zoo_accuracy.json (the pinned floors)
     python benchmarks/accuracy.py --keep-steps --no-docs   # the annotated path, printed only
     python benchmarks/accuracy.py --engines  # engine traces without their annotations (docs table too)
+    python benchmarks/accuracy.py --flops    # FLOPs against PyTorch's own counter, every zoo case
+                                             # (needs torch + transformers; docs/roofline-validation.md)
 
 The pinned numbers are floors: tests/test_accuracy.py fails when a case gets worse, so later work can
 only raise them (re-pin after an improvement).
@@ -38,6 +40,9 @@ ENGINE_TRACES = [
     "mi300x-sglang-qwen3-8b/sglang_Qwen3-8B_prefilldecode.json.gz",
     "mi300x-vllm-gptoss-decode-fullgraph/graph_execution.json.gz",
 ]
+FLOPS_DOC = ROOT / "docs" / "roofline-validation.md"
+FLOPS_BEGIN = "<!-- flops-table:begin (benchmarks/accuracy.py --flops) -->"
+FLOPS_END = "<!-- flops-table:end -->"
 # our own fixtures with engine annotations (the zoo's lkm::step traces are scored by the zoo table)
 OWN_ENGINE_TRACES: list[str] = []
 
@@ -95,13 +100,92 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_doc(text: str, begin: str = BEGIN, end: str = END) -> None:
-    doc = DOC.read_text(encoding="utf-8")
+def write_doc(text: str, begin: str = BEGIN, end: str = END, path: Path = DOC) -> None:
+    doc = path.read_text(encoding="utf-8")
     if begin not in doc or end not in doc:
-        raise SystemExit(f"{DOC}: the markers {begin} / {end} are missing")
+        raise SystemExit(f"{path}: the markers {begin} / {end} are missing")
     head, rest = doc.split(begin, 1)
     _, tail = rest.split(end, 1)
-    DOC.write_text(f"{head}{begin}\n{text}{end}{tail}", encoding="utf-8")
+    path.write_text(f"{head}{begin}\n{text}{end}{tail}", encoding="utf-8")
+
+
+def flops_rows() -> list[dict[str, Any]]:
+    """Every zoo case against PyTorch's FLOP counter rerun on the CPU (tests/flop_reference.py); a
+    case captured without shapes is analysed with ``--model`` its meta.json's config."""
+    import tempfile
+
+    from analyzer.errors import InputError
+    from tests import flop_reference
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases():
+            meta = json.loads((case / "meta.json").read_text(encoding="utf-8"))
+            row: dict[str, Any] = {"case": case.name, "meta": meta}
+            reason = flop_reference.why_not(meta)
+            model = None
+            if not reason and not meta.get("record_shapes"):
+                model = str(Path(tmp) / f"{case.name}.json")
+                Path(model).write_text(json.dumps({"model_type": meta["model_type"], **meta["config"]}))
+            if not reason:
+                try:
+                    row["cmp"] = flop_reference.compare(case, model)
+                except InputError as e:
+                    reason = f"--model cannot read its config: {str(e).split(': ', 1)[-1]}"
+            row["skip"] = reason
+            rows.append(row)
+            print(f"{case.name}: {reason or 'compared'}", file=sys.stderr)
+    return rows
+
+
+def _rel(r: float, a: float) -> float:
+    return abs(a - r) / r if r else 0.0
+
+
+def flops_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| case | shapes | attention | ops paired | worst op % | step totals (basis) | worst total % | reference FLOPs left uncounted % |",
+        "|---|---|---|---:|---:|---|---:|---:|",
+    ]
+    by_rule: dict[str, list[float]] = {}
+    by_rule_cases: dict[str, set[str]] = {}
+    for row in rows:
+        m = row["meta"]
+        attn = m.get("attn", "").replace("|", "\\|") + (
+            f" / {m['sdpa_backend']}" if m.get("sdpa_backend") else ""
+        )
+        shapes = "yes" if m.get("record_shapes") else "no"
+        if row["skip"]:
+            lines.append(
+                f"| {row['case']} | {shapes} | {attn} | – | – | not compared: {row['skip']} | – | – |"
+            )
+            continue
+        c = row["cmp"]
+        for _, _, rule, r, a in c.ops:
+            by_rule.setdefault(rule, []).append(_rel(r, a))
+            by_rule_cases.setdefault(rule, set()).add(row["case"])
+        worst_op = max((_rel(r, a) for *_, r, a in c.ops), default=None)
+        bases = sorted({b for _, _, b, _, _ in c.totals})
+        worst_total = max((_rel(r, a) for *_, r, a in c.totals), default=None)
+        ref_all = (
+            sum(r for *_, r, _ in c.ops) + sum(r for *_, r, _ in c.totals) + sum(r for *_, r in c.uncounted)
+        )
+        left = sum(r for *_, r in c.uncounted) / ref_all if ref_all else 0.0
+        lines.append(
+            f"| {row['case']} | {shapes} | {attn} | {len(c.ops)} | {_pct(worst_op)} "
+            f"| {len(c.totals)} ({', '.join(bases) or '–'}) | {_pct(worst_total)} | {_pct(left)} |"
+        )
+    lines += [
+        "",
+        "Per layout (the analyzer's rule that counted the op; ops paired one to one):",
+        "",
+        "| rule | ops | cases | worst % |",
+        "|---|---:|---:|---:|",
+    ]
+    for rule in sorted(by_rule):
+        errs = by_rule[rule]
+        lines.append(f"| `{rule}` | {len(errs)} | {len(by_rule_cases[rule])} | {_pct(max(errs))} |")
+    return "\n".join(lines) + "\n"
 
 
 def engine_rows() -> list[dict[str, Any]]:
@@ -169,7 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--engines", action="store_true", help="the engine traces without their annotations instead"
     )
+    p.add_argument(
+        "--flops", action="store_true", help="FLOPs against PyTorch's own counter instead (needs torch)"
+    )
     a = p.parse_args(argv)
+    if a.flops:
+        text = flops_table(flops_rows())
+        print(text)
+        if not a.no_docs:
+            write_doc(text, FLOPS_BEGIN, FLOPS_END, FLOPS_DOC)
+            print(f"wrote {FLOPS_DOC.relative_to(ROOT)}", file=sys.stderr)
+        return 0
     if a.engines:
         text = engine_table(engine_rows())
         print(text)

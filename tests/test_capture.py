@@ -373,8 +373,9 @@ def test_h200_capture_classification_and_roofline_match_the_annotations() -> Non
         # the LM head runs on the last position only (logits_to_keep=1)
         want = 2 * q * bs * layers * weights + 2 * bs * lm_head
         assert gemms.loc[gemms["step"] == step, "flops"].sum() == pytest.approx(want, rel=1e-9), name
-        causal = 0.5 if q == kv and q > 1 else 1.0
-        want_attn = layers * 2 * bs * heads * q * kv * 2 * d * causal
+        # the causal convention: a prompt counts the q (q + 1) / 2 pairs its mask keeps, decode every key
+        pairs = q * (q + 1) / 2 if q == kv and q > 1 else q * kv
+        want_attn = layers * 2 * bs * heads * pairs * 2 * d
         assert attention.loc[attention["step"] == step, "flops"].sum() == pytest.approx(
             want_attn, rel=1e-9
         ), name

@@ -8,8 +8,10 @@ import pytest
 from analyzer.analyses import roofline
 from analyzer.knowledge import hardware
 from analyzer.pipeline import Options
-from tests.conftest import H200_DENSE, H200_TP2
+from tests.conftest import FIXTURES, H200_DENSE, H200_MOE, H200_TP2
 from tests.runs import analyze_paths
+
+ZOO = FIXTURES / "zoo"
 
 
 def test_gemm_formulas() -> None:
@@ -26,12 +28,13 @@ def test_gemm_formulas() -> None:
     assert f == 2 * 64 * 1536 * 2048
 
 
-def test_attention_formula_halves_causal_prefill() -> None:
+def test_attention_formula_counts_the_causal_half() -> None:
+    # a whole prompt counts the pairs its causal mask keeps: q (q + 1) / 2 of the q x q scores
     q, kv = [4, 32, 512, 128], [4, 8, 512, 128]
     f, b, _ = roofline.op_work(
         "aten::_scaled_dot_product_cudnn_attention", [q, kv, kv], ["c10::BFloat16"] * 3
     )
-    assert f == 2 * 4 * 32 * 512 * 512 * 256 * 0.5
+    assert f == 2 * 4 * 32 * (512 * 513 / 2) * 256
     assert b == 2 * (4 * 32 * 512 * 128 * 2 + 2 * 4 * 8 * 512 * 128)
     f1, _, _ = roofline.op_work(
         "aten::_scaled_dot_product_cudnn_attention",
@@ -101,3 +104,107 @@ def test_unknown_gpu_still_reports_times(capsys) -> None:
     assert code == 0 and "MI300X" in out
     spec, reason = hardware.detect_gpu("Mystery GPU", "sm_99", 7, 10**9)
     assert spec is None and "unknown" in reason.lower()
+
+
+# --------------------------------------------------------------------------- issue 32: sizes found, basis, no count
+
+
+def test_graph_replays_are_counted_from_sizes_found_in_the_trace() -> None:
+    # GIVEN the TP2 trace: an eager prefill with shapes, decode replayed from a CUDA graph (no host ops)
+    a = analyze_paths([str(H200_TP2[0])])
+    k = a.kernels.to_pandas()
+    dec = k[(k["phase"] == "decode") & (k["stage"] == "gate_up_gemm")]
+    # THEN without --model the decode GEMMs are counted from the sizes the prefill's shapes show
+    assert (dec["flops_source"] == "found").all() and dec["uncounted"].isna().all()
+    assert dec["flops"].iloc[0] == pytest.approx(2 * 8 * 4096 * 2 * 14336 / 2)
+    sizes = a.work_sizes["0"]["sizes"]
+    assert (sizes["hidden_size"], sizes["num_attention_heads"], sizes["num_key_value_heads"]) == (4096, 16, 4)
+    assert (sizes["head_dim"], sizes["intermediate_size"], sizes["num_hidden_layers"]) == (128, 7168, 8)
+    # AND --model gives the same numbers, as its own basis
+    m = analyze_paths([str(H200_TP2[0])], Options(model="llama-3-8b")).kernels.to_pandas()
+    mdec = m[(m["phase"] == "decode") & (m["stage"] == "gate_up_gemm")]
+    assert (mdec["flops_source"] == "model").all()
+    assert mdec["flops"].sum() == pytest.approx(dec["flops"].sum(), rel=1e-9)
+
+
+def test_a_model_that_disagrees_with_the_trace_is_a_warning() -> None:
+    # GIVEN the TP2 Llama-3-8B trace analysed with --model qwen3-8b (another MLP width and vocabulary)
+    a = analyze_paths([str(H200_TP2[0])], Options(model="qwen3-8b"))
+    (w,) = [x for x in a.warnings if "disagrees with the sizes" in x]
+    # THEN one warning names each size that differs (a rank's shard of the heads is no difference)
+    assert "MLP width 7168 (--model: 12288)" in w and "vocabulary 128256 (--model: 151936)" in w
+    assert "attention heads" not in w and "--model's" in w
+    # AND --model still counts the kernels without shapes
+    k = a.kernels.to_pandas()
+    assert (k.loc[(k["phase"] == "decode") & (k["stage"] == "o_gemm"), "flops_source"] == "model").all()
+
+
+def test_sizes_found_in_a_moe_trace() -> None:
+    from analyzer.analyses import shape_roles
+    from analyzer.knowledge.attention_ops import load_attention_ops
+    from analyzer.knowledge.work_ops import load_work_ops
+    from analyzer.model import objects
+
+    a = analyze_paths([str(H200_MOE)])
+    d = shape_roles.found_sizes(
+        a.kernels, a.trace.host_ops, objects(a.kernels["stage"]), load_attention_ops(), load_work_ops()
+    )
+    # Qwen3-30B-A3B's shapes (4 of its 48 layers): hidden 2048, 32 / 4 heads of 128, 128 experts of
+    # 768, top-8, vocabulary 151936; no dense MLP
+    assert (d.hidden, d.heads, d.kv_heads, d.head_dim, d.layers) == (2048, 32, 4, 128, 4)
+    assert (d.experts, d.experts_per_tok, d.expert_intermediate, d.vocab) == (128, 8, 768, 151936)
+    assert d.intermediate is None
+
+
+def test_moe_experts_and_expert_weight_gathers_are_counted_under_their_roofs() -> None:
+    # GIVEN the Qwen3 MoE trace: grouped_mm experts in prefill, per-token gathered weights x bmm in decode
+    k = analyze_paths([str(H200_MOE)]).kernels.to_pandas()
+    pre = k[(k["phase"] == "prefill") & (k["stage"] == "moe_expert_gemm") & k["flops"].notna()]
+    # THEN the prefill experts count 2048 tokens x top-8 rows through gate_up (2048 -> 1536) and
+    # down (768 -> 2048), in each of 4 layers
+    assert pre["flops"].sum() == pytest.approx(4 * 2 * 16384 * (2048 * 1536 + 768 * 2048))
+    # AND a decode gather of 64 expert gate_up matrices reads and writes them once
+    gathers = k[(k["phase"] == "decode") & (k["stage"] == "moe_sort") & (k["bytes"] > 5e8)]
+    assert len(gathers) == 60 and gathers["bytes"].iloc[0] == 2 * 64 * 1536 * 2048 * 2 + 64 * 8
+    # AND none of them is above a roof
+    assert not pre["bound"].eq("invalid").any() and not gathers["bound"].eq("invalid").any()
+
+
+def test_summary_says_why_kernels_have_no_count_and_analyze_hints_at_model(capsys, tmp_path) -> None:
+    import json
+
+    from analyzer.cli import main
+
+    # GIVEN a forward captured without shapes
+    case = ZOO / "llama-forward-bf16"
+    # WHEN it is analysed without --model
+    out_json = tmp_path / "s.json"
+    assert main(["analyze", str(case / "trace.json.gz"), "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    work = json.loads(out_json.read_text())["work"]
+    # THEN the summary lists the kernels without numbers by reason, the GEMMs among them as ones
+    # --model would count, and the text prints one hint line
+    reasons = {r["reason"]: r for r in work["uncounted"]}
+    assert {"no_sizes", "no_shapes"} <= set(reasons) and "qkv_gemm" in reasons["no_sizes"]["stages"]
+    assert work["model_would_count"]["kernels"] == reasons["no_sizes"]["kernels"] > 0
+    assert [line for line in text.splitlines() if line.startswith("hint:")] == [
+        line for line in text.splitlines() if "--model CONFIG_OR_NAME would count" in line
+    ] and text.count("hint:") == 1
+    assert "half the score matrix" in work["causal"]
+    # AND with --model (the capture's own config) those GEMMs are counted and the hint is gone
+    meta = json.loads((case / "meta.json").read_text())
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": meta["model_type"], **meta["config"]}))
+    assert main(["analyze", str(case / "trace.json.gz"), "--model", str(cfg), "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    work = json.loads(out_json.read_text())["work"]
+    assert "hint:" not in text and "model" in work["basis"] and work["model_would_count"] is None
+
+
+def test_every_rate_row_states_its_basis() -> None:
+    from analyzer.results.summary import build_summary
+
+    s = build_summary(analyze_paths([str(H200_TP2[0])]))
+    rated = [r for r in [*s["groups"], *s["top_kernels"], *s["stages"]] if r.get("achieved_tbps") is not None]
+    assert rated and all(r["basis"] and set(r["basis"]) <= {"shapes", "found", "model"} for r in rated)
+    assert any("found" in (r["basis"] or ()) for r in s["top_kernels"])

@@ -280,4 +280,4 @@ def markdown(case: str) -> str:
 
 if __name__ == "__main__":  # python tests/test_roofline_validation.py > tables.md
     for c in sys.argv[1:] or CASES:
-        print(f"### {c}\n\n{markdown(c)}\n")
+        print(f"#### {c}\n\n{markdown(c)}\n")

@@ -145,7 +145,7 @@ def test_rules_list_json_has_unique_ids_and_the_seven_kinds(capsys) -> None:
     # THEN ids are unique, every kind is there and each row has a one-line summary
     assert len(ids) == len(set(ids))
     assert {r["kind"] for r in rows} == set(KINDS) == {
-        "kernel", "op", "annotation", "attention_op", "structure", "phase", "finding"
+        "kernel", "op", "annotation", "attention_op", "work_op", "structure", "phase", "finding"
     }  # fmt: skip
     assert all(r["summary"] and "\n" not in r["summary"] for r in rows)
     by_id = {r["id"]: r for r in rows}
@@ -157,6 +157,7 @@ def test_rules_list_json_has_unique_ids_and_the_seven_kinds(capsys) -> None:
     for k in ("contract", "decides", "needs", "source", "added", "reads"):
         assert by_id["STR001"][k]
     assert by_id["lkm"]["kind"] == "annotation" and by_id["sdpa-bhld"]["kind"] == "attention_op"
+    assert by_id["WRK008"]["kind"] == "work_op" and by_id["WRK008"]["names"] == ["aten::_grouped_mm"]
     assert by_id["F006"]["check"] == "decode_gpu_idle"
 
 

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from analyzer.knowledge.structure_rules import Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAGES
+from analyzer.knowledge.work_ops import load_work_ops
 from analyzer.model import dict_isin, dict_where
 from analyzer.tables.launches import launching_op_rows
 
@@ -35,6 +36,7 @@ ATTENTION = frozenset(ATTENTION_KERNEL_STAGES)  # attention kernels: the anchor 
 # The registry (rules/structure.toml): the rules' ids, the vocabularies and the default thresholds
 KNOWLEDGE = load_structure()
 _V = KNOWLEDGE.set_of
+WORK_OPS = load_work_ops()  # the GEMM layouts (rules/work_ops.toml): read once, as the registry
 DEFAULT_THRESHOLDS: Thresholds = KNOWLEDGE.thresholds
 # kernels whose stage the structure may refine: generic framework kernels only
 GENERIC = _V("generic_stages")  # a bare ATen add is only a guess
@@ -1458,23 +1460,9 @@ def structure_problem(
 
 
 def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, int] | None:
-    """(K, N) of a recorded GEMM op from its input shapes; None when not a GEMM we can read."""
-    if not op_name or not dims:
-        return None
-    d = [x for x in dims if x]
-    try:
-        if op_name in ("aten::mm", "aten::matmul") and len(d) >= 2 and len(d[1]) == 2:
-            return d[0][-1], d[1][-1]
-        if op_name == "aten::addmm" and len(dims) >= 3 and len(dims[2]) == 2:
-            return dims[1][-1], dims[2][-1]
-        if op_name == "aten::linear" and len(d) >= 2 and len(d[1]) == 2:
-            return d[1][1], d[1][0]
-        if op_name in ("aten::bmm", "aten::baddbmm") and len(d) >= 2 and len(d[-1]) == 3:
-            a, b = (d[0], d[1]) if op_name == "aten::bmm" else (d[1], d[2])
-            return a[-1], b[-1]
-    except (IndexError, TypeError):
-        return None
-    return None
+    """(K, N) of a recorded dense GEMM op from its input shapes (``rules/work_ops.toml``, grouped
+    products left out: their weights are experts); None when not a GEMM the table reads."""
+    return WORK_OPS.dense_shape(op_name, dims)
 
 
 def gemm_roles_from_shapes(kernels: pa.Table, host_ops: pa.Table, arch: Any, tp: int = 1) -> list[str | None]:

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.analyses.classify import is_training
+from analyzer.analyses.layers import WORK_OPS
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.kernel_rules import PhaseEvidence
 from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure
@@ -422,7 +423,7 @@ def split_phases(
     df["launch"], df["launched"] = launch_ts, launched
     shapes = attention_shapes(
         host_ops,
-        attention_ops if attention_ops is not None else load_attention_ops(),
+        (attention_ops if attention_ops is not None else load_attention_ops()).for_steps(),
         _launchers_of(kernels, host_ops, df["is_attn"]),
     )
     step_rows: list[dict[str, Any]] = []
@@ -1254,13 +1255,8 @@ def _lm_head_rows(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
 
 
 def _gemm_rows(op: str | None, dims: Any) -> int:
-    """Rows (M) of a recorded GEMM op's activation input, -1 when the shapes do not say."""
-    if not dims:
-        return -1
-    a = dims[1] if op == "aten::addmm" and len(dims) > 1 else dims[0]
-    if op not in ("aten::linear", "aten::mm", "aten::matmul", "aten::addmm") or not a or len(a) < 2:
-        return -1
-    return int(np.prod(a[:-1]))
+    """Rows (M) of a recorded GEMM op's activation (``rules/work_ops.toml``), -1 when the shapes do not say."""
+    return WORK_OPS.rows(op, dims)
 
 
 def _signature_by_model(
@@ -1381,8 +1377,10 @@ def attention_shapes(
         return {}
     sel = host_ops.select(["trace_id", "external_id", "start_ns"]).take(pa.array(rows))
     group_names, first, inverse = launches.distinct_op_shapes(host_ops, rows)
-    group_layouts = [table.layout(nm) if nm is not None else None for nm in group_names]
     dims_of = host_ops["input_dims"].take(pa.array(rows[first])).to_pylist()
+    group_layouts = [
+        table.layout(nm, d) if nm is not None else None for nm, d in zip(group_names, dims_of, strict=True)
+    ]
     read = [_read_layout(lay, d) for lay, d in zip(group_layouts, dims_of, strict=True)]
     ok = np.array([r is not None for r in read], bool)[inverse]
     trace = sel["trace_id"].to_numpy(zero_copy_only=False)
@@ -1411,20 +1409,10 @@ def attention_shapes(
 
 def _read_layout(lay: Any, dims: Any) -> tuple[int, int, int, int] | None:
     """(batch, query length, key length, head size) of one attention op's input shapes by its
-    layout (-1: not given), or None when the shapes do not fit the layout."""
-    if lay is None or not dims or len(dims) <= lay.query:
-        return None
-    qd = dims[lay.query]
-    if qd is None or len(qd) != lay.rank:
-        return None
-    b = int(qd[lay.batch_dim]) if lay.batch_dim is not None else -1
-    kv = -1
-    if lay.key is not None and lay.kv_dim is not None and len(dims) > lay.key:
-        kd = dims[lay.key]
-        if kd is not None and len(kd) > lay.kv_dim:
-            kv = int(kd[lay.kv_dim])
-    head = int(qd[lay.head_dim]) if lay.head_dim is not None else -1
-    return b, int(qd[lay.q_dim]), kv, head
+    layout (:meth:`~analyzer.knowledge.attention_ops.AttentionLayout.read`; -1: not given), or None
+    when the shapes do not fit the layout."""
+    got = lay.read(dims) if lay is not None else None
+    return None if got is None else (got.batch, got.q, got.kv, got.head)
 
 
 def _step_shapes(

@@ -1,20 +1,30 @@
 """Roofline: FLOPs and bytes per kernel, achieved rates, and what bounds each kernel (DESIGN §5).
 
-Contract (pure over the analysed tables, the GPU spec and an optional model architecture):
+Contract (pure over the analysed tables, the GPU spec, the work tables and an optional model architecture):
 
 * **GPU**: ``--gpu`` if given, else detected from the first input's metadata (name, arch, SM/CU
   count and memory together). An unknown GPU leaves rates computed but bounds ``unknown``.
-* **FLOPs / bytes**: from the launching host op's input shapes and dtypes when recorded
-  (``flops_source = shapes``): GEMMs (mm, addmm, bmm, linear, matmul, scaled/grouped mm), SDPA and
-  flash attention, and memory-bound ops (norm pieces, RoPE, activation, KV-cache writes, embedding,
-  sampling, copies) as compulsory bytes (inputs read once, output written once). The numbers of an
-  op go to its longest kernel; its helper kernels are not new work and keep null numbers, except a
-  split-K reduce, which reads the fp32 partials and writes C (never the GEMM's A and B).
-  Without shapes, GEMM roles and MoE experts get numbers from the model architecture (``--model``)
-  and the step's token count (``flops_source = model``): one role of one layer in one step is one
-  piece of work, its split-K reduce kernels get the reduce's numbers and its other kernels share
-  the rest by time; MoE weights count the experts touched (top-k x tokens, at most all) in the
-  format the kernel names or the model ships. Otherwise null (``none``).
+* **FLOPs / bytes from shapes** (``flops_source = shapes``): from the launching host op's input
+  shapes and dtypes, each layout declared as data: GEMMs (dense, grouped, scaled, int4 / int8
+  weight-only) and gathers, reductions and unsized ops in ``rules/work_ops.toml``, attention front
+  ends in ``rules/attention_ops.toml``; every other ATen op as memory-bound elementwise work
+  (compulsory bytes: inputs read once, output written once). memcpy / memset activities move the
+  bytes the trace records for them (``[[copy]]``). The numbers of an op go to its longest kernel;
+  its helper kernels are not new work and keep null numbers, except a split-K reduce, which reads
+  the fp32 partials and writes C (never the GEMM's A and B).
+* **One causal convention** (:func:`causal_pairs`, stated in ``rules/attention_ops.toml`` and
+  ``docs/roofline-validation.md``): an attention op with more than one query per sequence counts the
+  (query, key) pairs a causal mask aligned to the end of the keys keeps - half the score matrix,
+  diagonal included, for a whole prompt; decode counts every key. It holds for every attention
+  family: fused kernels by their layout, attention composed of matmuls (the GEMMs of an attention
+  stage) by the same pairs.
+* **Without shapes**, GEMM roles and MoE experts get numbers from the model's sizes and the step's
+  token count: ``--model`` (``flops_source = model``), else the sizes found in the trace's own
+  recorded shapes (:func:`analyzer.analyses.shape_roles.found_sizes`, ``flops_source = found``; a
+  disagreement between the two is a warning). One role of one layer in one step is one piece of
+  work: its split-K reduce kernels get the reduce's numbers and its other kernels share the rest by
+  time; MoE weights count the experts touched (top-k x tokens, at most all) in the format the kernel
+  names or the model ships. Otherwise null (``none``), and ``uncounted`` says why (:data:`UNCOUNTED`).
 * **Rates**: achieved TFLOP/s = flops / dur, TB/s = bytes / dur, intensity = flops / bytes,
   ``pct_of_peak`` = achieved FLOP/s over the roof at that intensity (min(peak, intensity x BW)), or
   achieved TB/s over peak BW when there are no FLOPs. ``bound``: ``compute`` / ``memory`` by the
@@ -38,8 +48,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analyzer.analyses import shape_roles
 from analyzer.knowledge import architectures, hardware
+from analyzer.knowledge.attention_ops import AttentionOps, AttentionShape, load_attention_ops
 from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
+from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES
+from analyzer.knowledge.work_ops import GemmDims, GemmOp, WorkOps, load_work_ops
 from analyzer.model import DICT_STRING, dict_isin, dict_strings, objects
 from analyzer.tables import launches
 
@@ -47,13 +61,35 @@ COLUMNS = {
     "flops": pa.float64(),
     "bytes": pa.float64(),
     "flops_source": DICT_STRING,
+    "uncounted": DICT_STRING,
     "achieved_tflops": pa.float64(),
     "achieved_tbps": pa.float64(),
     "pct_of_peak": pa.float64(),
     "intensity": pa.float64(),
     "bound": DICT_STRING,
 }
-_MISSING = object()
+#: the one causal convention of every attention family, as the summary and the report state it
+CAUSAL_CONVENTION = (
+    "a causal prefill counts half the score matrix: the (query, key) pairs its mask keeps, "
+    "q x (kv - q) + q (q + 1) / 2 per sequence and head; decode counts every key"
+)
+#: the basis of a kernel's numbers: recorded shapes, sizes found in the trace, ``--model``, none
+FLOPS_SOURCES = ("shapes", "found", "model", "none")
+#: why a kernel has no numbers (the ``uncounted`` column; null where it has them)
+UNCOUNTED = {
+    "helper": "a helper kernel of an op whose work is counted on the op's longest kernel",
+    "no_formula": "its launching op's shapes are recorded, but no table says what work that op does",
+    "output_unknown": "a gather / scatter / selection whose output size the recorded shapes do not give",
+    "shapes_unreadable": "its launching op is in a work table, but the recorded shapes do not fit its layout",
+    "no_shapes": "no recorded shapes for its launch (shapes off, CUDA-graph replay, compiled region) and no sizes count its stage",
+    "no_sizes": "a GEMM-role or MoE-expert kernel without shapes: no sizes were found in the trace; --model would count it",
+    "no_tokens": "a GEMM-role or MoE-expert kernel without shapes in a step whose token count is unknown (an LM head outside decode: the rows it scores are unknown)",
+    "not_work": "not work: a barrier packet, or a copy without a recorded size",
+}
+# what a kernel's launch said about its numbers while they were read (int8 codes per kernel): nothing
+# yet, "has a launching op", or an UNCOUNTED reason
+_REASONS = ("", "op", *UNCOUNTED)
+_R = {r: np.int8(i) for i, r in enumerate(_REASONS)}
 BOUNDS = ("unknown", "compute", "memory", "latency", "invalid")
 _BOUND_CODE = {b: i for i, b in enumerate(BOUNDS)}
 LATENCY_NS = 10_000  # a kernel shorter than this that reaches < LATENCY_PCT of its roof
@@ -68,6 +104,8 @@ _DTYPE_BYTES = {
     "c10::Float8_e5m2": 1,
     "c10::Float8_e4m3fnuz": 1,
     "c10::Float8_e5m2fnuz": 1,
+    "c10::Float8_e8m0fnu": 1,
+    "c10::Float4_e2m1fn_x2": 1,
     "long int": 8,
     "int": 4,
     "bool": 1,
@@ -76,60 +114,11 @@ _DTYPE_BYTES = {
     "short int": 2,
     "c10::complex<float>": 8,
 }
-GEMM_OPS = {
-    "aten::mm",
-    "aten::addmm",
-    "aten::bmm",
-    "aten::baddbmm",
-    "aten::matmul",
-    "aten::linear",
-    "aten::_scaled_mm",
-    "aten::_grouped_mm",
-    "aten::_scaled_grouped_mm",
-}
-ATTN_OPS = {
-    "aten::_scaled_dot_product_cudnn_attention",
-    "aten::_scaled_dot_product_flash_attention",
-    "aten::_scaled_dot_product_efficient_attention",
-    "aten::_flash_attention_forward",
-    "aten::_efficient_attention_forward",
-    "aten::_cudnn_attention_forward",
-    "aten::scaled_dot_product_attention",
-}
-# reductions: read the input once, write a (much) smaller output
-REDUCTION_OPS = {
-    "aten::mean",
-    "aten::sum",
-    "aten::argmax",
-    "aten::argmin",
-    "aten::max",
-    "aten::min",
-    "aten::amax",
-    "aten::amin",
-    "aten::prod",
-    "aten::any",
-    "aten::all",
-    "aten::norm",
-    "aten::linalg_vector_norm",
-    "aten::var",
-    "aten::std",
-    "aten::var_mean",
-    "aten::logsumexp",
-}
-# gathers / selections whose output size depends on index tensors not recorded in Input Dims
-NO_OUTPUT_SIZE_OPS = {
-    "aten::index",
-    "aten::gather",
-    "aten::nonzero",
-    "aten::masked_select",
-    "aten::take",
-    "aten::index_put_",
-    "aten::scatter",
-    "aten::scatter_add_",
-    "aten::index_add_",
-}
-# gathers that read only the selected rows of their table: bytes = selected rows read + written
-GATHER_OPS = {"aten::index_select", "aten::embedding"}
+_INT_TYPES = ("long int", "int", "bool", "short int", "unsigned char")
+_NOT_TENSORS = ("", "Scalar", "ScalarList", "TensorList", "GenericList", "Device", "None")
+# attention kernels whose GEMMs follow the causal convention (composed attention); linear
+# attention / state-space mixers have no causal score matrix
+_SOFTMAX_ATTENTION = frozenset(s for s in ATTENTION_KERNEL_STAGES if s != "linear_attention")
 # split-K reduce kernels (cuBLASLt splitKreduce_kernel, CK/hipBLASLt split-K reduce passes): they read
 # the fp32 partial sums of the GEMM and write C, not the GEMM's A and B
 SPLITK_REDUCE = re.compile(r"split_?k_?reduce|reduce_?split_?k", re.IGNORECASE)
@@ -138,14 +127,16 @@ MIN_SPLIT = 2  # a reduce kernel reads at least two partials: the compulsory min
 # bytes per weight of quantized formats: 4-bit values plus one 8-bit scale per block (MX: 32, NV: 16)
 _QUANT_WEIGHT_BYTES = {"mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "fp8": 1.0}
 _QUANT_IN_NAME = re.compile(r"mxfp4|nvfp4", re.IGNORECASE)
-
-
-def base_op(name: str) -> str:
-    """An ATen op without its private spelling: ``aten::_index_put_impl_`` -> ``aten::index_put_``."""
-    if not name.startswith("aten::_"):
-        return name
-    base = "aten::" + name[len("aten::") :].lstrip("_")
-    return base.replace("_impl_", "_").removesuffix("_impl")
+CONSUMER_WINDOW = 16  # ops after a gather searched for the one taking the gathered rows (work_ops.toml)
+_MODEL_STAGES = (
+    "qkv_gemm",
+    "o_gemm",
+    "gate_up_gemm",
+    "down_gemm",
+    "lm_head_gemm",
+    "moe_gate_gemm",
+    "moe_expert_gemm",
+)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -153,10 +144,26 @@ def base_op(name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-    """What :func:`measure` gives: the kernels with the roofline columns, and the run's GPU."""
+    """What :func:`measure` gives: the kernels with the roofline columns, the run's GPU, the sizes
+    that counted kernels without shapes (per input) and the warnings of that (a ``--model`` that
+    disagrees with the sizes the trace shows)."""
 
     kernels: pa.Table
     gpu: dict[str, Any]
+    sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tables:
+    """The work tables the roofline reads (``rules/work_ops.toml``, ``rules/attention_ops.toml``)."""
+
+    work: WorkOps
+    attention: AttentionOps
+
+    @classmethod
+    def load(cls, work: WorkOps | None = None, attention: AttentionOps | None = None) -> Tables:
+        return cls(work or load_work_ops(), attention or load_attention_ops())
 
 
 def measure(
@@ -166,15 +173,17 @@ def measure(
     gpu: tuple[hardware.GpuSpec, str] | None = None,
     model: architectures.ModelArch | None = None,
     gpu_table: Mapping[str, hardware.GpuSpec] | None = None,
+    tables: Tables | None = None,
 ) -> Measured:
     """Work, rates and bound of every kernel. ``gpu`` is the ``--gpu`` override and how it was
     named (None: detected from the first input, among ``gpu_table``, rules/hardware.toml's entries);
-    ``model`` the ``--model`` architecture. Inputs measured apart agree with the
-    joined run when they resolve to the same GPU and world size."""
+    ``model`` the ``--model`` architecture; ``tables`` the work tables (None: the built-in ones).
+    Inputs measured apart agree with the joined run when they resolve to the same GPU and world size."""
     spec, reason = resolve_gpu(inputs, gpu, gpu_table)
-    flops, nbytes, source, dtype = kernel_work(kernels, host_ops, model, world_size=world_size(inputs))
-    cols = rates(kernels["dur_ns"].to_numpy(zero_copy_only=False), flops, nbytes, dtype, spec)
-    cols["flops_source"] = source
+    got = kernel_work(kernels, host_ops, model, world_size=world_size(inputs), tables=tables)
+    cols = rates(kernels["dur_ns"].to_numpy(zero_copy_only=False), got.flops, got.bytes, got.dtype, spec)
+    cols["flops_source"] = got.source
+    cols["uncounted"] = got.uncounted
     k = kernels
     for name, typ in COLUMNS.items():
         arr = dict_strings(cols[name]) if typ == DICT_STRING else pa.array(cols[name], typ, from_pandas=True)
@@ -183,7 +192,7 @@ def measure(
             if name in k.column_names
             else k.append_column(name, arr)
         )
-    return Measured(kernels=k, gpu=gpu_summary(spec, reason))
+    return Measured(kernels=k, gpu=gpu_summary(spec, reason), sizes=got.sizes, warnings=got.warnings)
 
 
 def world_size(inputs: Sequence[Any]) -> int:
@@ -248,7 +257,7 @@ def gpu_summary(spec: hardware.GpuSpec | None, reason: str) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------- work per kernel
+# --------------------------------------------------------------------------- work of one host op
 
 
 def _bytes_of(dtype: str | None) -> float:
@@ -259,181 +268,572 @@ def _numel(shape: Sequence[int] | None) -> int:
     return int(math.prod(shape)) if shape else 0
 
 
+def _type(types: Sequence[str], i: int) -> str:
+    return types[i] if i < len(types) and types[i] else ""
+
+
+def causal_pairs(q: float, kv: float) -> float:
+    """The (query, key) pairs of one sequence that attention counts (the causal convention): a mask
+    aligned to the end of the keys, query i of q seeing keys up to kv - q + i. One query sees every
+    key; a whole prompt (q = kv) counts q (q + 1) / 2, half the score matrix with its diagonal."""
+    if q <= 1:
+        return q * kv
+    seen_all = max(0.0, kv - q)  # keys every query sees (the cached context before the chunk)
+    tri = min(q, kv)  # queries inside the triangle
+    return q * seen_all + tri * (tri + 1) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class OpWork:
+    """What one host op did: FLOPs, compulsory bytes, the dtype of its roof and the rule that said so."""
+
+    flops: float
+    bytes: float
+    dtype: str
+    rule: str
+
+
 def op_work(
-    name: str, dims: list[list[int]] | None, types: list[str] | None
+    name: str,
+    dims: list[list[int]] | None,
+    types: list[str] | None,
+    tables: Tables | None = None,
+    consumer: list[list[int]] | None = None,
 ) -> tuple[float, float, str] | None:
-    """(flops, bytes, dtype) of one host op from its recorded shapes; None when not derivable."""
+    """(flops, bytes, dtype) of one host op from its recorded shapes; None when not derivable.
+    ``consumer``: the shapes of the op that takes a gather's rows (:func:`gather_consumers`)."""
+    got = read_op(name, dims, types, tables or Tables.load(), consumer)
+    return None if got is None else (got.flops, got.bytes, got.dtype)
+
+
+def read_op(
+    name: str,
+    dims: list[list[int]] | None,
+    types: list[str] | None,
+    tables: Tables,
+    consumer: list[list[int]] | None = None,
+) -> OpWork | None:
+    """The :class:`OpWork` of one host op (its ``rule``: the table entry, or ``elementwise``)."""
     if not dims:
         return None
-    types = types or []
-    tensors = [(d, types[i] if i < len(types) else "") for i, d in enumerate(dims) if d]
-    if not tensors:
-        return None
-    dt = next(
-        (t for _, t in tensors if t in _DTYPE_BYTES and t not in ("long int", "int", "bool")), "c10::BFloat16"
-    )
-    b = _bytes_of(dt)
-    dtype = hardware.normalize_dtype(dt) or "bf16"
-    if name in GEMM_OPS:
-        g = _gemm(name, [d for d, _ in tensors])
-        if g is None:
-            return None
-        batch, m, k, n = g
-        flops = 2.0 * batch * m * k * n
-        nbytes = b * batch * (m * k + k * n + m * n)  # A, B (the weights) and C, each once
-        return flops, nbytes, dtype
-    if name in ATTN_OPS:
-        if len(tensors) < 3 or len(tensors[0][0]) != 4:
-            return None
-        (bq, hq, sq, d), (_, hk, sk, _) = tensors[0][0], tensors[1][0]
-        dv = tensors[2][0][-1]
-        causal = 0.5 if sq == sk and sq > 1 else 1.0
-        flops = 2.0 * bq * hq * sq * sk * (d + dv) * causal
-        nbytes = b * (bq * hq * sq * d + 2 * bq * hk * sk * d + bq * hq * sq * dv)
-        return flops, nbytes, dtype
-    if name in NO_OUTPUT_SIZE_OPS or base_op(name) in NO_OUTPUT_SIZE_OPS or not name.startswith("aten::"):
+    types = list(types or [])
+    g = tables.work.gemm(name, dims)
+    if g is not None:
+        return gemm_work(g[0], g[1], dims, types)
+    lay = tables.attention.layout(name, dims)
+    if lay is not None and not lay.composed:
+        s = lay.read(dims)
+        return attention_work(s, _type(types, lay.query), lay.id) if s is not None else None
+    gather = tables.work.gather(name)
+    if gather is not None:
+        return gather_work(gather, dims, types, consumer)
+    kind = tables.work.kind(name)
+    if kind == "unsized" or not name.startswith("aten::") or tables.work.is_gemm(name):
         # the output size is not in the inputs' shapes; custom ops (aiter::, sgl_kernel::, vllm::)
         # often pass whole buffers (a KV-cache pool) of which the kernel touches a slice
         return None
-    # memory-bound ops: inputs read once + output written once (output ~ largest input)
+    tensors = [(d, _type(types, i)) for i, d in enumerate(dims) if d]
+    if not tensors:
+        return None
+    dt = next((t for _, t in tensors if t in _DTYPE_BYTES and t not in _INT_TYPES), "c10::BFloat16")
+    dtype = hardware.normalize_dtype(dt) or "bf16"
     sizes = [_numel(d) * _bytes_of(t) for d, t in tensors]
-    largest = max(sizes)
-    if name in GATHER_OPS:
-        # gathers read only the selected rows: output = index count x row size
-        w, idx = tensors[0][0], tensors[1][0] if len(tensors) > 1 else [1]
-        row = _numel(w[1:]) * _bytes_of(tensors[0][1])
-        return 0.0, 2.0 * _numel(idx) * row + _numel(idx) * 8, dtype
     numel = max(_numel(d) for d, _ in tensors)
-    if name in REDUCTION_OPS:
+    if kind == "reduce":
         # the output is the input with the reduced dimensions gone: small next to the input
-        return float(numel), float(sum(sizes)), dtype
+        return OpWork(float(numel), float(sum(sizes)), dtype, "reduce")
     if name.endswith("_"):
         # in-place / out= style (copy_, add_, fill_): the first tensor is the output, written once
-        return float(numel), float(sum(sizes)), dtype
-    return float(numel), float(sum(sizes) + largest), dtype
+        return OpWork(float(numel), float(sum(sizes)), dtype, "elementwise")
+    # memory-bound ops: inputs read once + output written once (output ~ largest input)
+    return OpWork(float(numel), float(sum(sizes) + max(sizes)), dtype, "elementwise")
 
 
-def _gemm(name: str, d: list[list[int]]) -> tuple[int, int, int, int] | None:
-    """(batch, M, K, N) of a GEMM op from its input shapes."""
-    try:
-        if name in ("aten::mm", "aten::_scaled_mm") and len(d[0]) == 2 and len(d[1]) == 2:
-            return 1, d[0][0], d[0][1], d[1][1]
-        if name == "aten::addmm" and len(d) >= 3:
-            a, w = d[-2], d[-1]
-            return 1, a[0], a[1], w[1]
-        if name in ("aten::bmm",) and len(d[0]) == 3:
-            return d[0][0], d[0][1], d[0][2], d[1][2]
-        if name == "aten::baddbmm" and len(d) >= 3:
-            return d[1][0], d[1][1], d[1][2], d[2][2]
-        if name == "aten::linear" and len(d[1]) == 2:
-            m = _numel(d[0][:-1])
-            return 1, m, d[0][-1], d[1][0]
-        if name == "aten::matmul" and len(d) >= 2:
-            a, w = d[0], d[1]
-            if len(w) == 2:
-                return 1, _numel(a[:-1]), a[-1], w[-1]
-            if len(a) == len(w) and len(a) >= 3:
-                return _numel(a[:-2]), a[-2], a[-1], w[-1]
-    except (IndexError, TypeError):
+def gemm_work(op: GemmOp, g: GemmDims, dims: Sequence[Any], types: Sequence[str]) -> OpWork:
+    """A GEMM's useful FLOPs (2 x batch x M x K x N) and compulsory bytes (rules/work_ops.toml)."""
+    a_t, b_t = _type(types, op.a), _type(types, op.b)
+    a_el = _bytes_of(a_t)
+    weights = _numel(dims[op.b]) * _bytes_of(b_t)
+    if g.groups:
+        weights *= min(g.groups, g.rows) / g.groups  # only the groups the rows reach are read
+    other = sum(
+        _numel(d) * _bytes_of(_type(types, i))
+        for i, d in enumerate(dims)
+        if d and i not in (op.a, op.b) and _type(types, i) not in _NOT_TENSORS
+    )
+    out = g.batch * g.m * g.n * (op.out_bytes or a_el)
+    nbytes = _numel(dims[op.a]) * a_el + weights + other + out
+    dtype = hardware.normalize_dtype(a_t) or "bf16"
+    return OpWork(2.0 * g.batch * g.m * g.k * g.n, float(nbytes), dtype, op.id)
+
+
+def attention_work(s: AttentionShape, dtype_name: str, rule: str) -> OpWork | None:
+    """FLOPs = 2 x batch x heads x :func:`causal_pairs` x (head size + value head size); bytes = Q,
+    K, V read once and the output written once. None when the shapes leave a size unknown (a packed
+    call without its sequence count)."""
+    if min(s.q, s.kv, s.head, s.heads) <= 0:
         return None
+    dv = s.value_head if s.value_head > 0 else s.head
+    kvh = s.kv_heads if s.kv_heads > 0 else s.heads
+    if s.packed:
+        if s.sequences <= 0:
+            return None
+        seqs = float(s.sequences)
+        q_tot, kv_tot = float(s.q), float(s.kv)
+    else:
+        seqs = float(max(s.batch, 1))
+        q_tot, kv_tot = seqs * s.q, seqs * s.kv
+    pairs = seqs * causal_pairs(q_tot / seqs, kv_tot / seqs)
+    el = _bytes_of(dtype_name)
+    nbytes = el * (q_tot * s.heads * s.head + kv_tot * kvh * (s.head + dv) + q_tot * s.heads * dv)
+    dtype = hardware.normalize_dtype(dtype_name) or "bf16"
+    return OpWork(2.0 * s.heads * pairs * (s.head + dv), float(nbytes), dtype, rule)
+
+
+def gather_work(op: Any, dims: Sequence[Any], types: Sequence[str], consumer: Any) -> OpWork | None:
+    """A gather's bytes: the selected elements written once and read once - at most the whole table
+    (a row selected again is read again from cache, not from memory) - plus the int64 row ids."""
+    table = dims[op.table] if len(dims) > op.table else None
+    if not table:
+        return None
+    el = _bytes_of(_type(types, op.table))
+    dtype = hardware.normalize_dtype(_type(types, op.table)) or "bf16"
+    row = _numel(table[1:]) if len(table) > 1 else 1
+    if op.select == "elements":
+        idx = dims[op.index] if len(dims) > op.index else None
+        if not idx:
+            return None
+        picked = _numel(idx)
+        return OpWork(0.0, (min(picked, _numel(table)) + picked) * el, dtype, op.id)
+    if op.select == "rows":
+        idx = dims[op.index] if len(dims) > op.index else None
+        if not idx:
+            return None
+        rows = _numel(idx)
+    else:
+        rows = consumer_rows(table, consumer)
+        if rows is None:
+            return None
+    return OpWork(0.0, (min(rows, table[0]) + rows) * row * el + rows * 8.0, dtype, op.id)
+
+
+def consumer_rows(table: Sequence[int], consumer: Any) -> int | None:
+    """Rows of a gathered tensor as the op after the gather takes it: its first input whose trailing
+    dimensions are the table's row shape; its leading dimensions are the rows."""
+    if not consumer or len(table) < 2:
+        return None
+    tail = list(table[1:])
+    for d in consumer:
+        if d and len(d) > len(tail) and list(d[-len(tail) :]) == tail:
+            return _numel(d[: -len(tail)])
     return None
 
 
+# --------------------------------------------------------------------------- work per kernel
+
+
+@dataclasses.dataclass
+class Work:
+    """Per kernel: flops, bytes (NaN when unknown), flops_source, dtype of the roof and, where no
+    numbers, why (:data:`UNCOUNTED`); the sizes that counted kernels without shapes, and warnings."""
+
+    flops: np.ndarray
+    bytes: np.ndarray
+    source: np.ndarray  # object (str)
+    dtype: np.ndarray  # object (str)
+    uncounted: Any  # a dictionary array (null where counted), or a sequence of str / None
+    sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+    def __iter__(self) -> Any:  # (flops, bytes, source, dtype), as kernel_work returned before
+        return iter((self.flops, self.bytes, self.source, self.dtype))
+
+
 def kernel_work(
-    kernels: pa.Table, host_ops: pa.Table, model: architectures.ModelArch | None, world_size: int = 1
-) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
-    """Per kernel: flops, bytes (NaN when unknown), flops_source and dtype."""
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    model: architectures.ModelArch | None,
+    world_size: int = 1,
+    tables: Tables | None = None,
+) -> Work:
+    """Per kernel: its numbers and their basis (see the module contract)."""
+    tables = tables or Tables.load()
     n = kernels.num_rows
-    flops = np.full(n, np.nan)
-    nbytes = np.full(n, np.nan)
-    source = ["none"] * n
-    dtype = ["bf16"] * n
-    kdf = pd.DataFrame(
-        {
-            "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
-            "ext": kernels["launch_op_id"].to_pandas(),
-            "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False),
-            "kind": kernels["kind"].to_pandas(),
-        }
+    w = Work(
+        np.full(n, np.nan),
+        np.full(n, np.nan),
+        np.full(n, "none", object),
+        np.full(n, "bf16", object),
+        None,
     )
+    reason = np.zeros(n, np.int8)  # codes of _REASONS
+    kind = kernels["kind"]
+    is_kernel = pc.equal(kind, "kernel").fill_null(False).to_numpy(zero_copy_only=False)
+    is_copy = pc.is_in(kind, pa.array(["memcpy", "memset"])).fill_null(False).to_numpy(zero_copy_only=False)
+    barrier = barrier_rows(kernels)
     # 1. shapes: the numbers of each launching op go to its longest kernel
     found = launches.launching_op_rows(kernels, host_ops)
+    covered = np.zeros(n, bool)
     if found is not None:
         ops, pos = found
         p = pc.fill_null(pos, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        # rocprof's barrier packets are queue waits, not kernels: never an op's lead kernel
-        is_kernel = (kdf["kind"] == "kernel").to_numpy() & ~barrier_rows(kernels)
-        cand = np.flatnonzero((p >= 0) & is_kernel)
-        order = cand[np.argsort(-kdf["dur"].to_numpy()[cand], kind="stable")]
-        _, first = np.unique(p[order], return_index=True)
-        lead = order[first]  # one kernel per op: the longest
-        op_rows = p[lead]
-        sub = ops.take(pa.array(op_rows))
-        name_col = sub["name"].combine_chunks()
-        name_idx = (
-            name_col.indices
-            if isinstance(name_col, pa.DictionaryArray)
-            else name_col.dictionary_encode().indices
-        ).to_numpy(zero_copy_only=False)
-        names = (
-            name_col.dictionary
-            if isinstance(name_col, pa.DictionaryArray)
-            else name_col.dictionary_encode().dictionary
-        ).to_pylist()
-        sid = sub["shape_id"].combine_chunks()
-        if sid.null_count < len(sid):
-            # the same op on the same shapes repeats every layer and step: one computation per pair
-            # shape ids are per input file: the trace id is part of the key
-            # one int64 key per (op name, shape id, trace): shape ids are factorised first
-            _, shape_code = np.unique(pc.fill_null(sid, -1).to_numpy(), return_inverse=True)
-            trace_col = sub["trace_id"].combine_chunks().to_numpy(zero_copy_only=False).astype(np.int64)
-            n_traces = int(trace_col.max()) + 1 if len(trace_col) else 1
-            key = (
-                name_idx.astype(np.int64) * (int(shape_code.max()) + 1) + shape_code
-            ) * n_traces + trace_col
-            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-            at = sub["row"].take(pa.array(first))
-            dims = host_ops["input_dims"].take(at).to_pylist()
-            types = host_ops["input_types"].take(at).to_pylist()
-            first_names = name_idx[first].tolist()
-            work = [
-                op_work(names[ni], d, ty) if d is not None else None
-                for ni, d, ty in zip(first_names, dims, types, strict=True)
-            ]
-            ok = np.array([w is not None for w in work], bool)
-            w_flops = np.array([w[0] if w is not None else np.nan for w in work], np.float64)
-            w_bytes = np.array([w[1] if w is not None else np.nan for w in work], np.float64)
-            w_dtype = np.array([w[2] if w is not None else "" for w in work], object)
-            inverse = np.asarray(inverse).reshape(-1)
-            hit = ok[inverse]
-            rows = lead[hit]
-            flops[rows] = w_flops[inverse[hit]]
-            nbytes[rows] = w_bytes[inverse[hit]]
-            dt = w_dtype[inverse[hit]].tolist()
-            for i, d in zip(rows.tolist(), dt, strict=True):
-                dtype[i] = d
-                source[i] = "shapes"
+        reason[p >= 0] = _R["op"]  # has a launching op: decided below
+        covered = _shape_work(kernels, host_ops, ops, p, is_kernel & ~barrier, tables, w, reason)
+    # 2. memcpy / memset: the bytes the trace records
+    _copy_work(kernels, is_copy, tables.work, w, reason)
+    # 3. sizes (--model, else found in the trace) for GEMM roles and experts without shapes
+    # sizes are looked for only where a kernel needs them (or --model is to be checked against them)
+    wanting = (
+        dict_isin(kernels["stage"], list(_MODEL_STAGES)) & (w.source == "none") & ~covered
+        if "stage" in kernels.column_names
+        else np.zeros(n, bool)
+    )
+    sizes, warnings = (
+        _sizes(kernels, host_ops, objects(kernels["stage"]), model, world_size, tables, wanting)
+        if "stage" in kernels.column_names and (model is not None or wanting.any())
+        else ({}, [])
+    )
+    w.warnings.extend(warnings)
+    for t, (label, ws) in sizes.items():
+        mine = kernels["trace_id"].to_numpy(zero_copy_only=False) == t if t >= 0 else np.ones(n, bool)
+        _model_work(kernels, ws, ws.tp, w.flops, w.bytes, w.source, skip=covered | ~mine, label=label)
+        w.sizes[str(t)] = ws.describe()
+    # 4. why the rest has no numbers
+    w.uncounted = _why_uncounted(kernels, w, reason, covered, barrier, sizes)
+    return w
+
+
+def _shape_work(
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    ops: pa.Table,
+    p: np.ndarray,
+    can_lead: np.ndarray,
+    tables: Tables,
+    w: Work,
+    reason: np.ndarray,
+) -> np.ndarray:
+    """Numbers of every launching op with shapes on its longest kernel; returns the op's other
+    (helper) kernels. ``reason`` gets, per lead kernel, what the op's shapes could not say."""
+    n = kernels.num_rows
+    dur = kernels["dur_ns"].to_numpy(zero_copy_only=False)
+    cand = np.flatnonzero((p >= 0) & can_lead)
+    order = cand[np.argsort(-dur[cand], kind="stable")]
+    _, first = np.unique(p[order], return_index=True)
+    lead = order[first]  # one kernel per op: the longest
+    if not len(lead):
+        return np.zeros(n, bool)
+    op_rows = ops["row"].take(pa.array(p[lead])).to_numpy(zero_copy_only=False).astype(np.int64)
+    group_names, gfirst, inverse = launches.distinct_op_shapes(host_ops, op_rows)
+    dims = host_ops["input_dims"].take(pa.array(op_rows[gfirst])).to_pylist()
+    types = host_ops["input_types"].take(pa.array(op_rows[gfirst])).to_pylist()
+    # ops whose rows are read from the op after them: one lookup per op, not per shape
+    consumer_ops = {nm for g in tables.work.gathers if g.select == "consumer" for nm in g.names}
+    per_group: list[Any] = []
+    memo: dict[bytes, Any] = {}
+    for nm, d, ty in zip(group_names, dims, types, strict=True):
+        if nm is None or d is None:
+            per_group.append(None)
+            continue
+        if nm in consumer_ops:
+            per_group.append("consumer")
+            continue
+        key = orjson.dumps((nm, d, ty))
+        if key not in memo:
+            memo[key] = read_op(nm, d, ty, tables)
+        per_group.append(memo[key])
+    ng = len(group_names)
+    g_flops, g_bytes = np.full(ng, np.nan), np.full(ng, np.nan)
+    g_dtype = np.full(ng, "bf16", object)
+    g_ok = np.zeros(ng, bool)
+    g_consumer = np.zeros(ng, bool)
+    g_share = np.ones(ng)  # the causal share of a GEMM group where it runs an attention (composed)
+    g_reason = np.zeros(ng, np.int8)
+    for g, (nm, r) in enumerate(zip(group_names, per_group, strict=True)):
+        if isinstance(r, OpWork):
+            g_flops[g], g_bytes[g], g_dtype[g], g_ok[g] = r.flops, r.bytes, r.dtype, True
+            if tables.work.is_gemm(nm):
+                g_share[g] = _composed_causal_share(tables.work.gemm(nm, dims[g]))
+        elif r == "consumer":
+            g_consumer[g] = True
         else:
-            dims = host_ops["input_dims"].take(sub["row"]).to_pylist()
-            types = host_ops["input_types"].take(sub["row"]).to_pylist()
-            memo: dict[bytes, Any] = {}
-            per_row = []
-            for ni, d, ty in zip(name_idx.tolist(), dims, types, strict=True):
-                mk = orjson.dumps((ni, d, ty))
-                if mk not in memo:
-                    memo[mk] = op_work(names[ni], d, ty) if d is not None else None
-                per_row.append(memo[mk])
-            for i, w in zip(lead.tolist(), per_row, strict=True):
-                if w is not None:
-                    flops[i], nbytes[i], dtype[i] = w
-                    source[i] = "shapes"
-        covered = _helpers_of_measured_ops(kernels, host_ops, ops, p, lead, flops, nbytes, source, dtype)
+            g_reason[g] = _R[_no_count_reason(nm or "", dims[g], tables)]
+    inv = np.asarray(inverse, np.int64)
+    # ops whose rows are read from the op after them: one lookup per op (a few per layer)
+    per_op_f, per_op_b = np.full(len(lead), np.nan), np.full(len(lead), np.nan)
+    per_op_dt = np.full(len(lead), "bf16", object)
+    need = np.flatnonzero(g_consumer[inv])
+    if len(need):
+        nxt = launches.following_ops(host_ops, op_rows[need], CONSUMER_WINDOW)
+        for i, follow in zip(need.tolist(), nxt, strict=True):
+            r = int(op_rows[i])
+            nm = str(host_ops["name"][r])
+            d, ty = host_ops["input_dims"][r].as_py(), host_ops["input_types"][r].as_py()
+            table = d[0] if d else None
+            for f in follow.tolist():
+                cons = host_ops["input_dims"][f].as_py()
+                if table and consumer_rows(table, cons) is not None:
+                    got = read_op(nm, d, ty, tables, consumer=cons)
+                    if got is not None:
+                        per_op_f[i], per_op_b[i], per_op_dt[i] = got.flops, got.bytes, got.dtype
+                    break
+    fl, by, dt = g_flops[inv], g_bytes[inv], g_dtype[inv]
+    cons = g_consumer[inv]
+    fl[cons], by[cons], dt[cons] = per_op_f[cons], per_op_b[cons], per_op_dt[cons]
+    ok = g_ok[inv] | (cons & ~np.isnan(per_op_b))
+    attention = (
+        dict_isin(kernels["stage"], list(_SOFTMAX_ATTENTION))[lead]
+        if "stage" in kernels.column_names
+        else np.zeros(len(lead), bool)
+    )
+    fl = np.where(attention, fl * g_share[inv], fl)
+    rows = lead[ok]
+    w.flops[rows], w.bytes[rows] = fl[ok], by[ok]
+    w.dtype[rows] = dt[ok]
+    w.source[rows] = "shapes"
+    reason[rows] = _R[""]
+    bad = ~ok
+    why = np.where(cons, _R["output_unknown"], g_reason[inv]).astype(np.int8)
+    reason[lead[bad]] = why[bad]
+    op_reason = np.zeros(ops.num_rows, np.int8)
+    op_reason[p[lead[bad]]] = why[bad]
+    rest = np.flatnonzero((p >= 0) & (reason == _R["op"]))
+    reason[rest] = op_reason[p[rest]]  # the op's other kernels: what its shapes could not say
+    return _helpers_of_measured_ops(
+        kernels, host_ops, ops, p, lead, w.flops, w.bytes, w.source, w.dtype, tables
+    )
+
+
+def _composed_causal_share(got: tuple[GemmOp, GemmDims] | None) -> float:
+    """The causal convention for attention composed of matmuls (eager / math SDPA): the score product
+    (q x d) @ (d x kv) and the weighted values (q x kv) @ (kv x d) of a prefill count the pairs the
+    mask keeps. The key length is the operand dimension that is not the head size: the one equal to
+    the query length (a whole prompt), else the longer one."""
+    if got is None:
+        return 1.0
+    g = got[1]
+    q = g.m
+    if q <= 1:
+        return 1.0
+    if g.n == q or g.k == q:
+        kv = q
     else:
-        covered = np.zeros(n, bool)
-    # 2. model architecture for the rest (an op's helper kernels are not new work)
-    if model is not None:
-        _model_work(kernels, model, world_size, flops, nbytes, source, skip=covered)
-    return flops, nbytes, source, dtype
+        kv = max(g.k, g.n)
+    if kv < q:
+        return 1.0
+    return causal_pairs(q, kv) / (q * kv)
+
+
+def _no_count_reason(name: str, dims: Any, tables: Tables) -> str:
+    if not dims:
+        return "no_shapes"
+    if tables.work.gather(name) is not None or tables.work.kind(name) == "unsized":
+        return "output_unknown"
+    lay = tables.attention.layout(name)
+    if tables.work.is_gemm(name) or (lay is not None and not lay.composed):
+        return "shapes_unreadable"
+    return "no_formula"
+
+
+def _copy_work(kernels: pa.Table, is_copy: np.ndarray, work: WorkOps, w: Work, reason: np.ndarray) -> None:
+    """memcpy / memset activities: the bytes the trace records, as ``[[copy]]`` counts them."""
+    if "bytes_recorded" not in kernels.column_names:
+        return
+    rows = np.flatnonzero(is_copy)
+    if not len(rows):
+        return
+    rec = kernels["bytes_recorded"].take(pa.array(rows)).to_numpy(zero_copy_only=False).astype(np.float64)
+    names = objects(kernels["name"].take(pa.array(rows)))
+    uniq, at = np.unique(names.astype(str), return_inverse=True)
+    moved = np.array([work.moved(str(u)) or np.nan for u in uniq.tolist()], np.float64)[at.reshape(-1)]
+    unknown = np.isnan(rec) | (rec < 0)
+    reason[rows[unknown]] = _R["not_work"]
+    ok = ~unknown & ~np.isnan(moved)
+    rows = rows[ok]
+    w.flops[rows], w.bytes[rows] = 0.0, rec[ok] * moved[ok]
+    w.dtype[rows], w.source[rows] = "bf16", "shapes"
+    reason[rows] = _R[""]
+
+
+def _why_uncounted(
+    kernels: pa.Table,
+    w: Work,
+    reason: np.ndarray,
+    covered: np.ndarray,
+    barrier: np.ndarray,
+    sizes: dict[int, Any],
+) -> pa.DictionaryArray:
+    """Per kernel without numbers, why (:data:`UNCOUNTED`); null where it has numbers."""
+    n = kernels.num_rows
+    out = np.zeros(n, np.int8)  # codes of _REASONS; 0: null
+    unc = np.isnan(w.flops) & np.isnan(w.bytes)
+    tokens = (
+        kernels["tokens"].to_numpy(zero_copy_only=False).astype(np.float64)
+        if "tokens" in kernels.column_names
+        else np.full(n, np.nan)
+    )
+    trace = kernels["trace_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+    out[unc & barrier] = _R["not_work"]
+    out[unc & ~barrier & covered] = _R["helper"]
+    rest = unc & ~barrier & ~covered
+    quiet = (reason == _R[""]) | (reason == _R["op"])  # nothing said about the op's shapes
+    plain = quiet | (reason == _R["no_shapes"])
+    staged = "stage" in kernels.column_names
+    by_sizes = rest & plain & (dict_isin(kernels["stage"], list(_MODEL_STAGES)) if staged else False)
+    has = np.isin(trace, list(sizes)) | (-1 in sizes)
+    lm_head = dict_isin(kernels["stage"], ["lm_head_gemm"]) if staged else np.zeros(n, bool)
+    decode = dict_isin(kernels["phase"], ["decode"]) if "phase" in kernels.column_names else np.zeros(n, bool)
+    # an LM head outside decode: sizes would not count it either (the rows it scores are unknown)
+    rows_unknown = np.isnan(tokens) | (lm_head & ~decode)
+    out[by_sizes & (has | (lm_head & ~decode)) & rows_unknown] = _R["no_tokens"]
+    out[by_sizes & has & ~rows_unknown] = _R["no_shapes"]
+    out[by_sizes & ~has & ~(lm_head & ~decode)] = _R["no_sizes"]
+    other = rest & ~by_sizes
+    said = other & ~quiet
+    out[said] = reason[said]
+    out[other & ~said] = _R["no_shapes"]
+    labels = pa.array(list(_REASONS), pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(out.astype(np.int32), mask=out == 0), labels).cast(
+        DICT_STRING
+    )
+
+
+# --------------------------------------------------------------------------- sizes for kernels without shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkSizes:
+    """The sizes that count GEMM roles and MoE experts without shapes: ``--model``'s architecture
+    (``basis`` ``model``) or the sizes found in the trace (``found``). ``gemms``: (K, N) of each role's
+    weights (all ranks: :func:`_model_work` divides by ``tp``); experts: count, top-k, one expert's width."""
+
+    basis: str
+    name: str | None
+    tp: int
+    hidden: int
+    gemms: dict[str, tuple[int, int]]
+    experts: int = 0
+    top_k: int = 0
+    expert_inter: int = 0
+    quant_method: str | None = None
+    sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0 and self.top_k > 0 and self.expert_inter > 0
+
+    @classmethod
+    def from_arch(cls, arch: architectures.ModelArch, tp: int) -> WorkSizes:
+        shapes = arch.gemm_shapes()
+        return cls(
+            basis="model",
+            name=arch.name,
+            tp=max(1, tp),
+            hidden=arch.hidden_size,
+            gemms={r: shapes[r] for r in _MODEL_STAGES if r in shapes},
+            experts=arch.num_experts if arch.is_moe else 0,
+            top_k=arch.num_experts_per_tok,
+            expert_inter=arch.expert_intermediate_size,
+            quant_method=arch.quant_method,
+            sizes={
+                "hidden_size": arch.hidden_size,
+                "vocab_size": arch.vocab_size,
+                "intermediate_size": arch.intermediate_size,
+                "num_attention_heads": arch.num_attention_heads,
+                "num_key_value_heads": arch.num_key_value_heads,
+                "head_dim": arch.head_dim,
+                "num_hidden_layers": arch.num_hidden_layers,
+                "num_experts": arch.num_experts or None,
+                "num_experts_per_tok": arch.num_experts_per_tok or None,
+                "moe_intermediate_size": arch.moe_intermediate_size,
+            },
+        )
+
+    @classmethod
+    def from_found(cls, d: shape_roles.ModelDims) -> WorkSizes | None:
+        """The roles the found sizes give (per rank: a rank's shapes are what its trace records)."""
+        h = d.hidden
+        gemms: dict[str, tuple[int, int]] = {}
+        if d.heads and d.head_dim:
+            kv = d.kv_heads or d.heads
+            gemms["qkv_gemm"] = (h, (d.heads + 2 * kv) * d.head_dim)
+            gemms["o_gemm"] = (d.heads * (d.value_head_dim or d.head_dim), h)
+        if d.intermediate:
+            gemms["gate_up_gemm"] = (h, 2 * d.intermediate)
+            gemms["down_gemm"] = (d.intermediate, h)
+        if d.lm_head_out:
+            gemms["lm_head_gemm"] = (h, d.lm_head_out)
+        if d.experts:
+            gemms["moe_gate_gemm"] = (h, d.experts)
+        moe = bool(d.experts and d.experts_per_tok and d.expert_intermediate)
+        if not gemms and not moe:
+            return None
+        return cls(
+            basis="found",
+            name=None,
+            tp=1,
+            hidden=h,
+            gemms=gemms,
+            experts=(d.experts or 0) if moe else 0,
+            top_k=(d.experts_per_tok or 0) if moe else 0,
+            expert_inter=(d.expert_intermediate or 0) if moe else 0,
+            sizes=d.as_dict(),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The summary's account of these sizes."""
+        return {
+            "basis": self.basis,
+            "model": self.name,
+            "sizes": dict(self.sizes),
+            "roles": sorted(self.gemms),
+        }
+
+
+def _sizes(
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    stage: list[str],
+    model: architectures.ModelArch | None,
+    world: int,
+    tables: Tables,
+    wanting: np.ndarray,
+) -> tuple[dict[int, tuple[str, WorkSizes]], list[str]]:
+    """Per input (trace id): the sizes that count its kernels without shapes, and the warnings of
+    a ``--model`` that disagrees with the sizes the input's shapes show. Sizes are looked for in an
+    input only where its own kernels want them (``wanting``) or ``--model`` is to be checked: each
+    input is measured from itself, alone or joined with others."""
+    out: dict[int, tuple[str, WorkSizes]] = {}
+    warnings: list[str] = []
+    if kernels.num_rows == 0:
+        return out, warnings
+    trace_of = kernels["trace_id"].to_numpy(zero_copy_only=False)
+    traces = np.unique(trace_of).tolist()
+    have_shapes = host_ops.num_rows > 0 and "input_dims" in host_ops.column_names
+    for t in traces:
+        if model is None and not wanting[trace_of == t].any():
+            continue
+        one = None if len(traces) == 1 else int(t)
+        found = (
+            shape_roles.found_sizes(kernels, host_ops, stage, tables.attention, tables.work, one)
+            if have_shapes
+            else None
+        )
+        if model is not None:
+            ws = WorkSizes.from_arch(model, world)
+            out[int(t)] = ("model", ws)
+            if found is not None:
+                bad = shape_roles.size_disagreements(found, model, world)
+                if bad:
+                    warnings.append(
+                        f"--model {model.name} disagrees with the sizes input {t}'s shapes show: "
+                        f"{'; '.join(bad)}; kernels without shapes are counted with --model's"
+                    )
+            continue
+        ws_found = WorkSizes.from_found(found) if found is not None else None
+        if ws_found is not None:
+            out[int(t)] = ("found", ws_found)
+    return out, warnings
 
 
 def barrier_rows(kernels: pa.Table) -> np.ndarray:
@@ -485,12 +885,13 @@ def _helpers_of_measured_ops(
     nbytes: np.ndarray,
     source: list[str],
     dtype: list[str],
+    tables: Tables | None = None,
 ) -> np.ndarray:
     """The kernels whose launching op was measured from its shapes (its work is already counted on
     the op's longest kernel). A split-K reduce among them gets the reduce's own numbers: the op's
     M x N partials read ``split`` times and C written once."""
     measured = np.zeros(ops.num_rows, bool)
-    done = np.array([source[i] == "shapes" for i in lead.tolist()], bool)
+    done = np.asarray(source, object)[lead] == "shapes"
     measured[p[lead[done]]] = True
     covered = (p >= 0) & measured[np.maximum(p, 0)]
     covered[lead[done]] = False
@@ -508,11 +909,11 @@ def _helpers_of_measured_ops(
         group_names, first, inverse = launches.distinct_op_shapes(host_ops, at)
         dims = host_ops["input_dims"].take(pa.array(at[first])).to_pylist()
         mn = np.full(len(first), np.nan)
+        work = (tables or Tables.load()).work
         for u, (nm, d) in enumerate(zip(group_names, dims, strict=True)):
-            g = _gemm(str(nm), [x for x in (d or []) if x]) if nm in GEMM_OPS else None
+            g = work.gemm(nm, d)
             if g is not None:
-                batch, m, _, nn = g
-                mn[u] = batch * m * nn
+                mn[u] = g[1].batch * g[1].m * g[1].n
         work_mn = mn[inverse]
         ok = ~np.isnan(work_mn)
         rows_ok = red[ok]
@@ -525,14 +926,16 @@ def _helpers_of_measured_ops(
 
 def _model_work(
     kernels: pa.Table,
-    model: architectures.ModelArch,
+    model: architectures.ModelArch | WorkSizes,
     tp: int,
     flops: np.ndarray,
     nbytes: np.ndarray,
     source: list[str],
     skip: np.ndarray | None = None,
+    label: str = "model",
 ) -> None:
-    """Numbers of the GEMM roles and the MoE experts from the architecture and the step's tokens.
+    """Numbers of the GEMM roles and the MoE experts from the sizes (``--model``'s architecture or
+    those found in the trace: :class:`WorkSizes`) and the step's tokens; ``source`` gets ``label``.
 
     One role of one layer in one step is one piece of work (a role instance: trace, rank, step,
     layer, stage). Its split-K reduce kernels get the reduce's numbers (partials read, C written);
@@ -541,22 +944,28 @@ def _model_work(
     detected layer is its own instance."""
     if "tokens" not in kernels.column_names:
         return
+    ws = model if isinstance(model, WorkSizes) else WorkSizes.from_arch(model, tp)
+    tp = ws.tp if isinstance(model, WorkSizes) else max(1, tp)
     n = kernels.num_rows
-    stage = np.asarray(kernels["stage"].to_pylist(), dtype=object)
     tokens = np.asarray(kernels["tokens"].to_numpy(zero_copy_only=False), np.float64)
-    todo = np.array([src == "none" for src in source], bool) & ~np.isnan(tokens)
+    todo = (np.asarray(source, object) == "none") & ~np.isnan(tokens)
     if skip is not None and len(skip):
         todo &= ~skip
-    shapes = model.gemm_shapes()
+    shapes = ws.gemms
     roles = [r for r in shapes if r != "gemm"]
-    moe = "moe_expert_gemm" if model.is_moe else None
-    todo &= np.isin(stage, [*roles, *([moe] if moe else [])])
+    moe = "moe_expert_gemm" if ws.is_moe else None
+    todo &= dict_isin(kernels["stage"], [*roles, *([moe] if moe else [])])
+    if "phase" in kernels.column_names:
+        # an LM head scores one row per sequence in a prefill (or every position): its rows are the
+        # step's tokens only in decode
+        todo &= ~(dict_isin(kernels["stage"], ["lm_head_gemm"]) & ~dict_isin(kernels["phase"], ["decode"]))
     if not todo.any():
         return
     rows = np.flatnonzero(todo)
+    stage = objects(kernels["stage"])
     dur = kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.float64)
     reduce = splitk_reduce_mask(kernels)
-    names = kernels["norm_name"].to_pylist() if model.quant_method or moe else None
+    names = kernels["norm_name"].to_pylist() if ws.quant_method or moe else None
 
     def col(name: str, fill: int) -> np.ndarray:
         if name not in kernels.column_names:
@@ -578,18 +987,18 @@ def _model_work(
         main = members[~reduce[members]]
         split = _split(_split_of(kernels, members))
         if s == moe:
-            e_in, e_out = model.hidden_size, model.expert_intermediate_size
-            routed = t * model.num_experts_per_tok
-            touched = min(model.num_experts, routed)  # experts touched: top-k x tokens, at most all
+            e_in, e_out = ws.hidden, ws.expert_inter
+            routed = t * ws.top_k
+            touched = min(ws.experts, routed)  # experts touched: top-k x tokens, at most all
             w = 3 * e_in * e_out  # gate, up, down of each touched expert
-            wb = _weight_bytes(model, s, [names[i] for i in main] if names else [])
+            wb = _weight_bytes(ws.quant_method, s, [names[i] for i in main] if names else [])
             f_all = 2.0 * routed * w
             b_all = wb * touched * w + 2.0 * routed * (e_in + e_out) * 2
             out_n = e_in
         else:
             k_in, n_out = shapes[s]
             w = k_in * n_out / tp  # each rank holds 1/tp of the weights
-            wb = _weight_bytes(model, s, [names[i] for i in main] if names else [])
+            wb = _weight_bytes(ws.quant_method, s, [names[i] for i in main] if names else [])
             out_n = n_out / tp
             f_all = 2.0 * t * w
             # A and the weights read; C written, or the fp32 partials when a reduce kernel follows
@@ -597,23 +1006,23 @@ def _model_work(
             b_all = wb * w + 2.0 * t * k_in + c_bytes
         for i in red:
             flops[i], nbytes[i] = reduce_work(t * out_n, split, 2.0)
-            source[i] = "model"
+            source[i] = label
         if len(main):
             share = dur[main] / dur[main].sum() if dur[main].sum() > 0 else np.full(len(main), 1 / len(main))
             flops[main] = f_all * share
             nbytes[main] = b_all * share
             for i in main:
-                source[i] = "model"
+                source[i] = label
 
 
-def _weight_bytes(model: architectures.ModelArch, stage: str, names: list[str]) -> float:
+def _weight_bytes(quant_method: str | None, stage: str, names: list[str]) -> float:
     """Bytes per weight: a 4-bit format named by the kernel (``..._bf16xbf16xmxfp4_...``), else the
     model's quantization (gpt-oss quantizes only its experts), else 2 (bf16)."""
     for nm in names:
         m = _QUANT_IN_NAME.search(nm or "")
         if m:
             return _QUANT_WEIGHT_BYTES[m.group(0).lower()]
-    q = (model.quant_method or "").lower()
+    q = (quant_method or "").lower()
     if q == "mxfp4" and stage != "moe_expert_gemm":
         return 2.0
     return _QUANT_WEIGHT_BYTES.get(q, 2.0)

@@ -6,8 +6,9 @@ Contract:
   the ``file`` it comes from and the ``fields`` its kind has. Kinds, in listing order: ``kernel``
   (``rules/kernels.toml`` in matching order, user rule files first, then the fallbacks),
   ``op`` (``rules/ops.toml``), ``annotation`` (``rules/annotations.toml``), ``attention_op``
-  (``rules/attention_ops.toml``), ``structure`` and ``phase`` (``rules/structure.toml``),
-  ``finding`` (``rules/findings.toml``).
+  (``rules/attention_ops.toml``), ``work_op`` (``rules/work_ops.toml``: what work a host op does
+  from its shapes), ``structure`` and ``phase`` (``rules/structure.toml``), ``finding``
+  (``rules/findings.toml``).
 * The fallbacks are kernel rules no file lists, each an answer the ``rule_id`` / ``stage_rule``
   columns can carry: the taxonomy's unclassified rule id (no rule matched), :data:`MEM_KIND_RULE_ID`
   (a memcpy / memset classified by its activity kind) and
@@ -34,6 +35,7 @@ from analyzer.knowledge.annotations import ANNOTATIONS_TOML, load_annotation_pat
 from analyzer.knowledge.finding_settings import FINDINGS_TOML, load_finding_settings
 from analyzer.knowledge.op_hints import OPS_TOML, load_op_hint_rules
 from analyzer.knowledge.structure_rules import STRUCTURE_TOML, load_structure
+from analyzer.knowledge.work_ops import WORK_OPS_TOML, load_work_ops
 from analyzer.paths import RULES_DIR
 
 __all__ = [
@@ -47,7 +49,7 @@ __all__ = [
     "rule_catalogue",
 ]
 
-KINDS = ("kernel", "op", "annotation", "attention_op", "structure", "phase", "finding")
+KINDS = ("kernel", "op", "annotation", "attention_op", "work_op", "structure", "phase", "finding")
 #: the rule id of a memcpy / memset row classified by its activity kind (analyses/classify.py)
 MEM_KIND_RULE_ID = "MEM_KIND"
 #: the structure-rule cases (sqlfluff's ``std_rule_cases``): beside ``rules/`` in a checkout
@@ -183,6 +185,26 @@ def _other_entries() -> list[RuleEntry]:
     for e in loader.load(path, _attention_entries):
         fields = {k: v for k, v in e.items() if k != "id"}
         out.append(RuleEntry(e["id"], "attention_op", _line(e["note"]), loader.display(path), fields))
+    for w in load_work_ops().entries():
+        fields: dict[str, Any] = {
+            "section": _work_section(w),
+            "note": w.note,
+            "source": w.source,
+            "cases": list(w.cases),
+        }
+        if hasattr(w, "names"):
+            fields["names"] = list(w.names)
+        if hasattr(w, "pattern"):
+            fields["pattern"] = w.pattern.pattern
+        out.append(
+            RuleEntry(
+                w.id,
+                "work_op",
+                _line(f"{fields['section']}: {w.note}"),
+                loader.display(WORK_OPS_TOML),
+                fields,
+            )
+        )
     know = load_structure()
     for r in know.rules:
         out.append(
@@ -214,6 +236,14 @@ def _other_entries() -> list[RuleEntry]:
             )
         )
     return out
+
+
+def _work_section(entry: Any) -> str:
+    """The ``rules/work_ops.toml`` section an entry comes from."""
+    kind = getattr(entry, "kind", None)
+    if kind:
+        return str(kind)
+    return {"GemmOp": "gemm", "GatherOp": "gather", "CopyRule": "copy"}[type(entry).__name__]
 
 
 def rule_catalogue(extra_kernel_rules: Sequence[str] = ()) -> tuple[RuleEntry, ...]:

@@ -100,6 +100,7 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
             f"  note: {t['aggregate_rows']} rows are totals only (no timeline): phases and steps skip them\n"
         )
     _classification(summary, out)
+    _work(summary, out)
     _phases(summary, out)
     _stages(summary, out)
     _providers(summary, out)
@@ -110,6 +111,27 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
     _findings(summary, out)
     for w in summary.get("warnings", []):
         out.write(f"warning: {w}\n")
+
+
+_BASIS_WORDS = {"shapes": "shapes", "found": "sizes found in the trace", "model": "--model", "none": "none"}
+
+
+def _work(summary: dict[str, Any], out: TextIO) -> None:
+    """What the FLOPs and bytes rest on, by kernel time; one hint line when --model would count more."""
+    work = summary.get("work") or {}
+    basis = work.get("basis") or {}
+    if not basis:
+        return
+    parts = ", ".join(f"{_BASIS_WORDS.get(k, k)} {fmt_pct(v['share'])}" for k, v in basis.items())
+    out.write(f"  FLOPs/bytes from: {parts} of kernel time (causal prefill: half the score matrix)\n")
+    would = work.get("model_would_count")
+    none = basis.get("none")
+    if would and none:
+        out.write(
+            f"hint: {none['kernels']:,} kernels ({fmt_pct(none['share'])} of kernel time) have no FLOP count; "
+            f"--model CONFIG_OR_NAME would count the {would['kernels']:,} GEMM / expert kernels among them "
+            f"({fmt_pct(would['share'])})\n"
+        )
 
 
 def _phases(summary: dict[str, Any], out: TextIO) -> None:
@@ -179,7 +201,14 @@ def _rate(r: dict[str, Any]) -> str:
         val = f"{r['achieved_tbps']:.2f} TB/s"
     else:
         return "-"
-    return val + (f" ({100 * pct:.0f}%)" if pct is not None else "")
+    # a rate not from the ops' own shapes names its basis: sizes found in the trace, or --model
+    other = [_BASIS_SHORT[b] for b in r.get("basis") or [] if b in _BASIS_SHORT]
+    return (
+        val + (f" ({100 * pct:.0f}%)" if pct is not None else "") + (f" [{'+'.join(other)}]" if other else "")
+    )
+
+
+_BASIS_SHORT = {"found": "found sizes", "model": "--model"}
 
 
 def _rate_from(r: dict[str, Any], rate: str) -> str:

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from analyzer.analyses.classify import classification_shares
 from analyzer.analyses.ranks import rank_summary
+from analyzer.analyses.roofline import CAUSAL_CONVENTION, FLOPS_SOURCES
 from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.knowledge.taxonomy import PHASES
 from analyzer.pipeline import Analysis
@@ -82,6 +83,7 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
             gpu=analysis.gpu,
         ),
         "unclassified": unclassified(df, total),
+        "work": work_basis(analysis, total),
         "barrier_packets": barrier_packets(df, total),
         "classification": {
             **classification_shares(df["stage_source"], df["dur_ns"]),
@@ -123,6 +125,7 @@ def _decoded_tiles(rows: list[dict[str, Any]], kernels: Any) -> None:
 # what roofline_fields and _dominant_bound read
 _RATE_COLUMNS = (
     "dur_ns",
+    "flops_source",
     "flops",
     "bytes",
     "achieved_tflops",
@@ -323,6 +326,7 @@ def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[
             "intensity": None,
             "pct_of_peak": None,
             "bound": _dominant_bound(g),
+            "basis": None,
             **invalid,
         }
     fl = g["flops"].to_numpy(np.float64, na_value=np.nan)
@@ -343,8 +347,16 @@ def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[
         "intensity": flops / nbytes if flops is not None and nbytes else None,
         "pct_of_peak": float(np.average(pct[has_pct], weights=w)) if len(w) and w.sum() > 0 else None,
         "bound": _dominant_bound(g),
+        "basis": _basis(g["flops_source"][known]) if "flops_source" in g else None,
         **invalid,
     }
+
+
+def _basis(sources: pd.Series) -> list[str] | None:
+    """What the rated kernels' numbers rest on (``flops_source`` values, in FLOPS_SOURCES order)."""
+    seen = set(sources.astype(str))
+    got = [s for s in FLOPS_SOURCES if s in seen]
+    return got or None
 
 
 def _nan_sum(values: np.ndarray) -> float | None:
@@ -414,7 +426,16 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
     if "flops" in df:
         # only the columns used here: a copy of the whole frame costs far more per kernel
         df = df[
-            [*keys, "count", "dur_ns", "flops", "bytes", "pct_of_peak", *(["bound"] if "bound" in df else [])]
+            [
+                *keys,
+                "count",
+                "dur_ns",
+                "flops",
+                "bytes",
+                "pct_of_peak",
+                *(["bound"] if "bound" in df else []),
+                *(["flops_source"] if "flops_source" in df else []),
+            ]
         ]
         if bad.any():  # invalid kernels' numbers are not rates: out of the sums
             ok = pd.Series(~bad, index=df.index)
@@ -440,7 +461,15 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
         # a group without a single number has no sum (NaN), not 0
         agg["flops"] = agg["flops"].where(agg["flops_n"] > 0)
         agg["bytes"] = agg["bytes"].where(agg["bytes_n"] > 0)
+        basis: dict[tuple, list[str]] = {}
+        if "flops_source" in df:
+            for key, n in (
+                df[known].groupby([*keys, "flops_source"], observed=True, sort=False).size().items()
+            ):
+                if n:
+                    basis.setdefault(tuple(key[:-1]), []).append(str(key[-1]))
     else:
+        basis = {}
         agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"), time_ns=("dur_ns", "sum")
         )
@@ -469,6 +498,7 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
                 "bound": bounds.get(tuple(key), "unknown")
                 if "bound" in df and df["bound"].notna().any()
                 else None,
+                "basis": [b for b in FLOPS_SOURCES if b in basis.get(tuple(key), ())] or None,
                 "invalid_kernels": reasons.get(tuple(key), (0, None))[0],
                 "invalid_reason": reasons.get(tuple(key), (0, None))[1],
             }
@@ -494,7 +524,7 @@ def top_kernels(
     # the columns a row reads: each top group's rows are taken out of this narrower frame
     df = only_columns(df, "group_key", "dur_ns", "stage", "phase", "norm_name", "provider", "rule_id",
                       "stage_rule", "count", "tile_m", "tile_n", "tile_k", "split_k", "flops", "bytes", "pct_of_peak",
-                      "bound", "category")  # fmt: skip
+                      "bound", "category", "flops_source")  # fmt: skip
     groups = df.groupby("group_key", observed=True)
     tot = groups["dur_ns"].sum()
     tot = tot.reset_index().sort_values(["dur_ns", "group_key"], ascending=[False, True])
@@ -596,6 +626,63 @@ def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["norm_name"]))
     return rows
+
+
+def work_basis(analysis: Analysis, total: int) -> dict[str, Any]:
+    """What the FLOPs and bytes rest on (DESIGN §5): kernel time by ``flops_source``, the kernels
+    without numbers by the reason (``uncounted``) with their largest stages, the sizes that counted
+    kernels without shapes (per input), the causal convention, and the kernels ``--model`` would
+    count (``model_would_count``: GEMM-role and expert kernels without shapes in a run where no
+    sizes were found; the ``analyze`` hint). Read from the kernels table (the frame leaves these
+    columns out)."""
+    k = analysis.kernels
+    cols = [c for c in ("flops_source", "uncounted", "stage", "dur_ns", "count") if c in k.column_names]
+    if "flops_source" not in cols or "dur_ns" not in cols:
+        return {
+            "causal": CAUSAL_CONVENTION,
+            "basis": {},
+            "uncounted": [],
+            "sizes": {},
+            "model_would_count": None,
+        }
+    t = k.select(cols)
+    if "count" not in cols:
+        t = t.append_column("count", pa.array(np.ones(t.num_rows, np.int64)))
+
+    def grouped(keys: list[str]) -> list[dict[str, Any]]:
+        g = t.group_by(keys).aggregate([("dur_ns", "sum"), ("count", "sum")]).to_pylist()
+        return [r for r in g if all(r[x] is not None for x in keys)]
+
+    def part(time_ns: int, kernels: int) -> dict[str, Any]:
+        return {"kernels": int(kernels), "time_ns": int(time_ns), "share": time_ns / total if total else 0.0}
+
+    basis = {
+        r["flops_source"]: part(r["dur_ns_sum"], r["count_sum"])
+        for r in sorted(grouped(["flops_source"]), key=lambda r: FLOPS_SOURCES.index(r["flops_source"]))
+    }
+    uncounted = []
+    if "uncounted" in cols:
+        by_stage = grouped(["uncounted", "stage"]) if "stage" in cols else []
+        for r in grouped(["uncounted"]):
+            stages = sorted(
+                (x for x in by_stage if x["uncounted"] == r["uncounted"]), key=lambda x: -x["dur_ns_sum"]
+            )
+            uncounted.append(
+                {
+                    "reason": r["uncounted"],
+                    **part(r["dur_ns_sum"], r["count_sum"]),
+                    "stages": [x["stage"] for x in stages[:4]],
+                }
+            )
+        uncounted.sort(key=lambda r: (-r["time_ns"], r["reason"]))
+    would = next((r for r in uncounted if r["reason"] == "no_sizes"), None)
+    return {
+        "causal": CAUSAL_CONVENTION,
+        "basis": basis,
+        "uncounted": uncounted,
+        "sizes": dict(sorted(analysis.work_sizes.items())),
+        "model_would_count": {x: would[x] for x in ("kernels", "time_ns", "share")} if would else None,
+    }
 
 
 def rule_times(df: pd.DataFrame) -> dict[str, int]:

@@ -15,7 +15,6 @@ FRAME_SKIP = frozenset(
         "launch_op_id",
         "bytes_recorded",
         "launch_api",
-        "flops_source",
         "block_y",
         "block_z",
         "tile_k",

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from analyzer.model import dict_isin, dict_strings
 from analyzer.tables import lookup
 
-__all__ = ["distinct_op_shapes", "enclosing_op", "forget_launching_ops", "launching_op_rows"]
+__all__ = ["distinct_op_shapes", "enclosing_op", "following_ops", "forget_launching_ops", "launching_op_rows"]
 
 _LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
 
@@ -127,4 +127,33 @@ def enclosing_op(host_ops: pa.Table, outer_rows: np.ndarray, op_rows: np.ndarray
     jj = np.where(j >= 0, j, 0)
     hit = (j >= 0) & (ogroup[jj] == inv[len(outer_rows) :]) & (oend[jj] >= qs + qd)
     out[hit] = order[jj[hit]]
+    return out
+
+
+def following_ops(host_ops: pa.Table, op_rows: np.ndarray, n: int) -> list[np.ndarray]:
+    """Per op of ``op_rows``: the rows of the next ``n`` cpu_ops on its thread (same input and
+    ``tid``) that start at or after it ends, in start order (fewer at the thread's end)."""
+    out: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(len(op_rows))]
+    if not len(op_rows) or host_ops.num_rows == 0:
+        return out
+    op_rows = np.asarray(op_rows, np.int64)
+    take = pa.array(op_rows)
+    qt = host_ops["trace_id"].take(take).to_numpy(zero_copy_only=False).astype(np.int64)
+    qh = host_ops["tid"].take(take).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    qe = (host_ops["start_ns"].take(take).fill_null(0).to_numpy(zero_copy_only=False)
+          + host_ops["dur_ns"].take(take).fill_null(0).to_numpy(zero_copy_only=False)).astype(np.int64)  # fmt: skip
+    threads = set(zip(qt.tolist(), qh.tolist(), strict=True))
+    cand = np.flatnonzero(dict_isin(host_ops["category"], ["cpu_op"]))
+    ct = host_ops["trace_id"].take(pa.array(cand)).to_numpy(zero_copy_only=False).astype(np.int64)
+    ch = host_ops["tid"].take(pa.array(cand)).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    cs = (
+        host_ops["start_ns"].take(pa.array(cand)).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    )
+    for t, h in threads:
+        on = np.flatnonzero((ct == t) & (ch == h))
+        order = on[np.argsort(cs[on], kind="stable")]
+        starts, rows = cs[order], cand[order]
+        for i in np.flatnonzero((qt == t) & (qh == h)).tolist():
+            j = int(np.searchsorted(starts, qe[i], side="left"))
+            out[i] = rows[j : j + n]
     return out
