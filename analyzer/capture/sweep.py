@@ -80,11 +80,13 @@ from typing import Any
 
 #: the sweep's capture settings (a prefill of BATCH x PROMPT tokens, NEW_TOKENS - 1 decode steps)
 BATCH, PROMPT, NEW_TOKENS = 2, 32, 4
+#: the fewest query heads a shrunk config keeps (some models split heads in groups of 4: CodeGen)
+MIN_HEADS = 4
 #: the most layers a cut keeps (a longer pattern is cut here, and the meta says so)
 MAX_LAYERS = 12
 #: size caps: on the device, and --tiny (CPU debugging)
 CAPS = {
-    "device": {"params_per_layer": 200_000_000, "experts": 32, "vocab": 65_536},
+    "device": {"params_per_layer": 250_000_000, "experts": 32, "vocab": 65_536},
     "tiny": {"params_per_layer": 2_000_000, "experts": 8, "vocab": 1_024},
 }
 SWEEP_JSON = "sweep.json"
@@ -344,11 +346,12 @@ def scale_widths(d: dict[str, Any], f: float) -> dict[str, Any]:
             kv_key = next((k for k, v in level.items() if _KV_HEADS.match(k) and _is_int(v) and v > 0), None)
             kv = level[kv_key] if kv_key else None
             if kv and 1 < kv < heads and heads % kv == 0:
-                new_kv = _divisor_below(kv, kv * f)
-                new_heads = new_kv * (heads // kv)
+                group = heads // kv  # at least MIN_HEADS query heads (or the default's count)
+                new_kv = _divisor_below(kv, max(kv * f, -(-min(MIN_HEADS, heads) // group)))
+                new_heads = new_kv * group
                 _set(over, (*parent, kv_key), new_kv)
             else:
-                new_heads = _divisor_below(heads, heads * f)
+                new_heads = _divisor_below(heads, max(heads * f, min(MIN_HEADS, heads)))
                 if kv and kv == heads:
                     _set(over, (*parent, kv_key), new_heads)
             _set(over, (*parent, heads_key), new_heads)
@@ -375,9 +378,15 @@ def scale_widths(d: dict[str, Any], f: float) -> dict[str, Any]:
 
 
 def _divisor_below(n: int, target: float) -> int:
-    """The largest divisor of ``n`` at most ``target`` (at least 1): a head count that divides the
-    default keeps every divisibility the model asks of it."""
-    return max((d for d in range(1, n + 1) if n % d == 0 and d <= max(1.0, target)), default=1)
+    """The largest divisor of ``n`` at most ``target`` (else the smallest above it; where the largest
+    below is under half the target, the target itself): a head count that divides the default
+    keeps every divisibility the model asks of it."""
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    below = [d for d in divisors if d <= target]
+    if not below:
+        return min(d for d in divisors if d >= target)
+    # a count with no divisor near the target (71 heads) shrinks by the factor instead
+    return max(below) if max(below) * 2 >= target else max(1, int(target))
 
 
 def cap_experts(d: dict[str, Any], cap: int, f: float = 1.0) -> dict[str, Any]:
@@ -725,6 +734,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{t}: {rows[t]['status']} {rows[t].get('reason', '')} {rows[t].get('error', '')}", flush=True
             )
+        _write_index(out, rows, a)
     else:
         with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
             futs = {pool.submit(_run_one, t, out, a.device, a.tiny, a.timeout, a.xz): t for t in types}
@@ -736,16 +746,7 @@ def main(argv: list[str] | None = None) -> int:
                     or f"{row.get('seconds', '')}s {row.get('trace_bytes', 0) / 1e6:.2f}MB"
                 )
                 print(f"{row['model_type']}: {row['status']} {row.get('reason', '')} {extra}", flush=True)
-    doc = {
-        "format_version": FORMAT_VERSION,
-        "device": a.device,
-        "tiny": a.tiny,
-        "settings": {"batch": BATCH, "prompt": PROMPT, "new_tokens": NEW_TOKENS, "max_layers": MAX_LAYERS},
-        "caps": CAPS["tiny" if a.tiny else "device"],
-        "versions": _versions(),
-        "types": [rows[t] for t in sorted(rows)],
-    }
-    (out / SWEEP_JSON).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+                _write_index(out, rows, a)  # as it goes: a run stopped early keeps what it has
     counts: dict[str, int] = {}
     for r in rows.values():
         counts[r["status"]] = counts.get(r["status"], 0) + 1
@@ -775,6 +776,19 @@ def store(src: Path, dst: Path) -> int:
     (dst / SWEEP_JSON).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
     print(f"stored {sum(r['status'] == 'captured' for r in doc['types'])} traces in {dst}")
     return 0
+
+
+def _write_index(out: Path, rows: dict[str, dict[str, Any]], a: argparse.Namespace) -> None:
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "device": a.device,
+        "tiny": a.tiny,
+        "settings": {"batch": BATCH, "prompt": PROMPT, "new_tokens": NEW_TOKENS, "max_layers": MAX_LAYERS},
+        "caps": CAPS["tiny" if a.tiny else "device"],
+        "versions": _versions(),
+        "types": [rows[t] for t in sorted(rows)],
+    }
+    (out / SWEEP_JSON).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
 
 
 def _versions() -> dict[str, str]:
