@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 #: the sweep's capture settings (a prefill of BATCH x PROMPT tokens, NEW_TOKENS - 1 decode steps)
-BATCH, PROMPT, NEW_TOKENS = 2, 32, 4
+BATCH, PROMPT, NEW_TOKENS = 2, 16, 3
 #: the fewest query heads a shrunk config keeps (some models split heads in groups of 4: CodeGen)
 MIN_HEADS = 4
 #: the most layers a cut keeps (a longer pattern is cut here, and the meta says so)
@@ -541,7 +541,7 @@ def plan(model_type: str, tiny: bool = False) -> dict[str, Any]:
         status="planned",
         reason="",
         config=config,
-        layers=lp["layers"],
+        layers=lp["layers"] or counts["layer_list"],  # no layer count in the config: the built list
         default_layers=lp.get("default_layers"),
         pattern=lp["components"],
         cut_note=lp["note"],
