@@ -287,7 +287,9 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['type']} | {t.get('layers', '')} | {params} | {_kinds(t)} "
             f"| {_pct(r['stage']['agreement'])} | {_pct(r['category']['agreement'])} "
-            f"| {_pct(r['phase']['agreement'])} | {len(telling_warnings(r))} | {_worst(r)} |"
+            f"| {_pct(r['phase']['agreement'])} | {len(telling_warnings(r))} | {_worst(r)}"
+            + (f" **Truth:** {t['truth_note']}" if t.get("truth_note") else "")
+            + " |"
         )
     return head + "\n".join(lines) + "\n"
 

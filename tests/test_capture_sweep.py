@@ -180,3 +180,11 @@ def test_expert_weight_gathers_get_their_own_range(tmp_path: Path) -> None:
         if e.get("cat") == "cpu_op" and any(r["ts"] <= e["ts"] <= r["ts"] + r["dur"] for r in ranges)
     }
     assert "aten::index" in inside and not any("mm" in n for n in inside)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "head"), [("biogpt", "output_projection"), ("bert-generation", "lm_head.decoder")]
+)
+def test_the_lm_head_is_the_output_embedding_whatever_its_name(model_type: str, head: str) -> None:
+    pytest.importorskip("transformers")
+    assert _regions(model_type)[head] == "lm_head"

@@ -230,6 +230,11 @@ def module_regions(model: nn.Module) -> dict[nn.Module, str]:
             visit(child, cname, sub, is_list)
 
     visit(model, "", (), False)
+    # the LM head is the model's output embedding, whatever it is called (`output_projection`,
+    # `embed_out`, a `decoder` inside an `lm_head` module ...)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, nn.Module) and out.get(head) in (None, "lm_head"):
+        out[head] = "lm_head"
     return out
 
 
