@@ -57,10 +57,13 @@ and convolution widths stay. Expert counts stay a multiple of the expert groups 
 the top-k. ``--tiny`` uses far smaller caps to try every type on a CPU in minutes.
 
 ``python -m analyzer.capture.sweep OUT_DIR [--jobs N] [--only TYPE,...] [--device cuda|cpu] [--tiny]
-[--plan]`` writes ``OUT_DIR/<type>/trace.json.gz`` + ``meta.json`` for each captured type and
-``OUT_DIR/sweep.json``: every type of the mapping with its status (``captured``, ``skipped``,
-``excluded``), its reason or error, its config overrides and parameter counts. ``--plan`` builds
-each config on the meta device only (no capture). Imports torch and transformers only.
+[--xz] [--timeout S]`` captures each type in a process of its own (a crash or a hang costs only that
+type) into ``OUT_DIR/<type>/trace.json.gz`` (``.xz`` with ``--xz``) + ``meta.json``, and keeps
+``OUT_DIR/sweep.json`` up to date as types finish: every type of the mapping with its status
+(``captured``, ``skipped``, ``excluded``, ``alias``), its reason or error, its config overrides,
+layers and parameter counts. ``--plan`` only decides and builds each config on the meta device (no
+capture); ``--store FROM`` copies a sweep's output FROM into OUT_DIR the way ``fixtures/sweep``
+keeps it. Imports torch and transformers only.
 """
 
 from __future__ import annotations
