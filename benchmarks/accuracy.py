@@ -6,6 +6,8 @@
     python benchmarks/accuracy.py --engines  # engine traces without their annotations (docs table too)
     python benchmarks/accuracy.py --flops    # FLOPs against PyTorch's own counter, every zoo case
                                              # (needs torch + transformers; docs/roofline-validation.md)
+    python benchmarks/accuracy.py --sweep    # every swept model type (fixtures/sweep): its docs table
+    python benchmarks/accuracy.py --sweep --pin --only llama,mamba2   # ... pin tests/data/sweep_accuracy.json
 
 The pinned numbers are floors: tests/test_accuracy.py fails when a case gets worse, so later work can
 only raise them (re-pin after an improvement).
@@ -14,8 +16,14 @@ only raise them (re-pin after an improvement).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import lzma
+import re
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +53,15 @@ FLOPS_BEGIN = "<!-- flops-table:begin (benchmarks/accuracy.py --flops) -->"
 FLOPS_END = "<!-- flops-table:end -->"
 # our own fixtures with engine annotations (the zoo's lkm::step traces are scored by the zoo table)
 OWN_ENGINE_TRACES: list[str] = []
+SWEEP = ROOT / "fixtures" / "sweep"
+SWEEP_PINS = ROOT / "tests" / "data" / "sweep_accuracy.json"
+# the coverage warning every generate capture carries (the ops before the first forward): not a
+# warning about the stages, so the sweep's warned / silent counts leave it out
+ROUTINE_WARNING = re.compile(r"GPU activities \(.*\) are outside every step")
+SWEEP_BEGIN, SWEEP_END = (
+    "<!-- sweep-table:begin (benchmarks/accuracy.py --sweep) -->",
+    "<!-- sweep-table:end -->",
+)
 
 
 def cases() -> list[Path]:
@@ -245,6 +262,134 @@ def pins(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------- the sweep
+
+
+def sweep_index() -> dict[str, Any]:
+    """``fixtures/sweep/sweep.json``: every model type of the causal-LM mapping, its status and plan."""
+    return json.loads((SWEEP / "sweep.json").read_text(encoding="utf-8"))
+
+
+@contextlib.contextmanager
+def sweep_trace(model_type: str) -> Iterator[str]:
+    """The path of a swept type's trace as the readers take it (the committed ``.json.xz``
+    decompressed into a temporary file: the readers take plain or gzip JSON)."""
+    src = SWEEP / model_type / "trace.json.xz"
+    with tempfile.TemporaryDirectory() as tmp:
+        dst = Path(tmp) / "trace.json"
+        with lzma.open(src, "rb") as f, open(dst, "wb") as g:
+            shutil.copyfileobj(f, g, 1 << 20)
+        yield str(dst)
+
+
+def check_swept(model_type: str, worst: int = 3) -> dict[str, Any]:
+    from analyzer.cli.check_cmd import check_trace
+
+    with sweep_trace(model_type) as path:
+        r = check_trace(path, worst=worst)
+    r["trace"] = f"fixtures/sweep/{model_type}/trace.json.xz"
+    return r
+
+
+def measure_sweep(only: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per type of the sweep index: ``check`` on the captured ones, the reason on the rest."""
+    rows = []
+    for t in sweep_index()["types"]:
+        if only and t["model_type"] not in only:
+            continue
+        row: dict[str, Any] = {"type": t["model_type"], "index": t, "report": None}
+        if t["status"] == "captured" and (SWEEP / t["model_type"] / "trace.json.xz").is_file():
+            row["report"] = check_swept(t["model_type"])
+            print(f"{t['model_type']}: stage {_pct(row['report']['stage']['agreement'])}", file=sys.stderr)
+        rows.append(row)
+    return rows
+
+
+def telling_warnings(r: dict[str, Any]) -> list[str]:
+    """The analysis's warnings but the routine one (ROUTINE_WARNING)."""
+    return [w for w in r.get("warnings") or [] if not ROUTINE_WARNING.search(w)]
+
+
+def _stage(row: dict[str, Any]) -> float:
+    r = row["report"]
+    return (r["stage"]["agreement"] or 0.0) if r else 2.0
+
+
+def sweep_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counts the issue's targets are stated in (stage / category / phase shares, warned or not)."""
+    done = [r["report"] for r in rows if r["report"]]
+
+    def n(pred: Any) -> int:
+        return sum(1 for r in done if pred(r))
+
+    status: dict[str, int] = {}
+    for r in rows:
+        status[r["index"]["status"]] = status.get(r["index"]["status"], 0) + 1
+    return {
+        "types": len(rows),
+        "status": status,
+        "captured": len(done),
+        "stage_99": n(lambda r: (r["stage"]["agreement"] or 0) >= 0.99),
+        "stage_97": n(lambda r: (r["stage"]["agreement"] or 0) >= 0.97),
+        "category_995": n(lambda r: (r["category"]["agreement"] or 0) >= 0.995),
+        "phase_decided_995": n(lambda r: (r["phase"]["decided_agreement"] or 0) >= 0.995),
+        "phase_undecided": n(lambda r: (r["phase"]["undecided"] or 0) > 0),
+        "warned": n(lambda r: bool(telling_warnings(r))),
+        "below_97_silent": n(lambda r: (r["stage"]["agreement"] or 0) < 0.97 and not telling_warnings(r)),
+        "above_99_warned": n(lambda r: (r["stage"]["agreement"] or 0) >= 0.99 and bool(telling_warnings(r))),
+    }
+
+
+def _kinds(t: dict[str, Any]) -> str:
+    pat = [p.split(".")[-1] for p in t.get("pattern") or []]
+    return ", ".join(sorted(set(pat)))
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    s = sweep_summary(rows)
+    st = s["status"]
+    head = (
+        f"{s['types']} model types in the causal-LM mapping: {st.get('captured', 0)} captured, "
+        f"{st.get('skipped', 0)} skipped, {st.get('excluded', 0)} excluded, {st.get('alias', 0)} aliases. "
+        f"Of the {s['captured']} captured: stage >= 99% on {s['stage_99']}, >= 97% on {s['stage_97']}; "
+        f"category >= 99.5% on {s['category_995']}; phase >= 99.5% where decided on {s['phase_decided_995']} "
+        f"(some kernel time left `unknown` on {s['phase_undecided']}). The analysis warned (a warning besides "
+        f"the routine 'outside every step' one) on {s['warned']}: below 97% stage and silent "
+        f"{s['below_97_silent']}, >= 99% and warned {s['above_99_warned']}.\n\n"
+    )
+    lines = [
+        "| type | layers | params | pattern | stage % | category % | phase % | warnings | worst kernels / reason |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for row in sorted(rows, key=lambda x: (_stage(x), x["type"])):
+        t, r = row["index"], row["report"]
+        if r is None:
+            why = t.get("reason", "") + (f": `{t['error']}`" if t.get("error") else "")
+            lines.append(f"| {row['type']} | | | | | | | | {t['status']}: {why.replace('|', '/')} |")
+            continue
+        params = f"{t.get('params', 0) / 1e6:.0f}M"
+        lines.append(
+            f"| {row['type']} | {t.get('layers', '')} | {params} | {_kinds(t)} "
+            f"| {_pct(r['stage']['agreement'])} | {_pct(r['category']['agreement'])} "
+            f"| {_pct(r['phase']['agreement'])} | {len(telling_warnings(r))} | {_worst(r)}"
+            + (f" **Truth:** {t['truth_note']}" if t.get("truth_note") else "")
+            + " |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def sweep_pins(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        row["type"]: {
+            **{k: row["report"][k]["agreement"] for k in ("stage", "category", "phase")},
+            "phase_decided": row["report"]["phase"]["decided_agreement"],
+            "phase_undecided": row["report"]["phase"]["undecided"],
+        }
+        for row in sorted(rows, key=lambda x: x["type"])
+        if row["report"]
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pin", action="store_true", help="write tests/data/zoo_accuracy.json")
@@ -256,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--flops", action="store_true", help="FLOPs against PyTorch's own counter instead (needs torch)"
     )
+    p.add_argument("--sweep", action="store_true", help="every swept model type (fixtures/sweep) instead")
+    p.add_argument("--only", default="", help="--sweep: only these types (comma-separated)")
+    p.add_argument("--json", dest="json_out", help="--sweep: also write the rows and summary here")
     a = p.parse_args(argv)
     if a.flops:
         text = flops_table(flops_rows())
@@ -264,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             write_doc(text, FLOPS_BEGIN, FLOPS_END, FLOPS_DOC)
             print(f"wrote {FLOPS_DOC.relative_to(ROOT)}", file=sys.stderr)
         return 0
+    if a.sweep:
+        return _main_sweep(a)
     if a.engines:
         text = engine_table(engine_rows())
         print(text)
@@ -283,6 +433,30 @@ def main(argv: list[str] | None = None) -> int:
         PINS.parent.mkdir(parents=True, exist_ok=True)
         PINS.write_text(json.dumps(pins(rows), indent=1, sort_keys=True) + "\n", encoding="utf-8")
         print(f"wrote {PINS.relative_to(ROOT)}", file=sys.stderr)
+    return 0
+
+
+def _main_sweep(a: argparse.Namespace) -> int:
+    only = [t for t in a.only.split(",") if t]
+    rows = measure_sweep(only or None)
+    text = sweep_table(rows)
+    print(text)
+    if a.json_out:
+        doc = {
+            "summary": sweep_summary(rows),
+            "rows": [{"type": r["type"], "report": r["report"]} for r in rows],
+        }
+        Path(a.json_out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    if not a.no_docs and not only:
+        write_doc(text, SWEEP_BEGIN, SWEEP_END)
+        print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+    if a.pin:
+        pins = sweep_pins(rows)
+        if only and SWEEP_PINS.is_file():
+            pins = {**json.loads(SWEEP_PINS.read_text(encoding="utf-8")), **pins}
+        SWEEP_PINS.parent.mkdir(parents=True, exist_ok=True)
+        SWEEP_PINS.write_text(json.dumps(pins, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {SWEEP_PINS.relative_to(ROOT)}", file=sys.stderr)
     return 0
 
 

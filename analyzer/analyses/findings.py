@@ -506,7 +506,9 @@ def _graph_share(ctx: RunFrame, phase: str) -> float:
 
 def moe_gate_sort_share(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
     """MoE routing (the ``moe_gate_sort`` category: top-k, sort, accumulate) taking more than
-    ``max_share`` of a phase's kernel time: routing should be a few fused microsecond kernels."""
+    ``max_share`` of a phase's kernel time: routing should be a few fused microsecond kernels.
+    A gather of the experts' weights is expert work (``moe_expert_gemm``, rules/taxonomy.toml), not
+    routing: it is not counted here, and a fused top-k and sort would not remove it."""
     df = ctx.only("phase", "category", "stage", "dur_ns", "group_key")
     out = []
     for phase in LABELLED_PHASES:

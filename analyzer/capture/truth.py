@@ -51,9 +51,14 @@ REGIONS = (
     "lm_head",
     "moe_router",
     "experts",
+    "expert_weights",
     "shared_expert",
     "moe_block",
     "attention_module",
+    "mixer",
+    "mixer_in_proj",
+    "mixer_out_proj",
+    "mixer_norm",
     "mlp",
     "layer",
     "model",
@@ -71,6 +76,14 @@ _DOWN_IN_MLP = {"c_proj", "wo", "proj", "dense"}
 _ROUTER_NAMES = {"gate", "router", "shared_expert_gate", "moe_gate"}
 _ACT_NAMES = {"act", "act_fn", "activation_fn", "activation", "act_func"}
 _LAYER_LISTS = {"layers", "h", "blocks", "layer", "decoder_layers"}
+_MIXER_OUT = _O | {"output", "linear_out", "out"}
+#: the token mixers that replace softmax attention (state-space, linear-attention, recurrent and short-
+#: convolution mixers), by their class name: Mamba-1/2 ``*Mixer`` / ``*MambaLayer``, Gated DeltaNet,
+#: Kimi's delta attention, lightning attention, short convolutions, RG-LRU blocks, RWKV time mixing, mLSTM
+_MIXER_CLS = re.compile(
+    r"(Mixer|MambaLayer|DeltaNet|DeltaAttention|LightningAttention|ShortConv\w*|RecurrentBlock|"
+    r"Rwkv\w*Attention|LSTMLayer)$"
+)
 _ROPE_FN = re.compile(r"(?i)^(apply_rotary\w*|apply_rope\w*|\w*rotary_pos_emb\w*)$")
 _ATTN_FN = re.compile(r"^\w*attention_forward$")
 _MASK_FN = re.compile(r"^create_\w*mask\w*$")
@@ -150,6 +163,14 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...]) -> str | None:
     inner = ctx[-1]
     if "experts" in ctx or "shared_expert" in ctx:  # an expert's own projections are expert work
         return "activation" if _is_activation(mod, lname) else None
+    if "mixer" in ctx:  # a mixer: its projections and norm; the rest (conv, scan, gates) is its core
+        if "norm" in low and "normal" not in low:
+            return "mixer_norm"
+        if _is_linear(mod):
+            return "mixer_out_proj" if lname in _MIXER_OUT else "mixer_in_proj"
+        return None
+    if "moe_router" in ctx:  # a router's own layers (a router MLP) are routing
+        return None
     if "rotary" in low or lname in ("rotary_emb", "rope"):
         return "rope"
     if isinstance(mod, nn.Embedding) or low.endswith("embedding") or low.endswith("embeddings"):
@@ -169,7 +190,7 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...]) -> str | None:
     if _is_linear(mod):
         if lname == "lm_head" or (inner == "model" and "head" in lname):
             return "lm_head"
-        if lname in _QKV:
+        if lname in _QKV and inner != "mlp":  # an MLP's key/value (RWKV channel mixing) is not attention
             return "qkv_proj"
         if lname in _O or (inner == "attention_module" and lname in _O_IN_ATTENTION):
             return "o_proj"
@@ -178,6 +199,8 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...]) -> str | None:
         if lname in _DOWN or (inner == "mlp" and lname in _DOWN_IN_MLP):
             return "down_proj"
         return None
+    if _MIXER_CLS.search(cls) and not name.isdigit():
+        return "mixer"
     if hasattr(mod, "experts"):
         return "moe_block"
     if low.endswith("attention") or lname in ("self_attn", "attn", "attention", "self_attention"):
@@ -207,6 +230,11 @@ def module_regions(model: nn.Module) -> dict[nn.Module, str]:
             visit(child, cname, sub, is_list)
 
     visit(model, "", (), False)
+    # the LM head is the model's output embedding, whatever it is called (`output_projection`,
+    # `embed_out`, a `decoder` inside an `lm_head` module ...)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, nn.Module) and out.get(head) in (None, "lm_head"):
+        out[head] = "lm_head"
     return out
 
 
@@ -252,6 +280,31 @@ class _AttentionFunctions:
         return getattr(self._inner, name)
 
 
+_GATHERS = frozenset({
+    torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select, torch.Tensor.gather,
+    torch.gather, torch.Tensor.take, torch.take, torch.nn.functional.embedding,
+})  # fmt: skip
+
+
+class _ExpertWeightGathers(torch.overrides.TorchFunctionMode):
+    """Puts each gather from one of ``weights`` (parameter ids) inside an ``expert_weights`` range;
+    every other torch call passes through untouched."""
+
+    def __init__(self, weights: set[int]) -> None:
+        super().__init__()
+        self.weights = weights
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _GATHERS and args and id(args[0]) in self.weights:
+            r = _Range(truth_name("expert_weights"))
+            try:
+                return func(*args, **kwargs)
+            finally:
+                r.close()
+        return func(*args, **kwargs)
+
+
 class Instrumentation:
     """Install truth ranges and step annotations on models for the duration of a ``with`` block.
 
@@ -285,6 +338,8 @@ class Instrumentation:
                 name = truth_name(region)
                 self._hooks.append(mod.register_forward_pre_hook(functools.partial(self._enter, name)))
                 self._hooks.append(mod.register_forward_hook(self._leave, always_call=True))
+                if region == "experts":
+                    self._watch_expert_weights(mod)
             for pymod in modeling_modules(model):
                 self._patch_functions(pymod)
             self._patch_cache_updates()
@@ -362,6 +417,30 @@ class Instrumentation:
         kv = (past if past is not None else (st.kv if st.seen else 0)) + q
         st.seen, st.kv = True, kv
         self.begin_step(step_name(phase, q, bs, kv, model=st.role))
+
+    def _watch_expert_weights(self, mod: nn.Module) -> None:
+        """Inside the experts module's forward, an indexing of its own weights (``gate_up_proj[ids]``:
+        the per-token gather of expert weights before a bmm) runs inside an ``expert_weights`` range.
+        The range begins after the pre-hook's ``experts`` range, so it is the innermost one."""
+        weights = {id(p) for p in mod.parameters(recurse=False)}
+        if not weights:
+            return
+        inst = self
+
+        def pre(m: nn.Module, args: Any) -> None:
+            if _compiling() or inst.suppressed:
+                return
+            mode = _ExpertWeightGathers(weights)
+            mode.__enter__()
+            m.__dict__.setdefault("_lkm_weight_modes", []).append(mode)
+
+        def post(m: nn.Module, args: Any, output: Any) -> None:
+            modes = m.__dict__.get("_lkm_weight_modes")
+            if modes:
+                modes.pop().__exit__(None, None, None)
+
+        self._hooks.append(mod.register_forward_pre_hook(pre))
+        self._hooks.append(mod.register_forward_hook(post, always_call=True))
 
     # -- patches --------------------------------------------------------------------------
 

@@ -52,6 +52,8 @@ def check_trace(
     analysis = analyze_stripped(path, keep_steps, rules, gpu, model)
     report = agreement(analysis.kernels, truth, table, worst=worst, steps=analysis.steps)
     report["steps"] = step_agreement(analysis.kernels, truth, analysis.steps, load_annotation_patterns())
+    # what the analysis said about itself: a wrong answer should come with one (issue 33)
+    report["warnings"] = list(analysis.warnings)
     return {"trace": str(path), "keep_steps": keep_steps, **report}
 
 
