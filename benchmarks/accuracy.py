@@ -6,6 +6,7 @@
     python benchmarks/accuracy.py --engines  # engine traces without their annotations (docs table too)
     python benchmarks/accuracy.py --flops    # FLOPs against PyTorch's own counter, every zoo case
                                              # (needs torch + transformers; docs/roofline-validation.md)
+    python benchmarks/accuracy.py --libraries  # the kernel-library and quantized cases (fixtures/libraries)
     python benchmarks/accuracy.py --sweep    # every swept model type (fixtures/sweep): its docs table
     python benchmarks/accuracy.py --sweep --pin --only llama,mamba2   # ... pin tests/data/sweep_accuracy.json
 
@@ -34,6 +35,7 @@ from analyzer.cli.check_cmd import check_trace  # noqa: E402
 from analyzer.report.accuracy_text import short_name  # noqa: E402
 
 ZOO = ROOT / "fixtures" / "zoo"
+LIBRARIES = ROOT / "fixtures" / "libraries"
 DOC = ROOT / "docs" / "accuracy.md"
 PINS = ROOT / "tests" / "data" / "zoo_accuracy.json"
 BEGIN, END = "<!-- zoo-table:begin (benchmarks/accuracy.py) -->", "<!-- zoo-table:end -->"
@@ -58,19 +60,21 @@ SWEEP_PINS = ROOT / "tests" / "data" / "sweep_accuracy.json"
 # the coverage warning every generate capture carries (the ops before the first forward): not a
 # warning about the stages, so the sweep's warned / silent counts leave it out
 ROUTINE_WARNING = re.compile(r"GPU activities \(.*\) are outside every step")
+LIB_BEGIN = "<!-- library-table:begin (benchmarks/accuracy.py --libraries) -->"
+LIB_END = "<!-- library-table:end -->"
 SWEEP_BEGIN, SWEEP_END = (
     "<!-- sweep-table:begin (benchmarks/accuracy.py --sweep) -->",
     "<!-- sweep-table:end -->",
 )
 
 
-def cases() -> list[Path]:
-    return sorted(p for p in ZOO.iterdir() if (p / "trace.json.gz").is_file())
+def cases(folder: Path = ZOO) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if (p / "trace.json.gz").is_file())
 
 
-def measure(keep_steps: bool = False) -> list[dict[str, Any]]:
+def measure(keep_steps: bool = False, folder: Path = ZOO) -> list[dict[str, Any]]:
     rows = []
-    for case in cases():
+    for case in cases(folder):
         r = check_trace(str(case / "trace.json.gz"), keep_steps=keep_steps, worst=3)
         meta = json.loads((case / "meta.json").read_text(encoding="utf-8"))
         rows.append({"case": case.name, "meta": meta, "report": r})
@@ -402,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         "--flops", action="store_true", help="FLOPs against PyTorch's own counter instead (needs torch)"
     )
     p.add_argument("--sweep", action="store_true", help="every swept model type (fixtures/sweep) instead")
+    p.add_argument(
+        "--libraries",
+        action="store_true",
+        help="the kernel-library and quantized cases (fixtures/libraries) instead",
+    )
     p.add_argument("--only", default="", help="--sweep: only these types (comma-separated)")
     p.add_argument("--json", dest="json_out", help="--sweep: also write the rows and summary here")
     a = p.parse_args(argv)
@@ -414,6 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.sweep:
         return _main_sweep(a)
+    if a.libraries:
+        text = table(measure(a.keep_steps, LIBRARIES))
+        print(text)
+        if not a.no_docs and not a.keep_steps:
+            write_doc(text, LIB_BEGIN, LIB_END)
+            print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+        return 0
     if a.engines:
         text = engine_table(engine_rows())
         print(text)

@@ -68,7 +68,8 @@ def test_attention_module_without_an_attention_range_is_inline_attention(table) 
 def test_truth_table_routes_gemm_and_kinds(table) -> None:
     assert table.stages("moe_router", True, "kernel") == ("moe_gate_gemm",)
     assert table.stages("moe_router", False, "kernel") == ("moe_topk",)
-    assert table.stages("qkv_proj", False, "kernel") == ("elementwise",)
+    assert table.stages("qkv_proj", False, "kernel") == ("elementwise", "quantize")
+    assert table.stages("quantize", False, "kernel") == ("quantize",)
     assert table.stages("norm", True, "kernel") == ("norm",)  # no gemm list: same as other
     assert table.stages("norm", False, "memcpy") == ("memcpy",)
     assert "sampling" in table.stages("outside_forward", False, "kernel")

@@ -102,6 +102,7 @@ def classify_and_check(
     counts: Counter = Counter()
     for seg in np.split(ordered, bounds):
         if len(seg):
+            layers.mark_activation_quantize(seg, stage, op_names, launch, why)
             layers.compose_attention(seg, stage, norm, op_names, launch, softmax, why)
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
                 stage[r] = layers.COMPOSED_ATTENTION

@@ -101,6 +101,11 @@ ATTENTION_INPUT_COPIES = _ID("attention-input-copies")
 INNER_NORMS = _ID("inner-norms")
 QK_NORM_INPUT = _ID("qk-norm-input-copy")
 OUTPUT_ROWS = _ID("output-row-gather")
+ACTIVATION_QUANTIZE = _ID("activation-quantize")
+_QUANT_GEMM_OPS = frozenset(_V("quantized_gemm_ops"))
+_QUANT_START_OPS = frozenset(_V("quantize_start_ops"))
+_QUANT_CHAIN_OPS = frozenset(_V("quantize_chain_ops"))
+_QUANT_PARTS = frozenset(_V("quantize_parts"))
 HOST_INPUTS = _ID("host-input-boundary")
 PROLOGUE_SHIFT = _ID("prologue-shift")
 SELF_CHECK = _ID("structure-self-check")
@@ -117,6 +122,32 @@ def _is_softmax(stage: str, name: str) -> bool:
         and any(w in name.lower() for w in _SOFTMAX_WORDS)
         and "backward" not in name
     )
+
+
+def mark_activation_quantize(
+    seq: np.ndarray, stage: list[str], op_names: list[str | None], launch: np.ndarray, why: Any
+) -> int:
+    """STR049: right before a quantized GEMM op (``quantized_gemm_ops``: FP8 ``_scaled_mm``, int8
+    ``_int_mm`` ...), the generic kernels of its input's quantization (launched by
+    ``quantize_chain_ops``: absolute max, scale, clamp, cast) from the first absolute-max / max op
+    on (``quantize_start_ops``) are ``quantize``, not the region they sit in. Without such a start
+    (no absolute max: a cast alone) nothing changes. Returns the kernels relabelled."""
+    rows = seq.tolist()
+    done = 0
+    for p, r in enumerate(rows):
+        if op_names[r] not in _QUANT_GEMM_OPS or (p and launch[rows[p - 1]] == launch[r]):
+            continue  # not the first kernel of a quantized GEMM op
+        q = p - 1
+        start = -1
+        while q >= 0 and op_names[rows[q]] in _QUANT_CHAIN_OPS and stage[rows[q]] in _QUANT_PARTS:
+            if op_names[rows[q]] in _QUANT_START_OPS:
+                start = q
+            q -= 1
+        for k in range(start, p) if start >= 0 else ():
+            stage[rows[k]] = "quantize"
+            why[rows[k]] = ACTIVATION_QUANTIZE
+            done += 1
+    return done
 
 
 def compose_attention(

@@ -59,6 +59,7 @@ REGIONS = (
     "mixer_in_proj",
     "mixer_out_proj",
     "mixer_norm",
+    "quantize",
     "mlp",
     "layer",
     "model",
