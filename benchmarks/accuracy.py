@@ -314,6 +314,17 @@ def telling_warnings(r: dict[str, Any]) -> list[str]:
     return [w for w in r.get("warnings") or [] if not ROUTINE_WARNING.search(w)]
 
 
+#: the analysis's warnings that speak of its stages (issue 33 item 4 counts these): the walk dropped,
+#: no LLM structure, kernels placed by position under foreign ops (STR051), GEMM roles in dispute
+STAGE_WARNING = re.compile(
+    r"layer structure not found|no LLM structure|placed by its position|GEMM roles from shapes"
+)
+
+
+def stage_warnings(r: dict[str, Any]) -> list[str]:
+    return [w for w in r.get("warnings") or [] if STAGE_WARNING.search(w)]
+
+
 def _stage(row: dict[str, Any]) -> float:
     r = row["report"]
     return (r["stage"]["agreement"] or 0.0) if r else 2.0
@@ -322,9 +333,15 @@ def _stage(row: dict[str, Any]) -> float:
 def sweep_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The counts the issue's targets are stated in (stage / category / phase shares, warned or not)."""
     done = [r["report"] for r in rows if r["report"]]
+    # traces whose truth predates a truth rule (sweep.json `truth_note`) are scored, not counted as
+    # silent: their disagreement is the truth's
+    fresh = [r["report"] for r in rows if r["report"] and not r["index"].get("truth_note")]
 
-    def n(pred: Any) -> int:
-        return sum(1 for r in done if pred(r))
+    def n(pred: Any, among: list[dict[str, Any]] = done) -> int:
+        return sum(1 for r in among if pred(r))
+
+    def silent(r: dict[str, Any]) -> bool:
+        return (r["stage"]["agreement"] or 0) < 0.97 and not stage_warnings(r)
 
     status: dict[str, int] = {}
     for r in rows:
@@ -339,8 +356,13 @@ def sweep_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "phase_decided_995": n(lambda r: (r["phase"]["decided_agreement"] or 0) >= 0.995),
         "phase_undecided": n(lambda r: (r["phase"]["undecided"] or 0) > 0),
         "warned": n(lambda r: bool(telling_warnings(r))),
-        "below_97_silent": n(lambda r: (r["stage"]["agreement"] or 0) < 0.97 and not telling_warnings(r)),
-        "above_99_warned": n(lambda r: (r["stage"]["agreement"] or 0) >= 0.99 and bool(telling_warnings(r))),
+        "stage_warned": n(lambda r: bool(stage_warnings(r))),
+        "below_97_silent": n(silent, fresh),
+        "silent_types": sorted(
+            row["type"] for row in rows if row["report"] and row["report"] in fresh and silent(row["report"])
+        ),
+        "stale_truth": len(done) - len(fresh),
+        "above_99_warned": n(lambda r: (r["stage"]["agreement"] or 0) >= 0.99 and bool(stage_warnings(r))),
     }
 
 
@@ -358,8 +380,10 @@ def sweep_table(rows: list[dict[str, Any]]) -> str:
         f"Of the {s['captured']} captured: stage >= 99% on {s['stage_99']}, >= 97% on {s['stage_97']}; "
         f"category >= 99.5% on {s['category_995']}; phase >= 99.5% where decided on {s['phase_decided_995']} "
         f"(some kernel time left `unknown` on {s['phase_undecided']}). The analysis warned (a warning besides "
-        f"the routine 'outside every step' one) on {s['warned']}: below 97% stage and silent "
-        f"{s['below_97_silent']}, >= 99% and warned {s['above_99_warned']}.\n\n"
+        f"the routine 'outside every step' one) on {s['warned']}, about its stages on {s['stage_warned']}: "
+        f"below 97% stage and silent {s['below_97_silent']} ({', '.join(s['silent_types']) or 'none'}; "
+        f"the {s['stale_truth']} traces with stale truth not counted), >= 99% and warned about its stages "
+        f"{s['above_99_warned']} of {s['stage_99']}.\n\n"
     )
     lines = [
         "| type | layers | params | pattern | stage % | category % | phase % | warnings | worst kernels / reason |",

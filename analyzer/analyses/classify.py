@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.analyses import layers, providers, shape_roles
+from analyzer.analyses import layers, providers, shape_roles, unexplained, weight_gathers
 from analyzer.analyses.layers import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.op_hints import op_hint_ids
@@ -103,6 +103,7 @@ def classify_and_check(
     for seg in np.split(ordered, bounds):
         if len(seg):
             layers.mark_activation_quantize(seg, stage, op_names, launch, why)
+            weight_gathers.mark_expert_weight_gathers(seg, stage, op_names, op_dims, topk, why, th)
             layers.compose_attention(seg, stage, norm, op_names, launch, softmax, why)
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
                 stage[r] = layers.COMPOSED_ATTENTION
@@ -119,6 +120,9 @@ def classify_and_check(
                 layer[seg] = -1
                 undecided.append(problem)
                 counts[layers.SELF_CHECK] += len(seg)
+    foreign = unexplained.foreign_ops_warning(
+        why, op_names, layer, kernels["dur_ns"].to_numpy(zero_copy_only=False), th, counts
+    )
     shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th)
     final = _stage_codes(stage, vocab)
     source = _stage_sources(by_names, final, vocab, shaped)
@@ -151,7 +155,8 @@ def classify_and_check(
             out = out.set_column(out.schema.get_field_index(name), name, arr)
         else:
             out = out.append_column(name, arr)
-    return out, [*_check_warnings(out, undecided), *([disagree] if disagree else [])]
+    extra_warnings = [w for w in (foreign, disagree) if w]
+    return out, [*_check_warnings(out, undecided), *extra_warnings]
 
 
 # --------------------------------------------------------------------------- self-check
@@ -360,7 +365,8 @@ def launching_ops(
     kernels: pa.Table, host_ops: pa.Table
 ) -> tuple[list[str | None], dict[int, Any], pa.DictionaryArray]:
     """Name of the innermost cpu_op that launched each kernel (External id), the input shapes of
-    those ops that may be embedding lookups (by kernel row), and the names again as one dictionary
+    those ops that may be embedding lookups or expert-weight gathers, and of batched GEMM ops (by
+    kernel row), and the names again as one dictionary
     column (null: no launching op) for masks tested once per distinct op (:func:`dict_isin`)."""
     n = kernels.num_rows
     found = launches.launching_op_rows(kernels, host_ops)
@@ -369,7 +375,7 @@ def launching_ops(
     ops, pos = found
     names = dict_strings(ops["name"]).take(pos)
     is_gather = pc.fill_null(
-        pc.is_in(names.dictionary, pa.array(list(_GATHER_OPS))).take(names.indices), False
+        pc.is_in(names.dictionary, pa.array(list(_SHAPED_OPS))).take(names.indices), False
     )
     rows = np.flatnonzero(is_gather.to_numpy(zero_copy_only=False))
     dims: dict[int, Any] = {}
@@ -408,6 +414,9 @@ def in_attention_front_end(
 
 _GATHER_OPS = layers.KNOWLEDGE.words("gather_ops")
 _EMBEDDING_OPS = layers.KNOWLEDGE.words("embedding_ops")
+# the ops whose input shapes the rules read: embedding lookups (STR001), expert-weight gathers and
+# the batched GEMMs after them (STR050)
+_SHAPED_OPS = sorted({*_GATHER_OPS, *weight_gathers.WEIGHT_GATHER_OPS, *weight_gathers.BATCHED_GEMM_OPS})
 _ATTENTION_FRONT_ENDS = layers.KNOWLEDGE.words("attention_front_end_ops")
 # what a kernel launched inside the SDPA front end may have been called by its name or op: generic
 # work, a GEMM (the math backend's matmuls), its softmax (an op hint says sampling)

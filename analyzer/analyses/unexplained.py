@@ -1,0 +1,89 @@
+"""Kernels the layer walk placed by position only, under host ops foreign to that place (STR051).
+
+Contract: a pure check after the walk; it changes no stage. The region defaults (STR034-STR040) and
+the expert block's dispatch / combine (STR025) give a generic kernel the stage of the place it sits
+in (between the QKV GEMM and attention: RoPE; after the last layer: sampling ...). That is right
+when the kernel does what that place does, and each place has the host ops that do it
+(``region_ops_<place>`` in ``rules/structure.toml``: RoPE's mul / cat / neg ..., an activation's
+silu / gelu ..., a norm's pow / mean / rsqrt ...). A kernel placed so whose launching op is none of
+them (a convolution or a scan's exp / cumsum / sum where RoPE should be, a recurrence's gates in a
+sampling tail) is work the rules do not know: a token mixer, a router, an indexer. Where such
+kernels take at least ``foreign_share`` of the kernel time, the analysis warns, naming the layers
+and the ops: their stages are a guess. Kernels without a launching op (graph replays, traces without
+host ops) cannot be judged and are not counted.
+"""
+
+from __future__ import annotations
+
+import array
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from analyzer.analyses.layers import KNOWLEDGE
+
+FOREIGN_OPS = KNOWLEDGE.code_of("foreign-op-in-region")
+#: rule code of a position-only decision -> the host ops that do that place's work
+_PLACES = {
+    KNOWLEDGE.code_of(name): frozenset(KNOWLEDGE.set_of(f"region_ops_{place}"))
+    for name, place in (
+        ("region-attn-in", "attn_in"),
+        ("region-attn", "attn"),
+        ("region-attn-out", "norm"),
+        ("region-mlp-in", "mlp_in"),
+        ("region-mlp-out", "norm"),
+        ("region-moe", "moe"),
+        ("moe-block", "moe"),
+        ("region-tail", "tail"),
+    )
+}
+
+
+def foreign_ops_warning(
+    why: Sequence[int] | np.ndarray,
+    op_names: Sequence[str | None],
+    layer: np.ndarray,
+    dur: np.ndarray,
+    th: Any,
+    fired: Counter | None = None,
+) -> str | None:
+    """The warning for kernels placed by position under foreign ops, or None below the share."""
+    codes = np.frombuffer(why, np.int16) if isinstance(why, array.array) else np.asarray(why, np.int64)
+    dur = np.nan_to_num(np.asarray(dur, dtype=np.float64))
+    placed = np.flatnonzero(np.isin(codes, list(_PLACES)))
+    total = float(dur.sum())
+    if not len(placed) or total <= 0:
+        return None
+    foreign_ns = 0.0
+    by_op: Counter = Counter()
+    layers: set[int] = set()
+    n = 0
+    for r in placed.tolist():
+        op = op_names[r]
+        if op is None or op in _PLACES[int(codes[r])]:
+            continue
+        d = float(dur[r])
+        foreign_ns += d
+        by_op[op] += d
+        n += 1
+        if layer[r] >= 0:
+            layers.add(int(layer[r]))
+    if fired is not None and n:
+        fired[FOREIGN_OPS] += n
+    share = foreign_ns / total
+    if share < float(th.foreign_share):
+        return None
+    ops = ", ".join(op for op, _ in by_op.most_common(4))
+    where = _layers(sorted(layers)) if layers else "outside the layers"
+    return (
+        f"{100 * share:.1f}% of kernel time ({n} kernels) was placed by its position in a layer only, "
+        f"under host ops that do not do that place's work ({ops}; {where}): work the structure rules "
+        "do not know (a token mixer, a router or indexer), so the stages there are a guess"
+    )
+
+
+def _layers(ids: list[int]) -> str:
+    shown = ", ".join(str(i) for i in ids[:6])
+    return f"layer{'s' if len(ids) > 1 else ''} {shown}{' ...' if len(ids) > 6 else ''}"

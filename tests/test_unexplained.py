@@ -1,0 +1,73 @@
+"""STR051 (analyzer/analyses/unexplained.py): kernels placed by position only under host ops foreign to
+that place make the analysis warn, naming layers and ops; kernels doing that place's work do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from analyzer.analyses.layers import KNOWLEDGE
+from analyzer.analyses.unexplained import foreign_ops_warning
+
+ROOT = Path(__file__).resolve().parents[1]
+TH = SimpleNamespace(foreign_share=0.005)
+ATTN_IN = KNOWLEDGE.code_of("region-attn-in")
+TAIL = KNOWLEDGE.code_of("region-tail")
+ROPE = KNOWLEDGE.code_of("rotary-module")
+
+
+def _warn(why, ops, dur, layer=None):
+    layer = np.zeros(len(ops), np.int64) if layer is None else np.asarray(layer)
+    return foreign_ops_warning(why, ops, layer, np.asarray(dur, float), TH)
+
+
+def test_ropes_own_ops_placed_by_position_are_no_warning() -> None:
+    assert (
+        _warn([ATTN_IN] * 4, ["aten::mul", "aten::neg", "aten::cat", "aten::add"], [10, 10, 10, 10]) is None
+    )
+
+
+def test_a_convolution_where_rope_should_be_is_named_with_its_layer() -> None:
+    # GIVEN a causal convolution and a scan's exp placed as RoPE in layer 3, a third of the time
+    why = [ATTN_IN, ATTN_IN, ATTN_IN, ROPE]
+    ops = ["aten::_conv_depthwise2d", "aten::exp", "aten::mul", "aten::mul"]
+    w = _warn(why, ops, [20, 10, 30, 30], layer=[3, 3, 3, 3])
+    # THEN the warning names the share, the ops and the layer
+    assert w is not None and "33.3%" in w and "aten::_conv_depthwise2d" in w and "layer 3" in w
+
+
+@pytest.mark.parametrize(
+    ("why", "ops", "dur"),
+    [
+        ([TAIL, TAIL], ["aten::sum", "aten::argmax"], [1, 999]),  # under the share
+        ([ROPE, ROPE], ["aten::exp", "aten::exp"], [10, 10]),  # decided by a rule, not by position
+        ([ATTN_IN], [None], [10]),  # no launching op: cannot be judged
+    ],
+)
+def test_no_warning_below_the_share_for_rules_or_without_host_ops(why, ops, dur) -> None:
+    assert _warn(why, ops, dur) is None
+
+
+@pytest.mark.parametrize(
+    ("trace", "warns"),
+    [
+        ("fixtures/libraries/fla-qwen3-next-bf16/trace.json.gz", True),  # Gated DeltaNet hybrid
+        ("fixtures/libraries/fla-olmo-hybrid-bf16/trace.json.gz", True),
+        ("fixtures/zoo/llama-sdpa-bf16/trace.json.gz", False),
+        ("fixtures/zoo/qwen3-moe-grouped-bf16/trace.json.gz", False),
+        ("fixtures/h200-qwen3-30b-a3b-moe/trace.json.gz", False),
+    ],
+)
+def test_real_traces_warn_where_a_mixer_sits_and_nowhere_else(trace: str, warns: bool) -> None:
+    from analyzer.cli.check_cmd import analyze_stripped
+
+    # GIVEN a real capture with its annotations stripped WHEN analysed
+    warnings = analyze_stripped(str(ROOT / trace), False, (), None, None).warnings
+    said = [w for w in warnings if "placed by its position" in w]
+    # THEN a hybrid's mixer is announced (naming its layers), a plain decoder's layers are not
+    assert bool(said) is warns
+    if warns:
+        assert "layer" in said[0] and "aten::" in said[0]
