@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.analyses import layers, providers, shape_roles, unexplained, weight_gathers
+from analyzer.analyses import layers, mixers, providers, shape_roles, unexplained, weight_gathers
 from analyzer.analyses.layers import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.op_hints import op_hint_ids
@@ -120,6 +120,9 @@ def classify_and_check(
                 layer[seg] = -1
                 undecided.append(problem)
                 counts[layers.SELF_CHECK] += len(seg)
+            mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
+            if mixed:
+                counts[mixers.MIXER_SPAN] += mixed
     foreign = unexplained.foreign_ops_warning(
         why, op_names, layer, kernels["dur_ns"].to_numpy(zero_copy_only=False), th, counts
     )
@@ -415,8 +418,10 @@ def in_attention_front_end(
 _GATHER_OPS = layers.KNOWLEDGE.words("gather_ops")
 _EMBEDDING_OPS = layers.KNOWLEDGE.words("embedding_ops")
 # the ops whose input shapes the rules read: embedding lookups (STR001), expert-weight gathers and
-# the batched GEMMs after them (STR050)
-_SHAPED_OPS = sorted({*_GATHER_OPS, *weight_gathers.WEIGHT_GATHER_OPS, *weight_gathers.BATCHED_GEMM_OPS})
+# the batched GEMMs after them (STR050), depthwise convolutions (STR052)
+_SHAPED_OPS = sorted(
+    {*_GATHER_OPS, *weight_gathers.WEIGHT_GATHER_OPS, *weight_gathers.BATCHED_GEMM_OPS, *mixers.CONV_OPS}
+)
 _ATTENTION_FRONT_ENDS = layers.KNOWLEDGE.words("attention_front_end_ops")
 # what a kernel launched inside the SDPA front end may have been called by its name or op: generic
 # work, a GEMM (the math backend's matmuls), its softmax (an op hint says sampling)

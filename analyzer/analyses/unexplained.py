@@ -9,8 +9,9 @@ silu / gelu ..., a norm's pow / mean / rsqrt ...). A kernel placed so whose laun
 them (a convolution or a scan's exp / cumsum / sum where RoPE should be, a recurrence's gates in a
 sampling tail) is work the rules do not know: a token mixer, a router, an indexer. Where such
 kernels take at least ``foreign_share`` of the kernel time, the analysis warns, naming the layers
-and the ops: their stages are a guess. Kernels without a launching op (graph replays, traces without
-host ops) cannot be judged and are not counted.
+and the ops: their stages are a guess. Only kernels launched by an ATen op are judged (a compiled
+region or a library's op can wrap work of any kind); kernels without a launching op (graph replays,
+traces without host ops) cannot be judged either.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ _PLACES = {
 }
 
 
+# only the framework's own ops are judged: a compiled region or a library's op wraps work of any kind
+_JUDGED = "aten::"
+
+
 def foreign_ops_warning(
     why: Sequence[int] | np.ndarray,
     op_names: Sequence[str | None],
@@ -62,7 +67,7 @@ def foreign_ops_warning(
     n = 0
     for r in placed.tolist():
         op = op_names[r]
-        if op is None or op in _PLACES[int(codes[r])]:
+        if op is None or not op.startswith(_JUDGED) or op in _PLACES[int(codes[r])]:
             continue
         d = float(dur[r])
         foreign_ns += d

@@ -1,0 +1,185 @@
+"""Token mixers that are not softmax attention (STR052): a Mamba / Gated DeltaNet / short-convolution
+layer's input projections, core and output projection.
+
+Contract: a pure pass over one segment of kernels in launch order, after the layer walk; it changes
+stages only. An *anchor* is a kernel only a mixer runs: one whose stage its name gave as
+``linear_attention`` (a scan or delta-rule kernel of a library), or one launched by a convolution op
+whose weight is depthwise (``[channels, 1, ...]``: a causal conv1d) or by another op of
+``mixer_anchor_ops`` (the convolution state's shift in decode, a delta rule's triangular solve). From
+an anchor, the mixer spans from the first linear GEMM after the nearest norm before it (its input
+projection, with no batched GEMM and no router or expert work between it and the anchor) to its output projection: the first linear GEMM after the anchor that the next norm
+follows with no GEMM in between (then a residual add, then the next layer's norm). Inside it: linear
+GEMMs before the output projection are input projections (``qkv_gemm``: Mamba's x_proj / dt_proj
+too), the norm kernels after the core's last GEMM are the mixer's own norm (``norm``), copies keep
+their memory stage, everything else is the core (``linear_attention``: its convolution, scan or delta
+rule, gates, batched GEMMs); the output projection is ``o_gemm``; the generic kernels between the
+input norm and the input projection are that norm's tail. A span holding an attention kernel is no
+mixer (a sliding-window cache's shift in an attention layer): nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from analyzer.analyses.layers import ATTENTION, KNOWLEDGE
+from analyzer.knowledge.taxonomy import MEMORY_STAGES
+
+MIXER_SPAN = KNOWLEDGE.code_of("mixer-span")
+CONV_OPS = frozenset(KNOWLEDGE.set_of("depthwise_conv_ops"))
+ANCHOR_OPS = frozenset(KNOWLEDGE.set_of("mixer_anchor_ops"))
+LINEAR_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
+BATCHED_OPS = frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))
+_MEMORY = frozenset(MEMORY_STAGES)
+_CORE = "linear_attention"
+_SOFTMAX = ATTENTION - {_CORE}  # softmax attention's kernels: never inside a mixer
+_BY_POSITION = frozenset(
+    KNOWLEDGE.code_of(f"region-{reg}")
+    for reg in ("attn-in", "attn", "attn-out", "mlp-in", "mlp-out", "moe", "tail")
+)
+_KEEP = _MEMORY | {"quantize"}  # copies and an activation quantization keep their own stage
+# ops of other work (experts' batched GEMMs, a router's top-k or sort): never between a mixer's input
+# projection and its anchor
+_OTHER_WORK = BATCHED_OPS | frozenset(KNOWLEDGE.set_of("topk_ops")) | frozenset(KNOWLEDGE.set_of("sort_ops"))
+
+
+def _depthwise(dims: Any) -> bool:
+    """A convolution's weight ``[channels, 1, ...]`` (input 1): one filter per channel."""
+    w = dims[1] if dims and len(dims) > 1 else None
+    return isinstance(w, list) and len(w) >= 3 and w[1] == 1
+
+
+def _is_anchor(r: int, stage: list[str], op_names: Sequence[str | None], op_dims: Mapping[int, Any]) -> bool:
+    op = op_names[r]
+    if stage[r] == _CORE:
+        return True
+    if op in CONV_OPS:
+        return _depthwise(op_dims.get(r))
+    return op in ANCHOR_OPS
+
+
+def mark_mixers(
+    seq: np.ndarray,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    op_dims: Mapping[int, Any],
+    why: Any,
+    th: Any,
+    launch: np.ndarray | None = None,
+) -> int:
+    """STR052 over one segment (kernel rows in launch order); returns the kernels relabelled.
+    ``launch`` (per kernel row): the launching op's id, so a split-K GEMM's kernels count as one."""
+    rows = seq.tolist()
+    n = len(rows)
+    reach = int(th.mixer_reach)
+    done = 0
+    end = -1  # the last output projection placed: spans never overlap
+    for p in range(n):
+        if p <= end or not _is_anchor(rows[p], stage, op_names, op_dims):
+            continue
+        span = _span(rows, p, end, stage, op_names, reach, why, launch)
+        if span is None:
+            continue
+        norm_at, start, out = span
+        done += _label(rows, norm_at, start, out, stage, op_names, why, launch)
+        end = out
+    return done
+
+
+def _linear(r: int, op_names: Sequence[str | None]) -> bool:
+    return op_names[r] in LINEAR_OPS
+
+
+def _gemm(r: int, op_names: Sequence[str | None]) -> bool:
+    return op_names[r] in LINEAR_OPS or op_names[r] in BATCHED_OPS
+
+
+def _span(
+    rows: list[int],
+    p: int,
+    floor: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    reach: int,
+    why: Any,
+    launch: np.ndarray | None = None,
+) -> tuple[int, int, int] | None:
+    """(the input norm's last kernel, the input projection, the output projection) around anchor p."""
+
+    def attention(r: int) -> bool:  # softmax attention by evidence, not a region's default
+        return stage[r] in _SOFTMAX and int(why[r]) not in _BY_POSITION
+
+    s = p - 1
+    while s > floor and p - s <= reach and stage[rows[s]] != "norm":
+        if attention(rows[s]):
+            return None
+        s -= 1
+    if s <= floor or stage[rows[s]] != "norm":
+        return None
+    start = next((i for i in range(s + 1, p) if _linear(rows[i], op_names)), None)
+    if start is None:
+        return None
+    # between the input projection and the anchor only the mixer's own work: a batched GEMM or a
+    # router's or experts' kernel there is other work (an MoE block) between a norm and this anchor
+    if any(op_names[rows[i]] in _OTHER_WORK for i in range(start, p)):
+        return None
+    for g in range(p + 1, min(len(rows), p + reach)):
+        r = rows[g]
+        if attention(r):
+            return None
+        if not _linear(r, op_names) or (launch is not None and launch[r] == launch[rows[g - 1]]):
+            continue  # not a linear GEMM op's first kernel (a split-K reduce belongs to its GEMM)
+        k = g + 1
+        while launch is not None and k < len(rows) and launch[rows[k]] == launch[r]:
+            k += 1
+        while k < len(rows) and stage[rows[k]] != "norm" and not _gemm(rows[k], op_names):
+            if attention(rows[k]):
+                return None
+            k += 1
+        if k >= len(rows) or stage[rows[k]] == "norm":
+            return s, start, g
+    return None
+
+
+def _label(
+    rows: list[int],
+    norm_at: int,
+    start: int,
+    out: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
+    launch: np.ndarray | None,
+) -> int:
+    last_gemm = max((i for i in range(start, out) if _gemm(rows[i], op_names)), default=start)
+    done = 0
+
+    def put(i: int, s: str) -> None:
+        nonlocal done
+        r = rows[i]
+        if stage[r] != s:
+            stage[r] = s
+            why[r] = MIXER_SPAN
+            done += 1
+
+    for i in range(norm_at + 1, start):  # the input norm's tail (weight multiply, cast)
+        if stage[rows[i]] not in _KEEP:
+            put(i, "norm")
+    # the mixer's own (gated) norm: from the first norm kernel after the core's last GEMM
+    own_norm = next((i for i in range(last_gemm + 1, out) if stage[rows[i]] == "norm"), out)
+    for i in range(start, out):
+        r = rows[i]
+        if stage[r] in _KEEP:
+            continue
+        if _linear(r, op_names):
+            put(i, "qkv_gemm")
+        else:
+            put(i, "norm" if i >= own_norm else _CORE)
+    put(out, "o_gemm")
+    k = out + 1
+    while launch is not None and k < len(rows) and launch[rows[k]] == launch[rows[out]]:
+        put(k, "o_gemm")  # the rest of a split-K GEMM (its reduce kernel)
+        k += 1
+    return done
