@@ -133,6 +133,7 @@ _RATE_COLUMNS = (
     "pct_of_peak",
     "intensity",
     "bound",
+    "roof_dtype",
 )
 
 
@@ -327,6 +328,7 @@ def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[
             "pct_of_peak": None,
             "bound": _dominant_bound(g),
             "basis": None,
+            "roof_dtype": None,
             **invalid,
         }
     fl = g["flops"].to_numpy(np.float64, na_value=np.nan)
@@ -348,8 +350,36 @@ def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[
         "pct_of_peak": float(np.average(pct[has_pct], weights=w)) if len(w) and w.sum() > 0 else None,
         "bound": _dominant_bound(g),
         "basis": _basis(g["flops_source"][known]) if "flops_source" in g else None,
+        "roof_dtype": _roof_dtype(g[known & ~np.isnan(fl) & (np.nan_to_num(fl) > 0)]),
         **invalid,
     }
+
+
+def _roof_dtypes(df: pd.DataFrame, keys: list[str]) -> dict[tuple, str]:
+    """Per group of ``keys``: the ``roof_dtype`` holding most of the time of its kernels with FLOPs."""
+    if "roof_dtype" not in df:
+        return {}
+    rated = df[(df["flops"] > 0) & df["roof_dtype"].notna()]
+    if not len(rated):
+        return {}
+    t = rated.groupby([*keys, "roof_dtype"], observed=True, sort=False)["dur_ns"].sum()
+    best: dict[tuple, tuple[float, str]] = {}
+    for key, ns in t.items():
+        k = tuple(key[:-1])
+        if k not in best or ns > best[k][0]:
+            best[k] = (float(ns), str(key[-1]))
+    return {k: v[1] for k, v in best.items()}
+
+
+def _roof_dtype(g: pd.DataFrame) -> str | None:
+    """The dtype whose compute peak the row's rated kernels are measured against (``roof_dtype``),
+    the one holding most of their time; None without FLOPs."""
+    if "roof_dtype" not in g or not len(g):
+        return None
+    known = g[g["roof_dtype"].notna()]
+    if not len(known):
+        return None
+    return str(known.groupby("roof_dtype", observed=True)["dur_ns"].sum().idxmax())
 
 
 def _basis(sources: pd.Series) -> list[str] | None:
@@ -435,6 +465,7 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
                 "pct_of_peak",
                 *(["bound"] if "bound" in df else []),
                 *(["flops_source"] if "flops_source" in df else []),
+                *(["roof_dtype"] if "roof_dtype" in df else []),
             ]
         ]
         if bad.any():  # invalid kernels' numbers are not rates: out of the sums
@@ -468,8 +499,9 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
             ):
                 if n:
                     basis.setdefault(tuple(key[:-1]), []).append(str(key[-1]))
+        roofs = _roof_dtypes(df, keys)
     else:
-        basis = {}
+        basis, roofs = {}, {}
         agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"), time_ns=("dur_ns", "sum")
         )
@@ -499,6 +531,7 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
                 if "bound" in df and df["bound"].notna().any()
                 else None,
                 "basis": [b for b in FLOPS_SOURCES if b in basis.get(tuple(key), ())] or None,
+                "roof_dtype": roofs.get(tuple(key)),
                 "invalid_kernels": reasons.get(tuple(key), (0, None))[0],
                 "invalid_reason": reasons.get(tuple(key), (0, None))[1],
             }
@@ -524,7 +557,7 @@ def top_kernels(
     # the columns a row reads: each top group's rows are taken out of this narrower frame
     df = only_columns(df, "group_key", "dur_ns", "stage", "phase", "norm_name", "provider", "rule_id",
                       "stage_rule", "count", "tile_m", "tile_n", "tile_k", "split_k", "flops", "bytes", "pct_of_peak",
-                      "bound", "category", "flops_source")  # fmt: skip
+                      "bound", "category", "flops_source", "roof_dtype")  # fmt: skip
     groups = df.groupby("group_key", observed=True)
     tot = groups["dur_ns"].sum()
     tot = tot.reset_index().sort_values(["dur_ns", "group_key"], ascending=[False, True])
