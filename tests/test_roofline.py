@@ -333,3 +333,27 @@ def test_roof_dtype_says_which_peak_each_roof_uses() -> None:
     assert got[:2].tolist() == ["bf16", "int8"] and pd.isna(got[2])  # no numbers: no roof
     unknown = roofline.rates(dur, np.ones(3), np.ones(3), ["bf16"] * 3, None)
     assert pd.Series(unknown["roof_dtype"]).isna().all()
+
+
+def test_rate_rows_name_the_dtype_of_their_roof() -> None:
+    # GIVEN the counter check's ops (bf16, fp16, fp8, int8 products) summarised
+    import io
+
+    from analyzer.report.text import render
+    from analyzer.results.summary import build_summary
+
+    a = analyze_paths([str(NCU_FLOPS)])
+    s = build_summary(a)
+    by_group = {}
+    for r in s["groups"]:
+        by_group.setdefault(r["roof_dtype"], set()).add(r["group_key"].split("|")[0])
+    # THEN each group, stage and top-kernel row says which peak its rate is measured against
+    assert any("qqtst" in g for g in by_group["fp8"]) and any("i16832gemm_s8" in g for g in by_group["int8"])
+    assert any("hsh" in g for g in by_group["fp16"]) and any("weight_int8pack" in g for g in by_group["fp32"])
+    top = [r["roof_dtype"] for r in s["top_kernels"] if "weight_int8pack_mm_kernel" in r["norm_name"]]
+    assert top == ["fp32"]
+    assert all(r.get("roof_dtype") is None for r in s["stages"] if r["flops"] is None)
+    # AND the text prints it beside a compute-bound rate
+    out = io.StringIO()
+    render(s, out, top=30)
+    assert " TFLOP/s fp8 (" in out.getvalue() and " TFLOP/s int8 (" in out.getvalue()
