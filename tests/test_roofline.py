@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 
 from analyzer.analyses import roofline
@@ -163,8 +167,13 @@ def test_moe_experts_and_expert_weight_gathers_are_counted_under_their_roofs() -
     # THEN the prefill experts count 2048 tokens x top-8 rows through gate_up (2048 -> 1536) and
     # down (768 -> 2048), in each of 4 layers
     assert pre["flops"].sum() == pytest.approx(4 * 2 * 16384 * (2048 * 1536 + 768 * 2048))
-    # AND a decode gather of 64 expert gate_up matrices reads and writes them once
-    gathers = k[(k["phase"] == "decode") & (k["stage"] == "moe_sort") & (k["bytes"] > 5e8)]
+    # AND a decode gather of 64 expert gate_up matrices (expert work: STR050) reads and writes them once
+    gathers = k[
+        (k["phase"] == "decode")
+        & (k["stage"] == "moe_expert_gemm")
+        & k["name"].str.contains("gather_kernel")
+        & (k["bytes"] > 5e8)
+    ]
     assert len(gathers) == 60 and gathers["bytes"].iloc[0] == 2 * 64 * 1536 * 2048 * 2 + 64 * 8
     # AND none of them is above a roof
     assert not pre["bound"].eq("invalid").any() and not gathers["bound"].eq("invalid").any()
@@ -208,3 +217,148 @@ def test_every_rate_row_states_its_basis() -> None:
     rated = [r for r in [*s["groups"], *s["top_kernels"], *s["stages"]] if r.get("achieved_tbps") is not None]
     assert rated and all(r["basis"] and set(r["basis"]) <= {"shapes", "found", "model"} for r in rated)
     assert any("found" in (r["basis"] or ()) for r in s["top_kernels"])
+
+
+# --------------------------------------------------------------------------- issue 34: each GEMM's real dtype peak
+
+LIBRARIES = FIXTURES / "libraries"
+NCU_FLOPS = FIXTURES / "roofline-validation" / "ncu-flops" / "trace.json.gz"
+
+
+def _with_ops(path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The analysed kernels with their launching op's name, and the host ops by external id."""
+    a = analyze_paths([str(path)])
+    k = a.kernels.to_pandas()
+    ops = a.trace.host_ops.to_pandas()
+    ops = ops[ops["category"].astype(str) == "cpu_op"].drop_duplicates("external_id", keep="last")
+    ops = ops.set_index("external_id")
+    k["op"] = [ops["name"].get(e) if pd.notna(e) else None for e in k["launch_op_id"]]
+    return k, ops
+
+
+def _peak_of(row: pd.Series, spec: hardware.GpuSpec) -> float:
+    return hardware.peak_tflops(spec, str(row["roof_dtype"]))
+
+
+@pytest.mark.parametrize(
+    ("case", "op", "roof"),
+    [
+        ("fp8-row-llama-bf16", "aten::_scaled_mm", "fp8"),
+        ("fp8-tensor-llama-bf16", "aten::_scaled_mm", "fp8"),
+        ("int4-wo-llama-bf16", "aten::_weight_int4pack_mm", "bf16"),
+        ("int8-pack-llama-bf16", "aten::_weight_int8pack_mm", "fp32"),
+        ("int8-wo-llama-bf16", "aten::mm", "bf16"),
+    ],
+)
+def test_each_quantized_gemm_is_under_its_own_dtype_peak(case: str, op: str, roof: str) -> None:
+    # GIVEN an H200 capture whose decoder linears are quantized (torchao / PyTorch's int8-pack)
+    k, _ = _with_ops(LIBRARIES / case / "trace.json.gz")
+    spec = hardware.find_gpu("h200")
+    gemm = k[(k["op"] == op) & k["flops"].notna()]
+    assert len(gemm) >= (84 if op != "aten::mm" else 30)  # 14 linears x 6 steps; int8-wo: dequantized mm
+    # THEN each of its GEMMs is measured against the peak of the dtype it computes in
+    assert set(gemm["roof_dtype"].astype(str)) == {roof}
+    # AND the bf16 LM head stays under the bf16 peak, and nothing exceeds its own roof
+    head = k[(k["stage"] == "lm_head_gemm") & k["flops"].notna()]
+    assert set(head["roof_dtype"].astype(str)) == {"bf16"}
+    rated = k[k["achieved_tflops"].notna() & k["roof_dtype"].notna()]
+    assert (rated["achieved_tflops"] <= rated.apply(_peak_of, axis=1, spec=spec)).all()
+    assert not (k["bound"] == "invalid").any()
+
+
+def test_int4_weight_only_reads_its_packed_weights() -> None:
+    # GIVEN tinygemm's int4 weight-only GEMMs of a torchao capture (bf16 activations [M, K], int4
+    # weights packed 8 to an int32, bf16 scales and zeros per group of 128)
+    k, ops = _with_ops(LIBRARIES / "int4-wo-llama-bf16" / "trace.json.gz")
+    gemm = k[(k["op"] == "aten::_weight_int4pack_mm") & k["flops"].notna()]
+    for _, r in gemm.iterrows():
+        a, w, _, sz = (list(d) for d in ops.loc[r["launch_op_id"], "input_dims"])
+        m, kk, n = a[0], a[1], w[0] * 8
+        # THEN its bytes are the packed weights it reads (N x K / 2) plus activations, scales and output
+        assert math.prod(w) * 4 == n * kk // 2
+        assert r["bytes"] == 2 * m * kk + n * kk // 2 + 2 * math.prod(sz) + 2 * m * n
+        assert r["flops"] == 2 * m * kk * n and r["roof_dtype"] == "bf16"
+
+
+def test_int8_and_fp8_products_of_the_counter_check_are_under_their_peaks() -> None:
+    # GIVEN the ops Nsight Compute measured (docs/roofline-validation.md)
+    k, _ = _with_ops(NCU_FLOPS)
+    roofs = k[k["flops"] > 0].groupby("op")["roof_dtype"].agg(lambda s: set(s.astype(str)))
+    # THEN _int_mm is under the int8 peak, _scaled_mm the fp8 one, the CUDA-core int8-pack kernel fp32
+    assert roofs["aten::_int_mm"] == {"int8"} and roofs["aten::_scaled_mm"] == {"fp8"}
+    assert roofs["aten::_weight_int8pack_mm"] == {"fp32"}
+    assert roofs["aten::_weight_int4pack_mm"] == {"bf16"} and roofs["aten::_grouped_mm"] == {"bf16"}
+    big_int8 = k[(k["op"] == "aten::_int_mm") & (k["flops"] > 1e11)]
+    assert (big_int8["bound"] == "compute").all()
+    assert np.allclose(big_int8["pct_of_peak"], big_int8["achieved_tflops"] / 1978.9)  # the int8 peak
+
+
+def test_gemms_counted_from_sizes_take_the_dtype_their_kernel_names_spell() -> None:
+    # GIVEN GEMM-role kernels without shapes, counted from an FP8 model's sizes
+    ws = roofline.WorkSizes(
+        basis="model", name="m", tp=1, hidden=64, gemms={"qkv_gemm": (64, 192)}, dtype="fp8"
+    )
+    names = [
+        "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNN",
+        "void cutlass::Kernel2<cutlass_80_tensorop_i16832gemm_s8_64x64>",
+        "gemm_kernel",
+    ]
+    kernels = pa.table(
+        {
+            "stage": ["qkv_gemm"] * 3,
+            "tokens": [8.0] * 3,
+            "norm_name": names,
+            "dur_ns": [1000] * 3,
+            "layer": [0, 1, 2],
+            "step": [0] * 3,
+            "trace_id": [0] * 3,
+            "rank": [0] * 3,
+        }
+    )
+    flops, nbytes = np.full(3, np.nan), np.full(3, np.nan)
+    source, dtype = ["none"] * 3, np.full(3, "bf16", object)
+    roofline._model_work(kernels, ws, 1, flops, nbytes, source, dtype=dtype)
+    # THEN a name that spells its dtype wins (bf16 nvjet, CUTLASS int8), else the model's (fp8)
+    assert list(dtype) == ["bf16", "int8", "fp8"] and (flops == 2 * 8 * 64 * 192).all()
+    # AND a model's sizes carry what its GEMMs compute in: FP8 checkpoints fp8, others their dtype
+    from analyzer.knowledge.architectures import find_builtin
+
+    assert roofline.WorkSizes.from_arch(find_builtin("deepseek-v3"), 1).dtype == "fp8"
+    assert roofline.WorkSizes.from_arch(find_builtin("llama-3-8b"), 1).dtype == "bf16"
+    assert roofline.WorkSizes.from_arch(find_builtin("gpt-oss-120b"), 1).dtype == "bf16"
+
+
+def test_roof_dtype_says_which_peak_each_roof_uses() -> None:
+    spec = hardware.find_gpu("a100")  # no fp8 path: an fp8 kernel falls back to the bf16 peak
+    dur = np.array([1000.0, 1000.0, 1000.0])
+    r = roofline.rates(
+        dur, np.array([1e6, 1e6, np.nan]), np.array([1e3, 1e3, np.nan]), ["fp8", "int8", "bf16"], spec
+    )
+    got = pd.Series(r["roof_dtype"]).astype(object)
+    assert got[:2].tolist() == ["bf16", "int8"] and pd.isna(got[2])  # no numbers: no roof
+    unknown = roofline.rates(dur, np.ones(3), np.ones(3), ["bf16"] * 3, None)
+    assert pd.Series(unknown["roof_dtype"]).isna().all()
+
+
+def test_rate_rows_name_the_dtype_of_their_roof() -> None:
+    # GIVEN the counter check's ops (bf16, fp16, fp8, int8 products) summarised
+    import io
+
+    from analyzer.report.text import render
+    from analyzer.results.summary import build_summary
+
+    a = analyze_paths([str(NCU_FLOPS)])
+    s = build_summary(a)
+    by_group = {}
+    for r in s["groups"]:
+        by_group.setdefault(r["roof_dtype"], set()).add(r["group_key"].split("|")[0])
+    # THEN each group, stage and top-kernel row says which peak its rate is measured against
+    assert any("qqtst" in g for g in by_group["fp8"]) and any("i16832gemm_s8" in g for g in by_group["int8"])
+    assert any("hsh" in g for g in by_group["fp16"]) and any("weight_int8pack" in g for g in by_group["fp32"])
+    top = [r["roof_dtype"] for r in s["top_kernels"] if "weight_int8pack_mm_kernel" in r["norm_name"]]
+    assert top == ["fp32"]
+    assert all(r.get("roof_dtype") is None for r in s["stages"] if r["flops"] is None)
+    # AND the text prints it beside a compute-bound rate
+    out = io.StringIO()
+    render(s, out, top=30)
+    assert " TFLOP/s fp8 (" in out.getvalue() and " TFLOP/s int8 (" in out.getvalue()

@@ -27,7 +27,7 @@ def _work_cases() -> list[tuple[str, str, dict]]:
     out = []
     for e in WORK.entries():
         for i, c in enumerate(e.cases):
-            out.append((f"{e.id}-{i}", c.get("op") or getattr(e, "names", ("",))[0], c))
+            out.append((f"{e.id}-{i}", c.get("op") or getattr(e, "names", (e.id,))[0], c))
     return out
 
 
@@ -47,17 +47,24 @@ ATTENTION_CASES = _attention_cases()
 
 @pytest.mark.parametrize(("cid", "name", "case"), WORK_CASES, ids=[c[0] for c in WORK_CASES])
 def test_every_work_case_gives_its_numbers(cid: str, name: str, case: dict) -> None:
-    if "name" in case:  # a [[copy]] case: an activity's recorded bytes
+    if "recorded" in case:  # a [[copy]] case: an activity's recorded bytes
         assert WORK.moved(case["name"]) * case["recorded"] == case["bytes"]
         return
-    got = roofline.op_work(name, case["dims"], case.get("types"), TABLES, consumer=case.get("consumer"))
+    if "name" in case:  # a [[kernel_dtype]] case: the dtype a kernel name spells (none: no match)
+        assert WORK.kernel_dtype(case["name"]) == case.get("dtype"), cid
+        own = next(e for e in WORK.kernel_dtypes if e.id == name)
+        assert bool(own.pattern.search(case["name"])) == ("dtype" in case), cid
+        return
+    got = roofline.read_op(name, case["dims"], case.get("types"), TABLES, consumer=case.get("consumer"))
     if "flops" not in case:  # an unsized op: no numbers
         assert got is None
         return
     assert got is not None, cid
-    assert got[0] == pytest.approx(case["flops"], rel=1e-12) and got[1] == pytest.approx(
+    assert got.flops == pytest.approx(case["flops"], rel=1e-12) and got.bytes == pytest.approx(
         case["bytes"], rel=1e-12
     )
+    if "roof" in case:  # the dtype whose compute peak bounds it
+        assert got.dtype == case["roof"], cid
 
 
 @pytest.mark.parametrize(("cid", "name", "case"), ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
@@ -114,6 +121,28 @@ def test_real_trace_cases_are_calls_the_trace_records(cid: str, name: str, case:
     assert any(d[: len(want)] == want and not any(d[len(want) :]) for d in recorded), f"{cid}: not in {path}"
 
 
+@functools.cache
+def _recorded_kernels(path: Path) -> set[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return {e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"}
+
+
+KERNEL_NAMES = [
+    (f"{e.id}-{i}", c)
+    for e in WORK.kernel_dtypes
+    for i, c in enumerate(e.cases)
+    if _trace_path(c["trace"]) is not None
+]
+
+
+@pytest.mark.parametrize(("cid", "case"), KERNEL_NAMES, ids=[c[0] for c in KERNEL_NAMES])
+def test_real_kernel_dtype_cases_are_kernels_the_trace_records(cid: str, case: dict) -> None:
+    # a [[kernel_dtype]] case copied from a trace: the trace runs a kernel of that name (a case may
+    # keep the name's head only)
+    names = _recorded_kernels(_trace_path(case["trace"]))
+    assert any(n.startswith(case["name"].rstrip(">")) for n in names), f"{cid}: not in {case['trace']}"
+
+
 def test_every_entry_has_a_real_case_or_says_it_is_synthetic() -> None:
     for e in WORK.entries():
         assert e.cases and all(c["trace"] for c in e.cases), e.id
@@ -141,6 +170,12 @@ def test_every_entry_has_a_real_case_or_says_it_is_synthetic() -> None:
          'cases = [{name = "a", trace = "t"}]\n', "pattern rejected"),
         ('[[gemm]]\nid = "WRK001"\nnames = ["x"]\na = 0\nb = 1\nm = "a[0]"\nk = "a[1]"\nn = "b[1]"\n'
          'flops = 2\nnote = "n"\nsource = "s"\ncases = [{dims = [[1]], trace = "t"}]\n', "unknown key"),
+        ('[[gemm]]\nid = "WRK001"\nnames = ["x"]\na = 0\nb = 1\nm = "a[0]"\nk = "a[1]"\nn = "b[1]"\n'
+         'peak = "int4"\nnote = "n"\nsource = "s"\ncases = [{dims = [[1]], trace = "t"}]\n', "peak must be"),
+        ('[[kernel_dtype]]\nid = "WRK001"\npattern = "qq"\ndtype = "fp9"\nnote = "n"\nsource = "s"\n'
+         'cases = [{name = "a", trace = "t"}]\n', "dtype must be"),
+        ('[[kernel_dtype]]\nid = "WRK001"\npattern = "(a+)+"\ndtype = "fp8"\nnote = "n"\nsource = "s"\n'
+         'cases = [{name = "a", trace = "t"}]\n', "pattern rejected"),
     ],
 )  # fmt: skip
 def test_bad_work_tables_name_file_and_entry(tmp_path: Path, body: str, needle: str) -> None:

@@ -23,6 +23,8 @@ from analyzer.tables import intervals
 from analyzer.tables.frames import only_columns
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+# roofs of a GEMM already in a low-precision dtype: F004 does not advise a lower dtype for them
+_LOW_PRECISION = frozenset({"fp8", "fp4", "int8"})
 # a phase whose kernels are replayed from CUDA/HIP graphs at least this much is "in graphs": advice
 # to capture graphs would contradict the evidence
 GRAPH_REPLAYED_SHARE = 0.9
@@ -178,7 +180,7 @@ def same_kernel_both_phases(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, 
         else:
             sev = "info"
             title = f"one {stage} configuration serves both phases on a similar problem size (benign): {_short(name)}"
-            sugg = "No action: the kernel does the same work in both phases (e.g. last-token lm_head or sampling)."
+            sugg = f"No action: the {stage} kernel does the same work in both phases."
         out.append(_finding(c, "same_kernel_both_phases", sev, "both", title, [gk], ev, sugg, cost))
     return out
 
@@ -331,6 +333,7 @@ def _below_roof(ctx: RunFrame, c: dict[str, Any], phase: str, bound: str, check:
         pct = float(np.average(g["pct_of_peak"].to_numpy(np.float64), weights=w)) if w.sum() else 0.0
         if not total or cost / total < c["min_share"] or pct >= c["max_pct"]:
             continue
+        roof_dtype = _roof_dtype(g)
         ev = {
             "pct_of_roof": pct,
             "time_ns": cost,
@@ -342,15 +345,21 @@ def _below_roof(ctx: RunFrame, c: dict[str, Any], phase: str, bound: str, check:
             if g["achieved_tbps"].notna().any()
             else None,
             "stage": str(g["stage"].iloc[0]),
+            "roof_dtype": roof_dtype,
         }
-        roof = "memory bandwidth" if bound == "memory" else "compute"
+        roof = "memory bandwidth" if bound == "memory" else f"{roof_dtype or ''} compute".lstrip()
         sugg = (
             "Decode is memory-bound: a decode GEMM should stream its weights near HBM bandwidth; check "
             "tile/split-K choice, weight layout (pre-shuffled), and that attention reads the KV cache "
             "once (paged decode kernel with enough splits)."
             if bound == "memory"
-            else "Prefill GEMMs should run near the compute roof: check tile shape vs M/N/K, dtype (fp8 where "
-            "allowed), and that the tuned config for this shape is being picked."
+            else "Prefill GEMMs should run near the compute roof of their dtype: check tile shape vs M/N/K "
+            "and that the tuned config for this shape is being picked"
+            + (
+                "."
+                if roof_dtype in _LOW_PRECISION
+                else ", and whether the dtype can be lower (fp8 where the accuracy allows)."
+            )
         )
         out.append(
             _finding(
@@ -366,6 +375,16 @@ def _below_roof(ctx: RunFrame, c: dict[str, Any], phase: str, bound: str, check:
             )
         )
     return out
+
+
+def _roof_dtype(g: pd.DataFrame) -> str | None:
+    """The dtype whose peak the group's roofs use (``roof_dtype``), the one holding most of its time."""
+    if "roof_dtype" not in g:
+        return None
+    known = g[g["roof_dtype"].notna()]
+    if not len(known):
+        return None
+    return str(known.groupby("roof_dtype", observed=True)["dur_ns"].sum().idxmax())
 
 
 def decode_below_memory_roof(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, Any]]:
@@ -425,13 +444,15 @@ def launch_overhead_chain(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, An
                 "Fuse the small kernels (add+RMSNorm+quant, RoPE+KV-store, act+mul) and capture the step "
                 "in a CUDA/HIP graph; each launch costs microseconds that the GPU spends idle or underused."
             )
+        # the title names the stages the classification gave these kernels, largest first
+        named = "/".join(str(s) for s in by_stage.index[by_stage["count"] > 0][:3])
         out.append(
             _finding(
                 c,
                 "launch_overhead_chain",
                 None,
                 phase,
-                f"{phase}: {per_step:.0f} short (<{c['max_kernel_ns'] / 1000:.0f} us) norm/RoPE/elementwise "
+                f"{phase}: {per_step:.0f} short (<{c['max_kernel_ns'] / 1000:.0f} us) {named} "
                 f"kernels per step take {100 * share:.0f}% of the time",
                 list(short["group_key"].value_counts().index[:5]),
                 ev,

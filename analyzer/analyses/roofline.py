@@ -32,6 +32,12 @@ Contract (pure over the analysed tables, the GPU spec, the work tables and an op
   rate exceeds a peak (a data error: warned, never printed as fact), ``unknown`` without numbers
   or without a known GPU. rocprof's ``<barrier packet>`` pseudo-dispatches (rule ``MEM600``) are
   queue waits, not work: they never get numbers.
+* **Each kernel's own compute peak** (``roof_dtype``: the dtype whose peak its roof uses, null without
+  numbers or a known GPU): a GEMM's is the dtype it computes in - the work table's ``peak``, else its
+  activation's (fp8 for ``_scaled_mm``, int8 for ``_int_mm``, bf16 for int4 weight-only, fp32 for
+  ``_weight_int8pack_mm``'s CUDA-core kernel); counted from sizes, the dtype its kernel name spells
+  (``[[kernel_dtype]]``), else the model's quantization (fp8) or dtype. Other work uses its inputs'
+  dtype. A dtype the GPU has no peak for falls back to bf16 (and says so in ``roof_dtype``).
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ COLUMNS = {
     "pct_of_peak": pa.float64(),
     "intensity": pa.float64(),
     "bound": DICT_STRING,
+    "roof_dtype": DICT_STRING,
 }
 #: the one causal convention of every attention family, as the summary and the report state it
 CAUSAL_CONVENTION = (
@@ -127,6 +134,10 @@ MIN_SPLIT = 2  # a reduce kernel reads at least two partials: the compulsory min
 # bytes per weight of quantized formats: 4-bit values plus one 8-bit scale per block (MX: 32, NV: 16)
 _QUANT_WEIGHT_BYTES = {"mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "fp8": 1.0}
 _QUANT_IN_NAME = re.compile(r"mxfp4|nvfp4", re.IGNORECASE)
+# what a model's GEMMs compute in by its quantization (config quant_method), where not its dtype:
+# block-wise FP8 checkpoints (DeepSeek-V3) run FP8 x FP8 GEMMs; MXFP4 experts (gpt-oss) take bf16
+# activations, so they keep the model's dtype
+_QUANT_COMPUTE = {"fp8": "fp8", "fbgemm_fp8": "fp8"}
 CONSUMER_WINDOW = 16  # ops after a gather searched for the one taking the gathered rows (work_ops.toml)
 _MODEL_STAGES = (
     "qkv_gemm",
@@ -363,7 +374,7 @@ def gemm_work(op: GemmOp, g: GemmDims, dims: Sequence[Any], types: Sequence[str]
     )
     out = g.batch * g.m * g.n * (op.out_bytes or a_el)
     nbytes = _numel(dims[op.a]) * a_el + weights + other + out
-    dtype = hardware.normalize_dtype(a_t) or "bf16"
+    dtype = op.peak or hardware.normalize_dtype(a_t) or "bf16"
     return OpWork(2.0 * g.batch * g.m * g.k * g.n, float(nbytes), dtype, op.id)
 
 
@@ -496,7 +507,18 @@ def kernel_work(
     w.warnings.extend(warnings)
     for t, (label, ws) in sizes.items():
         mine = kernels["trace_id"].to_numpy(zero_copy_only=False) == t if t >= 0 else np.ones(n, bool)
-        _model_work(kernels, ws, ws.tp, w.flops, w.bytes, w.source, skip=covered | ~mine, label=label)
+        _model_work(
+            kernels,
+            ws,
+            ws.tp,
+            w.flops,
+            w.bytes,
+            w.source,
+            skip=covered | ~mine,
+            label=label,
+            dtype=w.dtype,
+            work=tables.work,
+        )
         w.sizes[str(t)] = ws.describe()
     # 4. why the rest has no numbers
     w.uncounted = _why_uncounted(kernels, w, reason, covered, barrier, sizes)
@@ -717,6 +739,7 @@ class WorkSizes:
     expert_inter: int = 0
     quant_method: str | None = None
     sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dtype: str = "bf16"  # what its GEMMs compute in when their kernel names do not say
 
     @property
     def is_moe(self) -> bool:
@@ -735,6 +758,9 @@ class WorkSizes:
             top_k=arch.num_experts_per_tok,
             expert_inter=arch.expert_intermediate_size,
             quant_method=arch.quant_method,
+            dtype=_QUANT_COMPUTE.get((arch.quant_method or "").lower())
+            or hardware.normalize_dtype(arch.dtype)
+            or "bf16",
             sizes={
                 "hidden_size": arch.hidden_size,
                 "vocab_size": arch.vocab_size,
@@ -933,6 +959,8 @@ def _model_work(
     source: list[str],
     skip: np.ndarray | None = None,
     label: str = "model",
+    dtype: np.ndarray | None = None,
+    work: WorkOps | None = None,
 ) -> None:
     """Numbers of the GEMM roles and the MoE experts from the sizes (``--model``'s architecture or
     those found in the trace: :class:`WorkSizes`) and the step's tokens; ``source`` gets ``label``.
@@ -941,7 +969,8 @@ def _model_work(
     layer, stage). Its split-K reduce kernels get the reduce's numbers (partials read, C written);
     the other kernels of the instance (a GEMM and its helpers, or the gate_up and down passes of
     the experts) share the instance's work in proportion to their time. A kernel outside any
-    detected layer is its own instance."""
+    detected layer is its own instance. ``dtype`` (when given) gets each counted kernel's roof dtype:
+    the one its name spells (``work``'s ``[[kernel_dtype]]``), else the sizes' (:attr:`WorkSizes.dtype`)."""
     if "tokens" not in kernels.column_names:
         return
     ws = model if isinstance(model, WorkSizes) else WorkSizes.from_arch(model, tp)
@@ -972,6 +1001,15 @@ def _model_work(
             return np.full(n, fill, np.int64)
         return pc.fill_null(kernels[name], fill).to_numpy(zero_copy_only=False).astype(np.int64)
 
+    row_dtype: dict[int, str] = {}
+    if dtype is not None:  # the dtype each counted kernel's name spells, looked up once per name
+        spelled: dict[str, str] = {}
+        table = work or load_work_ops()
+        for r, nm in zip(rows.tolist(), kernels["norm_name"].take(pa.array(rows)).to_pylist(), strict=True):
+            key = str(nm or "")
+            if key not in spelled:
+                spelled[key] = table.kernel_dtype(key) or ws.dtype
+            row_dtype[r] = spelled[key]
     layer, step = col("layer", -1), col("step", -1)
     trace, rank = col("trace_id", 0), col("rank", 0)
     frame = pd.DataFrame(
@@ -1007,12 +1045,16 @@ def _model_work(
         for i in red:
             flops[i], nbytes[i] = reduce_work(t * out_n, split, 2.0)
             source[i] = label
+            if dtype is not None:
+                dtype[i] = "fp32"  # a reduce reads fp32 partials (a memory pass)
         if len(main):
             share = dur[main] / dur[main].sum() if dur[main].sum() > 0 else np.full(len(main), 1 / len(main))
             flops[main] = f_all * share
             nbytes[main] = b_all * share
             for i in main:
                 source[i] = label
+                if dtype is not None:
+                    dtype[i] = row_dtype[int(i)]
 
 
 def _weight_bytes(quant_method: str | None, stage: str, names: list[str]) -> float:
@@ -1044,6 +1086,8 @@ def rates(
     n = len(dur)
     pct = np.full(n, np.nan)
     code = np.zeros(n, np.int8)  # positions in BOUNDS: no per-row strings for millions of kernels
+    roof_names: list[str] = []  # the dtypes whose peaks the roofs use (roof_dtype), by code
+    roof_code = np.full(n, -1, np.int32)
     if spec is not None:
         bw = spec.hbm_tbps
         default = hardware.peak_tflops(spec, "bf16") or np.nan
@@ -1051,8 +1095,15 @@ def rates(
         peak = np.full(n, default)
         for d in set(dtype):
             p = hardware.peak_tflops(spec, d)
-            peak[dts == d] = p if p else default
+            sel = dts == d
+            peak[sel] = p if p else default
+            used = (hardware.normalize_dtype(d) or d) if p else ("bf16" if default == default else None)
+            if used is not None:
+                if used not in roof_names:
+                    roof_names.append(used)
+                roof_code[sel] = roof_names.index(used)
         has = ~(np.isnan(tbps) & np.isnan(tflops))
+        roof_code[~has] = -1
         over = has & ((~np.isnan(tflops) & (tflops > peak)) | (~np.isnan(tbps) & (tbps > bw)))
         with np.errstate(divide="ignore", invalid="ignore"):
             roof = np.where(np.isnan(intensity), peak, np.minimum(peak, intensity * bw))
@@ -1075,4 +1126,5 @@ def rates(
         "pct_of_peak": pct,
         "intensity": intensity,
         "bound": pd.Categorical.from_codes(code, categories=BOUNDS).remove_unused_categories(),
+        "roof_dtype": pd.Categorical.from_codes(roof_code, categories=roof_names).remove_unused_categories(),
     }

@@ -243,7 +243,9 @@ def _work_section(entry: Any) -> str:
     kind = getattr(entry, "kind", None)
     if kind:
         return str(kind)
-    return {"GemmOp": "gemm", "GatherOp": "gather", "CopyRule": "copy"}[type(entry).__name__]
+    return {"GemmOp": "gemm", "GatherOp": "gather", "CopyRule": "copy", "KernelDtype": "kernel_dtype"}[
+        type(entry).__name__
+    ]
 
 
 def rule_catalogue(extra_kernel_rules: Sequence[str] = ()) -> tuple[RuleEntry, ...]:

@@ -6,6 +6,9 @@ Contract (the file's header is the spec):
   two operands; :meth:`WorkOps.gemm` reads a matching op's :class:`GemmDims` (batch, M, K, N and the
   weight groups of a grouped product). Dimension expressions (``a[0]``, ``b[-1]``, ``a[:-1]``, an
   integer, any of them ``*<int>``) are parsed here, at load time.
+* A ``[[gemm]]`` entry's ``peak`` names the dtype whose compute peak bounds it where that is not the
+  activation's (:attr:`GemmOp.peak`); ``[[kernel_dtype]]`` entries read that dtype from a GEMM kernel's
+  name (:meth:`WorkOps.kernel_dtype`) for kernels counted without shapes.
 * ``[[gather]]`` entries say which input is the table and how the selected elements are counted;
   ``[[reduce]]`` and ``[[unsized]]`` list ops by name (an ATen private spelling such as
   ``aten::_index_put_impl_`` is looked up as its public name, :func:`base_op`).
@@ -22,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from analyzer.knowledge import loader
+from analyzer.knowledge import hardware, loader
 from analyzer.knowledge.patterns import redos_problem
 from analyzer.paths import RULES_DIR
 
@@ -31,6 +34,7 @@ __all__ = [
     "GatherOp",
     "GemmDims",
     "GemmOp",
+    "KernelDtype",
     "WorkOps",
     "base_op",
     "load_work_ops",
@@ -38,20 +42,22 @@ __all__ = [
 
 WORK_OPS_TOML = RULES_DIR / "work_ops.toml"
 _ID = re.compile(r"^WRK\d{3}$")
-_SECTIONS = ("gemm", "gather", "reduce", "unsized", "copy")
+_SECTIONS = ("gemm", "gather", "reduce", "unsized", "copy", "kernel_dtype")
 _EXPR = re.compile(
     r"^(?:(?P<t>[ab])\[(?P<lo>-?\d+)?(?P<colon>:)?(?P<hi>-?\d+)?\]|(?P<int>\d+))(?:\*(?P<mul>\d+))?$"
 )
 _COMMON = {"id", "names", "note", "source", "cases"}
 _KEYS = {
-    "gemm": _COMMON | {"a", "b", "ranks", "batch", "m", "k", "n", "groups", "out_bytes", "grouped"},
+    "gemm": _COMMON | {"a", "b", "ranks", "batch", "m", "k", "n", "groups", "out_bytes", "grouped", "peak"},
     "gather": _COMMON | {"table", "select", "index"},
     "reduce": _COMMON,
     "unsized": _COMMON,
     "copy": (_COMMON - {"names"}) | {"pattern", "moved"},
+    "kernel_dtype": (_COMMON - {"names"}) | {"pattern", "dtype"},
 }
-_CASE_KEYS = {"dims", "types", "flops", "bytes", "trace", "consumer", "op"}
+_CASE_KEYS = {"dims", "types", "flops", "bytes", "trace", "consumer", "op", "roof"}
 _COPY_CASE_KEYS = {"name", "recorded", "bytes", "trace"}
+_DTYPE_CASE_KEYS = {"name", "dtype", "trace"}
 SELECTS = ("rows", "elements", "consumer")
 
 
@@ -131,6 +137,7 @@ class GemmOp:
     groups: Dim | None
     out_bytes: float | None
     grouped: bool
+    peak: str | None  # the dtype whose compute peak bounds it (None: the activation's)
     note: str
     source: str
     cases: tuple[dict[str, Any], ...]
@@ -193,6 +200,18 @@ class CopyRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class KernelDtype:
+    """A ``[[kernel_dtype]]`` entry: GEMM kernels whose name matches ``pattern`` compute in ``dtype``."""
+
+    id: str
+    pattern: re.Pattern[str]
+    dtype: str
+    note: str
+    source: str
+    cases: tuple[dict[str, Any], ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkOps:
     """The table: GEMMs by name (each name's entries in file order), gathers, reductions, unsized ops."""
 
@@ -200,6 +219,7 @@ class WorkOps:
     gathers: tuple[GatherOp, ...]
     listed: tuple[ListedOps, ...]
     copies: tuple[CopyRule, ...]
+    kernel_dtypes: tuple[KernelDtype, ...]
     _gemm_by_name: dict[str, tuple[GemmOp, ...]]
     _gather_by_name: dict[str, GatherOp]
     _kind_by_name: dict[str, str]
@@ -245,9 +265,13 @@ class WorkOps:
         """Device bytes a memcpy / memset moves per recorded byte (first matching ``[[copy]]``)."""
         return next((c.moved for c in self.copies if c.pattern.search(activity_name)), None)
 
+    def kernel_dtype(self, kernel_name: str) -> str | None:
+        """The dtype a GEMM kernel computes in, as its name says (first matching ``[[kernel_dtype]]``)."""
+        return next((d.dtype for d in self.kernel_dtypes if d.pattern.search(kernel_name)), None)
+
     def entries(self) -> tuple[Any, ...]:
-        """Every entry in file order of its section (gemm, gather, reduce, unsized, copy)."""
-        return (*self.gemms, *self.gathers, *self.listed, *self.copies)
+        """Every entry in file order of its section (gemm, gather, reduce, unsized, copy, kernel_dtype)."""
+        return (*self.gemms, *self.gathers, *self.listed, *self.copies, *self.kernel_dtypes)
 
 
 def load_work_ops(path: str | Path = WORK_OPS_TOML) -> WorkOps:
@@ -266,6 +290,7 @@ def _parse(doc: dict[str, Any], path: Path) -> WorkOps:
     gathers: list[GatherOp] = []
     listed: list[ListedOps] = []
     copies: list[CopyRule] = []
+    kernel_dtypes: list[KernelDtype] = []
     gemm_names: dict[str, list[GemmOp]] = {}
     owner: dict[str, str] = {}
     for section in _SECTIONS:
@@ -293,7 +318,10 @@ def _parse(doc: dict[str, Any], path: Path) -> WorkOps:
             cases = e.get("cases")
             if not isinstance(cases, list) or not cases:
                 raise fail("needs at least one case")
-            need, allowed = ("name", _COPY_CASE_KEYS) if section == "copy" else ("dims", _CASE_KEYS)
+            need, allowed = {
+                "copy": ("name", _COPY_CASE_KEYS),
+                "kernel_dtype": ("name", _DTYPE_CASE_KEYS),
+            }.get(section, ("dims", _CASE_KEYS))
             for c in cases:
                 if not isinstance(c, dict) or need not in c or "trace" not in c:
                     raise fail(f"a case is a table with {need} and trace")
@@ -301,6 +329,9 @@ def _parse(doc: dict[str, Any], path: Path) -> WorkOps:
                     raise fail(f"unknown case key(s) {', '.join(sorted(set(c) - allowed))}")
             if section == "copy":
                 copies.append(_copy_entry(e, oid, cases, fail))
+                continue
+            if section == "kernel_dtype":
+                kernel_dtypes.append(_kernel_dtype_entry(e, oid, cases, fail))
                 continue
             names = e.get("names")
             if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
@@ -334,6 +365,7 @@ def _parse(doc: dict[str, Any], path: Path) -> WorkOps:
         gathers=tuple(gathers),
         listed=tuple(listed),
         copies=tuple(copies),
+        kernel_dtypes=tuple(kernel_dtypes),
         _gemm_by_name={n: tuple(v) for n, v in gemm_names.items()},
         _gather_by_name={n: g for g in gathers for n in g.names},
         _kind_by_name={n: x.kind for x in listed for n in x.names},
@@ -376,6 +408,12 @@ def _gemm_entry(e: dict[str, Any], common: dict[str, Any], fail: Any) -> GemmOp:
     grouped = e.get("grouped", False)
     if not isinstance(grouped, bool):
         raise fail("grouped must be true or false")
+    peak = e.get("peak")
+    if peak is not None and peak not in hardware.DTYPES:
+        raise fail(f"peak must be one of {', '.join(hardware.DTYPES)}")
+    for c in common["cases"]:
+        if "roof" in c and c["roof"] not in hardware.DTYPES:
+            raise fail(f"a case's roof must be one of {', '.join(hardware.DTYPES)}")
     assert (
         dims["batch"] is not None
         and dims["m"] is not None
@@ -393,6 +431,7 @@ def _gemm_entry(e: dict[str, Any], common: dict[str, Any], fail: Any) -> GemmOp:
         groups=dims["groups"],
         out_bytes=float(out_bytes) if out_bytes is not None else None,
         grouped=grouped,
+        peak=peak,
         **common,
     )
 
@@ -417,3 +456,17 @@ def _copy_entry(e: dict[str, Any], oid: str, cases: list[Any], fail: Any) -> Cop
     if not isinstance(moved, int | float) or isinstance(moved, bool) or moved <= 0:
         raise fail("moved must be a positive number")
     return CopyRule(oid, re.compile(pat), float(moved), e["note"], e["source"], tuple(cases))
+
+
+def _kernel_dtype_entry(e: dict[str, Any], oid: str, cases: list[Any], fail: Any) -> KernelDtype:
+    pat, dtype = e.get("pattern"), e.get("dtype")
+    if not isinstance(pat, str) or not pat:
+        raise fail("pattern must be a non-empty string")
+    if problem := redos_problem(pat):
+        raise fail(f"pattern rejected: {problem}")
+    if dtype not in hardware.DTYPES:
+        raise fail(f"dtype must be one of {', '.join(hardware.DTYPES)}")
+    for c in cases:
+        if "dtype" in c and c["dtype"] not in hardware.DTYPES:
+            raise fail(f"a case's dtype must be one of {', '.join(hardware.DTYPES)}")
+    return KernelDtype(oid, re.compile(pat), str(dtype), e["note"], e["source"], tuple(cases))

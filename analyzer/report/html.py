@@ -466,7 +466,9 @@ def _achieved(r: dict[str, Any]) -> Any:
         return Markup(f'<span title="{esc(r.get("invalid_reason") or "exceeds a peak")}">—</span>')
     pct = r.get("pct_of_peak")
     if r.get("bound") == "compute" and r.get("achieved_tflops") is not None:
-        val = f"{r['achieved_tflops']:.1f} TFLOP/s"
+        # the compute roof is the peak of the dtype the kernels compute in (fp8, int8, bf16 ...)
+        roof = f" {r['roof_dtype']}" if r.get("roof_dtype") else ""
+        val = f"{r['achieved_tflops']:.1f} TFLOP/s{roof}"
     elif r.get("achieved_tbps") is not None:
         val = f"{r['achieved_tbps']:.2f} TB/s"
     else:

@@ -196,7 +196,9 @@ def _rate(r: dict[str, Any]) -> str:
     if r.get("bound") == "invalid" and r.get("achieved_tbps") is None and r.get("achieved_tflops") is None:
         return NONE
     if r.get("bound") == "compute" and r.get("achieved_tflops") is not None:
-        val = f"{r['achieved_tflops']:.1f} TFLOP/s"
+        # the compute roof is the peak of the dtype the kernels compute in (fp8, int8, bf16 ...)
+        roof = f" {r['roof_dtype']}" if r.get("roof_dtype") else ""
+        val = f"{r['achieved_tflops']:.1f} TFLOP/s{roof}"
     elif r.get("achieved_tbps") is not None:
         val = f"{r['achieved_tbps']:.2f} TB/s"
     else:

@@ -133,6 +133,7 @@ _RATE_COLUMNS = (
     "pct_of_peak",
     "intensity",
     "bound",
+    "roof_dtype",
 )
 
 
@@ -327,6 +328,7 @@ def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[
             "pct_of_peak": None,
             "bound": _dominant_bound(g),
             "basis": None,
+            "roof_dtype": None,
             **invalid,
         }
     fl = g["flops"].to_numpy(np.float64, na_value=np.nan)
@@ -348,8 +350,48 @@ def roofline_fields(g: pd.DataFrame, gpu: dict[str, Any] | None = None) -> dict[
         "pct_of_peak": float(np.average(pct[has_pct], weights=w)) if len(w) and w.sum() > 0 else None,
         "bound": _dominant_bound(g),
         "basis": _basis(g["flops_source"][known]) if "flops_source" in g else None,
+        "roof_dtype": _roof_dtype(g, known & (np.nan_to_num(fl) > 0)),
         **invalid,
     }
+
+
+def _roof_codes(col: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    """Codes (-1: null) and categories of a ``roof_dtype`` column."""
+    cat = col if isinstance(col.dtype, pd.CategoricalDtype) else col.astype("category")
+    return cat.cat.codes.to_numpy(), cat.cat.categories
+
+
+def _roof_dtypes(df: pd.DataFrame, group: np.ndarray, index: pd.Index) -> dict[tuple, str]:
+    """Per group (``group``: each row's group number, ``index``: the groups' keys): the ``roof_dtype``
+    holding most of the time of its kernels with FLOPs (one weighted count, no loop over groups)."""
+    if "roof_dtype" not in df or not len(index):
+        return {}
+    codes, cats = _roof_codes(df["roof_dtype"])
+    sel = (df["flops"].to_numpy(np.float64, na_value=0.0) > 0) & (codes >= 0) & (group >= 0)
+    if not sel.any() or not len(cats):
+        return {}
+    ncat = len(cats)
+    t = np.bincount(
+        group[sel] * ncat + codes[sel],
+        weights=df["dur_ns"].to_numpy(np.float64)[sel],
+        minlength=len(index) * ncat,
+    ).reshape(len(index), ncat)
+    best = t.argmax(axis=1)
+    has = t.max(axis=1) > 0
+    return {tuple(index[i]): str(cats[best[i]]) for i in np.flatnonzero(has)}
+
+
+def _roof_dtype(g: pd.DataFrame, rated: np.ndarray) -> str | None:
+    """The dtype whose compute peak the row's kernels with FLOPs (``rated``) are measured against
+    (``roof_dtype``), the one holding most of their time; None without FLOPs."""
+    if "roof_dtype" not in g or not rated.any():
+        return None
+    codes, cats = _roof_codes(g["roof_dtype"])
+    sel = rated & (codes >= 0)
+    if not sel.any():
+        return None
+    t = np.bincount(codes[sel], weights=g["dur_ns"].to_numpy(np.float64)[sel], minlength=len(cats))
+    return str(cats[int(t.argmax())])
 
 
 def _basis(sources: pd.Series) -> list[str] | None:
@@ -435,6 +477,7 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
                 "pct_of_peak",
                 *(["bound"] if "bound" in df else []),
                 *(["flops_source"] if "flops_source" in df else []),
+                *(["roof_dtype"] if "roof_dtype" in df else []),
             ]
         ]
         if bad.any():  # invalid kernels' numbers are not rates: out of the sums
@@ -447,7 +490,8 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
             _pct_w=(df["pct_of_peak"] * df["dur_ns"]).where(has_pct, 0.0),
             _pct_ns=df["dur_ns"].where(has_pct, 0),
         )
-        agg = df.groupby(keys, observed=True, sort=True).agg(
+        grouped = df.groupby(keys, observed=True, sort=True)
+        agg = grouped.agg(
             count=("count", "sum"),
             time_ns=("dur_ns", "sum"),
             flops=("flops", "sum"),
@@ -468,8 +512,9 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
             ):
                 if n:
                     basis.setdefault(tuple(key[:-1]), []).append(str(key[-1]))
+        roofs = _roof_dtypes(df, grouped.ngroup().to_numpy(), agg.index)
     else:
-        basis = {}
+        basis, roofs = {}, {}
         agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"), time_ns=("dur_ns", "sum")
         )
@@ -499,6 +544,7 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
                 if "bound" in df and df["bound"].notna().any()
                 else None,
                 "basis": [b for b in FLOPS_SOURCES if b in basis.get(tuple(key), ())] or None,
+                "roof_dtype": roofs.get(tuple(key)),
                 "invalid_kernels": reasons.get(tuple(key), (0, None))[0],
                 "invalid_reason": reasons.get(tuple(key), (0, None))[1],
             }
@@ -524,7 +570,7 @@ def top_kernels(
     # the columns a row reads: each top group's rows are taken out of this narrower frame
     df = only_columns(df, "group_key", "dur_ns", "stage", "phase", "norm_name", "provider", "rule_id",
                       "stage_rule", "count", "tile_m", "tile_n", "tile_k", "split_k", "flops", "bytes", "pct_of_peak",
-                      "bound", "category", "flops_source")  # fmt: skip
+                      "bound", "category", "flops_source", "roof_dtype")  # fmt: skip
     groups = df.groupby("group_key", observed=True)
     tot = groups["dur_ns"].sum()
     tot = tot.reset_index().sort_values(["dur_ns", "group_key"], ascending=[False, True])
