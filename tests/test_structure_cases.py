@@ -97,13 +97,14 @@ def test_every_vocabulary_and_threshold_is_read_by_a_rule():
 
 def test_every_rule_is_looked_up_by_the_code():
     import analyzer.analyses.classify as classify
+    import analyzer.analyses.dequantize as dequantize
     import analyzer.analyses.layers as layers
     import analyzer.analyses.mixers as mixers
     import analyzer.analyses.phases as phases
     import analyzer.analyses.unexplained as unexplained
     import analyzer.analyses.weight_gathers as weight_gathers
 
-    modules = (classify, layers, mixers, phases, unexplained, weight_gathers)
+    modules = (classify, dequantize, layers, mixers, phases, unexplained, weight_gathers)
     src = "".join(Path(m.__file__).read_text(encoding="utf-8") for m in modules)
     names = {r.name for r in REGISTRY.rules}
     looked_up = set(re.findall(r'(?:_ID|code_of|id_of)\("([a-z0-9-]+)"\)', src))

@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.analyses import layers, mixers, providers, shape_roles, unexplained, weight_gathers
+from analyzer.analyses import dequantize, layers, mixers, providers, shape_roles, unexplained, weight_gathers
 from analyzer.analyses.layers import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.op_hints import op_hint_ids
@@ -94,6 +94,7 @@ def classify_and_check(
     pow_rows = dict_isin(op_column, list(layers.POW_OPS))
     reduce_rows = layers.reduction_rows(cols["norm_name"], op_column)
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
+    int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops)
     ordered = order[timed[order]]
     segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
     bounds = np.flatnonzero(np.diff(segment)) + 1
@@ -103,6 +104,7 @@ def classify_and_check(
     for seg in np.split(ordered, bounds):
         if len(seg):
             layers.mark_activation_quantize(seg, stage, op_names, launch, why)
+            dequantize.mark_weight_dequantize(seg, stage, op_names, launch, int_cast, vec_scale, why, th)
             weight_gathers.mark_expert_weight_gathers(seg, stage, op_names, op_dims, topk, why, th)
             layers.compose_attention(seg, stage, norm, op_names, launch, softmax, why)
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end

@@ -499,7 +499,14 @@ def walk_sequence(
         for q in op_first.tolist()
         if stage[rows[q]] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm")
     ]
-    shape = _norm_shape(rows, norm, op_names, normish, was_generic, qkv_starts, th)
+    # a quantized linear's input quantization (STR049, STR053) sits between the norm and its GEMM:
+    # the norm's shape is read up to the quantization's first kernel
+    gemm_inputs = []
+    for q in qkv_starts:
+        while q > 0 and stage[rows[q - 1]] == "quantize":
+            q -= 1
+        gemm_inputs.append(q)
+    shape = _norm_shape(rows, norm, op_names, normish, was_generic, gemm_inputs, th)
     regions = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
     region_code = np.fromiter(map(regions.__getitem__, region_of), np.int32, n)
     # the generic kernels now: the fix-ups made generic kernels of marked ones only (and took
@@ -919,7 +926,7 @@ def _label_generic(
                 if inside:
                     # sandwich norms (Gemma): norms may come before and after the residual add
                     for i in run:
-                        if i in inside:
+                        if i in inside and not _between_fused_norms(rows, i, p, q, norm, op_names):
                             stage[rows[i]] = "norm"
                         elif _is_add(rows[i], op_names) or stage[rows[i]] == "residual_add":
                             stage[rows[i]] = "residual_add"  # by op, or the rule's 16-bit add
@@ -1306,6 +1313,18 @@ def _label_first_norm(
 
 
 _FUSED_NORM_WORDS = KNOWLEDGE.words("fused_norm_words")
+
+
+def _between_fused_norms(
+    rows: list[int], i: int, lo: int, hi: int, norm: Sequence[str], op_names: Sequence[str | None]
+) -> bool:
+    """An add right between two fused norm kernels (one kernel each: Liger's, vLLM's) is the
+    residual add of a sandwich, not a composed norm's epsilon add."""
+
+    def fused(j: int) -> bool:
+        return lo <= j < hi and any(w in norm[rows[j]] for w in _FUSED_NORM_WORDS)
+
+    return _is_add(rows[i], op_names) and fused(i - 1) and fused(i + 1)
 
 
 def _label_rotary_module(

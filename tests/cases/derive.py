@@ -133,6 +133,17 @@ def eager_decode_grids(t: Trace) -> Trace:
     return dataclasses.replace(t, kernels=k)
 
 
+def foreign_gates(t: Trace) -> Trace:
+    # a recurrence's gates where RoPE, a norm or an activation should be: the same kernels, launched
+    # by aten::softplus instead of aten::mul (what an SSM or a gated linear-attention layer runs
+    # between its projections); the walk still places them by position, and STR051 says so
+    h = t.host_ops
+    names = h["name"].combine_chunks().cast(pa.string())
+    renamed = pc.if_else(pc.equal(names, "aten::mul"), pa.scalar("aten::softplus"), names)
+    renamed = renamed.dictionary_encode().cast(h.schema.field("name").type)
+    return dataclasses.replace(t, host_ops=h.set_column(h.schema.get_field_index("name"), "name", renamed))
+
+
 DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
     ("derived-unknown-attention", "llama-sdpa-prefill-decode", unknown_attention,
      "An attention kernel no rule knows: the layer structure is not found with confidence, names kept"),
@@ -148,6 +159,8 @@ DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
      "Without shapes, two halves of a run whose heavy kernels share no name: no phase"),
     ("derived-eager-decode-grids", "sglang-llama8b-decode-mi300x-bare", eager_decode_grids,
      "The SGLang MI300X decode step as an eager capture records it: the paged decode kernel's grid counts the step's 16 sequences"),
+    ("derived-foreign-gates", "llama-sdpa-prefill-decode", foreign_gates,
+     "Gates of a recurrence where RoPE, norms and activations sit (aten::mul launched as aten::softplus): placed by position under foreign ops, announced"),
 ]  # fmt: skip
 
 

@@ -1,0 +1,149 @@
+"""Weight-only quantized linears' own work around their GEMM (STR053): dequantize, pad, rescale.
+
+Contract: a pure pass over one segment of kernels in launch order, before the layer walk, like the
+activation quantization (STR049). Around a GEMM op's first kernel:
+
+* the generic kernels right before it launched by a cast of an integer tensor (``aten::copy_`` from
+  ``signed char`` ...: an int8 weight-only linear casting its weight to the compute dtype) are
+  ``quantize``, and so are the kernels right after the GEMM up to its per-channel rescale (an
+  ``aten::mul`` by a vector, the scale's own cast before it) and a bias added by a vector after it;
+* the generic fill / copy kernels right before a weight-only packed GEMM op
+  (``weight_only_gemm_ops``: ``_weight_int4pack_mm`` ...) pad or cast its input to the packed
+  kernel's layout, and where the op computes in fp32 (``float_out_gemm_ops``) the casts right after
+  it take its output back to the compute dtype: ``quantize``.
+
+Whatever region they sit in (RoPE, activation, norm, attention), they are the quantized linear's
+work, never that region's. Needs host ops and their input types; without them nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzer.analyses.layers import KNOWLEDGE
+from analyzer.tables import launches
+
+WEIGHT_DEQUANTIZE = KNOWLEDGE.code_of("weight-dequantize")
+CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))
+INTEGER_TYPES = frozenset(KNOWLEDGE.set_of("integer_types"))
+PACKED_GEMM_OPS = frozenset(KNOWLEDGE.set_of("weight_only_gemm_ops"))
+PAD_OPS = frozenset(KNOWLEDGE.set_of("pad_fill_ops"))
+FLOAT_OUT_OPS = frozenset(KNOWLEDGE.set_of("float_out_gemm_ops"))
+SCALE_OPS = frozenset(KNOWLEDGE.set_of("scale_ops"))
+ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
+GEMM_OPS = (
+    frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
+    | frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))
+    | PACKED_GEMM_OPS
+)
+_PARTS = frozenset(KNOWLEDGE.set_of("quantize_parts"))
+
+
+def operand_facts(kernels: pa.Table, host_ops: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel row: launched by a cast whose source is an integer tensor, and launched by a
+    multiply or add whose second operand is a vector (``[N]`` or ``[N, 1]``: a per-channel scale,
+    a bias). Vectorised over the launching
+    ops' recorded input types and shapes; all False without them."""
+    n = kernels.num_rows
+    found = launches.launching_op_rows(kernels, host_ops)
+    if found is None or n == 0:
+        return np.zeros(n, bool), np.zeros(n, bool)
+    ops, pos = found
+    op_rows = ops["row"].take(pos)
+    names = pc.take(host_ops["name"], op_rows)
+    casts = pc.fill_null(pc.is_in(names, pa.array(sorted(CAST_OPS))), False)
+    types = pc.take(host_ops["input_types"], op_rows)
+    # copy_(dst, src) reads its second input; _to_copy / to their first
+    src = pc.if_else(pc.equal(names, "aten::copy_"), _element(types, 1), _element(types, 0))
+    int_cast = pc.and_(casts, pc.fill_null(pc.is_in(src, pa.array(sorted(INTEGER_TYPES))), False))
+    scale = pc.fill_null(pc.is_in(names, pa.array(sorted(SCALE_OPS | ADD_OPS))), False)
+    second = _element(pc.take(host_ops["input_dims"], op_rows), 1)
+    shape = pc.list_value_length(second)
+    last = _element(second, -1)
+    vector = pc.or_(pc.equal(shape, 1), pc.and_(pc.equal(shape, 2), pc.equal(last, 1)))
+    vec_scale = pc.and_(scale, pc.fill_null(vector, False))
+    return (
+        pc.fill_null(int_cast, False).to_numpy(zero_copy_only=False),
+        pc.fill_null(vec_scale, False).to_numpy(zero_copy_only=False),
+    )
+
+
+def _element(lists: Any, i: int) -> Any:
+    """The i-th element of each list (null where the list is shorter or null); -1 is the last."""
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    idx = lengths - 1 if i < 0 else np.full(len(lengths), i)
+    ok = (idx >= 0) & (idx < lengths) & ~lists.is_null().to_numpy(zero_copy_only=False)
+    at = np.where(ok, lists.offsets.to_numpy()[:-1] + idx, 0)
+    flat = lists.values
+    if len(flat) == 0:
+        return pa.nulls(len(at), flat.type)
+    return pc.if_else(pa.array(ok), flat.take(pa.array(at)), pa.nulls(len(at), flat.type))
+
+
+def mark_weight_dequantize(
+    seq: np.ndarray,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    launch: np.ndarray,
+    int_cast: np.ndarray,
+    vec_scale: np.ndarray,
+    why: Any,
+    th: Any,
+) -> int:
+    """STR053 over one segment (kernel rows in launch order); returns the kernels relabelled."""
+    rows = seq.tolist()
+    window = int(th.dequantize_window)
+    done = 0
+
+    def put(r: int) -> None:
+        nonlocal done
+        stage[r] = "quantize"
+        why[r] = WEIGHT_DEQUANTIZE
+        done += 1
+
+    for p, r in enumerate(rows):
+        op = op_names[r]
+        if op not in GEMM_OPS or (p and launch[rows[p - 1]] == launch[r]):
+            continue  # not the first kernel of a GEMM op
+        dequantized = False
+        for q in range(p - 1, max(-1, p - 1 - window), -1):
+            rq = rows[q]
+            if stage[rq] not in _PARTS:
+                break
+            if int_cast[rq]:
+                put(rq)
+                dequantized = True
+            elif op in PACKED_GEMM_OPS and op_names[rq] in PAD_OPS:
+                put(rq)
+            else:
+                break
+        k = p + 1
+        while k < len(rows) and launch[rows[k]] == launch[r]:
+            k += 1  # the GEMM's own further kernels (a split-K reduce)
+        if op in FLOAT_OUT_OPS:  # its fp32 output cast back to the compute dtype
+            end = min(len(rows), k + window)
+            while k < end and op_names[rows[k]] in CAST_OPS and stage[rows[k]] in _PARTS:
+                put(rows[k])
+                k += 1
+        if not dequantized:
+            continue
+        after = []
+        for q in range(k, min(len(rows), k + window)):
+            if stage[rows[q]] not in _PARTS:
+                break
+            after.append(rows[q])
+            if vec_scale[rows[q]] and op_names[rows[q]] in SCALE_OPS:  # the per-channel rescale
+                for rq in after:
+                    put(rq)
+                nxt = q + 1  # and the bias added after it
+                if nxt < len(rows) and vec_scale[rows[nxt]] and op_names[rows[nxt]] in ADD_OPS:
+                    put(rows[nxt])
+                break
+    return done
