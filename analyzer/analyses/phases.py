@@ -69,6 +69,7 @@ GAP_STEPS = _ID("gap-steps")
 SHAPE_ONE_TOKEN = _ID("shape-one-token")
 SHAPE_VERIFY = _ID("shape-verify")
 SHAPE_PREFILL = _ID("shape-prefill")
+RECOMPUTED_PREFIX = _ID("recomputed-prefix")
 PACKED_STEP = _ID("packed-step")
 PACKED_PHASE = _ID("packed-phase")
 PACKED_BOOKKEEPING = _ID("packed-bookkeeping")
@@ -975,6 +976,7 @@ def label_steps(
         "keeps every logit, so their phase is unknown (capture a step that also holds a prompt "
         "chunk, or engine step annotations, to tell them)",
     )  # fmt: skip
+    recomputed_prefix(hits, packed, phases, rules, evidence)
     # each step's own kernels: families engines run in one phase only decide a step without shapes,
     # and a step whose shapes say otherwise has no phase (the two kinds of evidence contradict)
     said = [_evidence_phase(seg, df) if "evidence" in df else (None, KERNEL_EVIDENCE) for seg in segments]
@@ -1082,6 +1084,35 @@ def label_steps(
         if pk and d_packed is not None and tok is not None:
             pre, dec = tok - d_packed, d_packed
         out.append(StepLabel(str(ph), tok, pre, dec, model, verify, rule, tuple(dict.fromkeys(ev))))
+    return out
+
+
+def recomputed_prefix(
+    hits: Sequence[tuple[int, int, int, Any] | None],
+    packed: Sequence[bool],
+    phases: list[str | None],
+    rules: list[str],
+    evidence: list[list[str]],
+) -> list[int]:
+    """PHS035: a model run without a KV cache recomputes every sequence at each step. A step whose
+    shapes say prefill (its query as long as its keys: no cached context) but whose query is the
+    previous such step's plus one token per sequence, with the same batch and model, is that
+    previous step continued by one generated token: a decode step (its tokens: every token it
+    runs, as the engine's own step says). The first step of such a run stays the prefill. Returns
+    the steps relabelled."""
+    out = []
+    for i in range(1, len(hits)):
+        h, g = hits[i], hits[i - 1]
+        if h is None or g is None or packed[i] or packed[i - 1] or rules[i] != SHAPE_PREFILL:
+            continue
+        if rules[i - 1] not in (SHAPE_PREFILL, RECOMPUTED_PREFIX):
+            continue
+        same = h[0] == g[0] and h[0] > 0 and h[3] == g[3]
+        if same and h[1] == g[1] + 1 and h[2] == h[1] and g[2] == g[1]:
+            phases[i] = "decode"
+            evidence[i].append(rules[i])
+            rules[i] = RECOMPUTED_PREFIX
+            out.append(i)
     return out
 
 

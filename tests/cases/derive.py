@@ -144,6 +144,21 @@ def foreign_gates(t: Trace) -> Trace:
     return dataclasses.replace(t, host_ops=h.set_column(h.schema.get_field_index("name"), "name", renamed))
 
 
+def recomputed_prefix(t: Trace) -> Trace:
+    # generation without a KV cache: the decode step runs its sequences again with one token more
+    # (the attention ops' query as long as their keys, 48 + 1 tokens), as MPT or GPT-1 do in generate
+    h = t.host_ops
+    names = h["name"].to_pylist()
+    dims = h["input_dims"].to_pylist()
+    sdpa = ("scaled_dot_product", "_flash_attention_forward", "_efficient_attention_forward", "cudnn_attention")
+    for i, (name, d) in enumerate(zip(names, dims, strict=True)):
+        if name and any(w in name for w in sdpa) and d and len(d) > 1 and d[0] and len(d[0]) == 4:
+            if d[0][2] == 1 and len(d[1]) == 4:  # a decode op: one query over the cached keys
+                d[0] = [d[0][0], d[0][1], d[1][2], d[0][3]]
+    col = pa.array(dims, h.schema.field("input_dims").type)
+    return dataclasses.replace(t, host_ops=h.set_column(h.schema.get_field_index("input_dims"), "input_dims", col))
+
+
 DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
     ("derived-unknown-attention", "llama-sdpa-prefill-decode", unknown_attention,
      "An attention kernel no rule knows: the layer structure is not found with confidence, names kept"),
@@ -159,6 +174,8 @@ DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
      "Without shapes, two halves of a run whose heavy kernels share no name: no phase"),
     ("derived-eager-decode-grids", "sglang-llama8b-decode-mi300x-bare", eager_decode_grids,
      "The SGLang MI300X decode step as an eager capture records it: the paged decode kernel's grid counts the step's 16 sequences"),
+    ("derived-recomputed-prefix", "llama-sdpa-prefill-decode", recomputed_prefix,
+     "Generation without a KV cache: the second step's attention runs 49 queries over 49 keys, the first step's 48 plus one: a decode that recomputes its prefix"),
     ("derived-foreign-gates", "llama-sdpa-prefill-decode", foreign_gates,
      "Gates of a recurrence where RoPE, norms and activations sit (aten::mul launched as aten::softplus): placed by position under foreign ops, announced"),
 ]  # fmt: skip
