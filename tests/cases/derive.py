@@ -150,13 +150,20 @@ def recomputed_prefix(t: Trace) -> Trace:
     h = t.host_ops
     names = h["name"].to_pylist()
     dims = h["input_dims"].to_pylist()
-    sdpa = ("scaled_dot_product", "_flash_attention_forward", "_efficient_attention_forward", "cudnn_attention")
+    sdpa = (
+        "scaled_dot_product",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+        "cudnn_attention",
+    )
     for i, (name, d) in enumerate(zip(names, dims, strict=True)):
         if name and any(w in name for w in sdpa) and d and len(d) > 1 and d[0] and len(d[0]) == 4:
             if d[0][2] == 1 and len(d[1]) == 4:  # a decode op: one query over the cached keys
                 d[0] = [d[0][0], d[0][1], d[1][2], d[0][3]]
     col = pa.array(dims, h.schema.field("input_dims").type)
-    return dataclasses.replace(t, host_ops=h.set_column(h.schema.get_field_index("input_dims"), "input_dims", col))
+    return dataclasses.replace(
+        t, host_ops=h.set_column(h.schema.get_field_index("input_dims"), "input_dims", col)
+    )
 
 
 DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
