@@ -156,7 +156,7 @@ def recomputed_prefix(t: Trace) -> Trace:
         "_efficient_attention_forward",
         "cudnn_attention",
     )
-    for i, (name, d) in enumerate(zip(names, dims, strict=True)):
+    for name, d in zip(names, dims, strict=True):
         if name and any(w in name for w in sdpa) and d and len(d) > 1 and d[0] and len(d[0]) == 4:
             if d[0][2] == 1 and len(d[1]) == 4:  # a decode op: one query over the cached keys
                 d[0] = [d[0][0], d[0][1], d[1][2], d[0][3]]
