@@ -58,6 +58,21 @@ def test_a_mixer_from_its_input_projection_to_its_output_projection() -> None:
     assert n > 0 and why[4] == MIXER_SPAN and why[12] == 0
 
 
+def test_a_gate_projection_before_the_gated_norm_is_no_output_projection() -> None:
+    # GIVEN Kimi's delta attention: after the core, the gate's projections, the gated norm, o_proj
+    seq = [
+        *MAMBA_LAYER[:10],
+        ("gemm", "aten::mm", None),  # g_proj: a gate's projection, the gated norm right after it
+        ("norm", "aten::rsqrt", None),
+        ("gemm", "aten::mm", None),  # o_proj
+        ("residual_add", "aten::add", None),
+        ("norm", "aten::rsqrt", None),
+    ]
+    stage, _, _ = _run(seq)
+    # THEN the gate's projection is an input projection and o_proj (before the residual) the output
+    assert stage[10] == "qkv_gemm" and stage[12] == "o_gemm" and stage[11] == "norm"
+
+
 @pytest.mark.parametrize(
     "change",
     [

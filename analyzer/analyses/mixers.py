@@ -7,8 +7,9 @@ stages only. An *anchor* is a kernel only a mixer runs: one whose stage its name
 whose weight is depthwise (``[channels, 1, ...]``: a causal conv1d) or by another op of
 ``mixer_anchor_ops`` (the convolution state's shift in decode, a delta rule's triangular solve). From
 an anchor, the mixer spans from the first linear GEMM after the nearest norm before it (its input
-projection, with no batched GEMM and no router or expert work between it and the anchor) to its output projection: the first linear GEMM after the anchor that the next norm
-follows with no GEMM in between (then a residual add, then the next layer's norm). Inside it: linear
+projection, with no batched GEMM and no router or expert work between it and the anchor) to its
+output projection: the first linear GEMM after the anchor that the next norm follows with no GEMM in
+between and a residual add before it. Inside it: linear
 GEMMs before the output projection are input projections (``qkv_gemm``: Mamba's x_proj / dt_proj
 too), the norm kernels after the core's last GEMM are the mixer's own norm (``norm``), copies keep
 their memory stage, everything else is the core (``linear_attention``: its convolution, scan or delta
@@ -32,6 +33,7 @@ CONV_OPS = frozenset(KNOWLEDGE.set_of("depthwise_conv_ops"))
 ANCHOR_OPS = frozenset(KNOWLEDGE.set_of("mixer_anchor_ops"))
 LINEAR_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
 BATCHED_OPS = frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))
+ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
 _MEMORY = frozenset(MEMORY_STAGES)
 _CORE = "linear_attention"
 _SOFTMAX = ATTENTION - {_CORE}  # softmax attention's kernels: never inside a mixer
@@ -134,11 +136,21 @@ def _span(
         k = g + 1
         while launch is not None and k < len(rows) and launch[rows[k]] == launch[r]:
             k += 1
-        while k < len(rows) and stage[rows[k]] != "norm" and not _gemm(rows[k], op_names):
+        after = k
+        # (an add labelled norm by a sandwich rule is still the residual add, not the next norm)
+        while (
+            k < len(rows)
+            and (stage[rows[k]] != "norm" or op_names[rows[k]] in ADD_OPS)
+            and not _gemm(rows[k], op_names)
+        ):
             if attention(rows[k]):
                 return None
             k += 1
-        if k >= len(rows) or stage[rows[k]] == "norm":
+        # the output projection's result is added to the residual before the next norm (a gate's
+        # projection before the mixer's own gated norm is not)
+        if k >= len(rows) or (
+            stage[rows[k]] == "norm" and any(op_names[rows[j]] in ADD_OPS for j in range(after, k))
+        ):
             return s, start, g
     return None
 
