@@ -698,13 +698,14 @@ def _steps_from_annotations(
     rows = []
     k_start = df["start"]
     k_dur = df["dur"]
+    # launch times are nearly, not exactly, in kernel order: a step's kernels are found by a
+    # sorted search on them, then put back in kernel order (a mask per step is quadratic)
+    by_launch = None if on_gpu else np.argsort(key, kind="stable")
+    sorted_key = key if on_gpu else key[by_launch]
     for s, a in enumerate(use):
-        lo = np.searchsorted(key, a.start_ns, side="left") if on_gpu else None
-        if on_gpu:
-            hi = np.searchsorted(key, a.end_ns, side="left")
-            members = idx[lo:hi]
-        else:
-            members = idx[(key >= a.start_ns) & (key < a.end_ns)]
+        lo = np.searchsorted(sorted_key, a.start_ns, side="left")
+        hi = np.searchsorted(sorted_key, a.end_ns, side="left")
+        members = idx[lo:hi] if by_launch is None else idx[np.sort(by_launch[lo:hi])]
         members = members[step[members] < 0]
         if len(members) == 0:
             warnings.append(f"trace {tid}: step annotation {a.name!r} holds no kernel")
