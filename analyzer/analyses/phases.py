@@ -44,7 +44,7 @@ from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.kernel_rules import PhaseEvidence
 from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
-from analyzer.model import dict_isin, dict_strings, launch_calls, objects
+from analyzer.model import dict_isin, dict_strings, filled, launch_calls, objects
 from analyzer.tables import intervals, launches, lookup
 
 # the GEMM and attention kernels: their run time says how much work a step did
@@ -286,7 +286,7 @@ def label_phases(
         rule, why = whole
         n = kernels.num_rows
         phase, step, tokens = (
-            np.full(n, "unknown", object),
+            filled(n, "unknown"),
             np.full(n, -1, np.int64),
             np.full(n, None, object),
         )
@@ -385,7 +385,7 @@ def split_phases(
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
     n = kernels.num_rows
-    phase = np.full(n, "unknown", object)
+    phase = filled(n, "unknown")
     step = np.full(n, -1, np.int64)
     tokens = np.full(n, None, object)
     warnings: list[str] = []
