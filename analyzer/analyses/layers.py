@@ -507,9 +507,11 @@ def walk_sequence(
     candidates = was_generic.copy()
     candidates[marks] = True
     generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
-    _label_generic(seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape, why, th)
+    _label_generic(
+        seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape, why, th, rows=rows
+    )
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
-    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm, why, th, op_names)
+    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm, why, th, op_names, rows)
     moved = _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts)
     if fired is not None and moved:
         fired[PROLOGUE_SHIFT] += moved
@@ -881,13 +883,14 @@ def _label_generic(
     shape: dict[str, tuple[int, int]] | None = None,
     why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
+    rows: list[int] | None = None,  # seq as a list, where the caller holds one (millions of ints)
 ) -> None:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
     are found at once). Each region's labelling changes only its own positions, so the generic
     kernels of every region are the ones found before the first."""
     why = {} if why is None else why
-    rows = seq.tolist()
+    rows = seq.tolist() if rows is None else rows
     n = len(rows)
     gap = int(th.norm_cluster_gap)
     # with a typed array of codes, the region defaults' codes are set at once afterwards (below)
@@ -1247,13 +1250,14 @@ def _label_inner_norms(
     why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
     op_names: Sequence[str | None] = (),
+    rows: list[int] | None = None,  # seq as a list, where the caller holds one
 ) -> None:
     """Norms inside the attention input (Qwen3 / OLMo-2 / Gemma-3 q/k norms) are norms, not RoPE:
     the learned norm shape (:func:`_norm_shape`) is applied to the norm clusters found between the
     QKV GEMM and attention; a copy right before a q / k norm kernel that the learned shape does not
     cover is that norm's input (STR046). ``attn_in``: per position, in that region."""
     why = {} if why is None else why
-    rows = seq.tolist()
+    rows = seq.tolist() if rows is None else rows
     n = len(rows)
     inner = attn_in & normish
     if not inner.any():
