@@ -60,7 +60,7 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
         "annotations": analysis.annotations_found,
         "totals": totals(df),
         "phases": {
-            p: phase_summary(only_columns(df, "phase", "category", *_RATE_COLUMNS), analysis, p)
+            p: phase_summary(only_columns(df, "phase", "category", "dur_ns", "bound"), analysis, p)
             for p in PHASES
             if (df["phase"] == p).any()
         },
