@@ -29,6 +29,7 @@ from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAG
 from analyzer.knowledge.work_ops import load_work_ops
 from analyzer.model import dict_isin, dict_where
 from analyzer.tables.launches import launching_op_rows
+from analyzer.tables.positions import row_array, row_sequence
 
 # The stages the walk reads (sets for fast membership; derived from rules/taxonomy.toml):
 GEMM_STAGES = frozenset(DENSE_GEMM_STAGES)  # a GEMM the walk gives a role (moe_expert_gemm keeps its own)
@@ -333,7 +334,7 @@ def walk_sequence(
     (after the LM head: sampling). A GEMM's role follows from its region and what comes next.
     """
     why = {} if why is None else why
-    rows = seq.tolist()
+    rows = row_sequence(seq)
     n = len(rows)
     demoted = _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq], why)
     if fired is not None and demoted:
@@ -571,9 +572,7 @@ def _mark_routers(
     the last top-k become ``moe_topk``. Returns whether any router was found.
     """
     n = len(rows)
-    topk = [
-        q for q in np.flatnonzero(topk_rows[np.asarray(rows, np.int64)]).tolist() if st[q] in _ROUTING_PARTS
-    ]
+    topk = [q for q in np.flatnonzero(topk_rows[row_array(rows)]).tolist() if st[q] in _ROUTING_PARTS]
     topk = [q for q in topk if _is_topk(st[q], norm[rows[q]], op_names[rows[q]])]
     op_first, op_last = ops
     if not topk or not len(op_first):
