@@ -22,7 +22,7 @@ from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.knowledge.taxonomy import PHASES
 from analyzer.pipeline import Analysis
 from analyzer.tables import intervals
-from analyzer.tables.frames import only_columns
+from analyzer.tables.frames import groups, only_columns
 
 FORMAT_VERSION = 2
 TOP_KERNELS = 15
@@ -367,7 +367,7 @@ def _nan_sum(values: np.ndarray) -> float | None:
 
 def stage_rows(df: pd.DataFrame, total: int, gpu: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     rows = []
-    for (phase, stage, provider), g in df.groupby(["phase", "stage", "provider"], sort=True, observed=True):
+    for (phase, stage, provider), g in groups(df, ["phase", "stage", "provider"]):  # sorted below
         t = int(g["dur_ns"].sum())
         rows.append(
             {
