@@ -252,8 +252,8 @@ def analyze_trace(
     Host ops are read by the input steps only. With ``keep_host_ops=False`` (a caller that holds no
     other reference to the trace) the analysis holds the launch calls apart from the other host ops
     from the start (three columns of about half the host rows: only the phase split reads them) and
-    drops the host ops before the run steps, so the findings' and the summary's frames are built
-    without them in memory.
+    drops the host ops and the annotations before the run steps, so the findings' and the summary's
+    frames are built without them in memory.
     """
     context = as_context(options)
     analysis = start(trace)
@@ -267,10 +267,13 @@ def analyze_trace(
             )
             del apart, host_ops, calls
     analysis = analyze_inputs(analysis, context)
-    if not keep_host_ops:
-        analysis = dataclasses.replace(
-            analysis,
-            trace=dataclasses.replace(analysis.trace, host_ops=analysis.trace.host_ops.schema.empty_table()),
-        )
+    if not keep_host_ops:  # the annotations too: the phase split was their only reader
+        t = analysis.trace
+        empty = {
+            "host_ops": t.host_ops.schema.empty_table(),
+            "annotations": t.annotations.schema.empty_table(),
+        }
+        analysis = dataclasses.replace(analysis, trace=dataclasses.replace(t, **empty))
+        del t
         launches.forget_launching_ops()
     return finish_run(analysis, context)
