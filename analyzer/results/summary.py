@@ -153,7 +153,7 @@ def totals(df: pd.DataFrame) -> dict[str, Any]:
     timed = _timed(df)
     wall = busy = 0
     devices = 0
-    for _, g in timed.groupby(["rank", "device"], sort=True):
+    for _, g in groups(only_columns(timed, "rank", "device", "start_ns", "dur_ns"), ["rank", "device"]):
         devices += 1
         s = g["start_ns"].to_numpy(np.int64)
         e = s + g["dur_ns"].to_numpy(np.int64)
