@@ -266,7 +266,8 @@ def analyze_trace(
                 analysis, trace=dataclasses.replace(analysis.trace, host_ops=host_ops), launch_calls=calls
             )
             del apart, host_ops, calls
-    analysis = analyze_inputs(analysis, context)
+    for step in INPUT_STEPS:  # as analyze_inputs, with no name left on a step's input once it returns
+        analysis = step(analysis, context)
     if not keep_host_ops:  # the annotations too: the phase split was their only reader
         t = analysis.trace
         empty = {
