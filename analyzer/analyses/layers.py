@@ -512,7 +512,7 @@ def walk_sequence(
         seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape, why, th, rows=rows
     )
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
-    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm, why, th, op_names, rows)
+    _label_inner_norms(rows, stage, attn_in, normish, was_generic, shape, norm, why, th, op_names)
     moved = _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts)
     if fired is not None and moved:
         fired[PROLOGUE_SHIFT] += moved
@@ -882,7 +882,7 @@ def _label_generic(
     shape: dict[str, tuple[int, int]] | None = None,
     why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
-    rows: list[int] | None = None,  # seq as a list, where the caller holds one (millions of ints)
+    rows: Sequence[int] | None = None,  # seq as Python ints, where the caller holds them
 ) -> None:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
@@ -1239,7 +1239,7 @@ def _cluster_bounds(
 
 
 def _label_inner_norms(
-    seq: np.ndarray,
+    rows: Sequence[int],  # one device's kernels in time order (:func:`row_sequence`)
     stage: list[str],
     attn_in: np.ndarray,
     normish: np.ndarray,
@@ -1249,14 +1249,12 @@ def _label_inner_norms(
     why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
     op_names: Sequence[str | None] = (),
-    rows: list[int] | None = None,  # seq as a list, where the caller holds one
 ) -> None:
     """Norms inside the attention input (Qwen3 / OLMo-2 / Gemma-3 q/k norms) are norms, not RoPE:
     the learned norm shape (:func:`_norm_shape`) is applied to the norm clusters found between the
     QKV GEMM and attention; a copy right before a q / k norm kernel that the learned shape does not
     cover is that norm's input (STR046). ``attn_in``: per position, in that region."""
     why = {} if why is None else why
-    rows = seq.tolist() if rows is None else rows
     n = len(rows)
     inner = attn_in & normish
     if not inner.any():
