@@ -217,6 +217,14 @@ def objects(values: Any) -> np.ndarray:
     return uniq[codes.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)]
 
 
+def filled(n: int, value: Any) -> np.ndarray:
+    """An object array of ``n`` rows that all hold the one object ``value``: ``np.full`` of a ``str``
+    converts it through a text array, one new ``str`` per row (~60 bytes each)."""
+    out = np.empty(n, object)
+    out.fill(value)
+    return out
+
+
 def dict_from_codes(codes: np.ndarray, labels: Sequence[str]) -> pa.DictionaryArray:
     """Per row ``labels[codes[row]]`` as dictionary<int32, string>, the same array
     :func:`dict_strings` makes of those strings (the labels in use, by first appearance; labels

@@ -119,6 +119,8 @@ class Analysis:
     layer_rules: dict[str, int] = dataclasses.field(default_factory=dict)
     # per input (trace id as text): the sizes that counted kernels without shapes (roofline)
     work_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the launch calls taken out of the host ops (launches.split_launch_calls) until the phases are split
+    launch_calls: pa.Table | None = None
     _frame: tuple[pa.Table, pd.DataFrame] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
     )
@@ -168,9 +170,11 @@ def phases_step(a: Analysis, ctx: Context) -> Analysis:
         ctx.attention_ops,
         ctx.structure,
         ctx.ruleset.phase_evidence(),
+        a.launch_calls,
     )
     return dataclasses.replace(
         a,
+        launch_calls=None,  # read by the phase split alone
         kernels=got.kernels,
         steps=got.steps,
         annotations_found=got.annotations_found,
@@ -246,16 +250,31 @@ def analyze_trace(
     """Every analysis, in order, on a loaded trace.
 
     Host ops are read by the input steps only. With ``keep_host_ops=False`` (a caller that holds no
-    other reference to the trace) the analysis drops them before the run steps, so the findings'
-    and the summary's frames are built without them in memory.
+    other reference to the trace) the analysis holds the launch calls apart from the other host ops
+    from the start (three columns of about half the host rows: only the phase split reads them) and
+    drops the host ops and the annotations before the run steps, so the findings' and the summary's
+    frames are built without them in memory.
     """
     context = as_context(options)
-    analysis = analyze_inputs(start(trace), context)
+    analysis = start(trace)
     if not keep_host_ops:
         del trace
-        analysis = dataclasses.replace(
-            analysis,
-            trace=dataclasses.replace(analysis.trace, host_ops=analysis.trace.host_ops.schema.empty_table()),
-        )
+        apart = launches.split_launch_calls(analysis.trace.host_ops)
+        if apart is not None:
+            host_ops, calls = apart
+            analysis = dataclasses.replace(
+                analysis, trace=dataclasses.replace(analysis.trace, host_ops=host_ops), launch_calls=calls
+            )
+            del apart, host_ops, calls
+    for step in INPUT_STEPS:  # as analyze_inputs, with no name left on a step's input once it returns
+        analysis = step(analysis, context)
+    if not keep_host_ops:  # the annotations too: the phase split was their only reader
+        t = analysis.trace
+        empty = {
+            "host_ops": t.host_ops.schema.empty_table(),
+            "annotations": t.annotations.schema.empty_table(),
+        }
+        analysis = dataclasses.replace(analysis, trace=dataclasses.replace(t, **empty))
+        del t
         launches.forget_launching_ops()
     return finish_run(analysis, context)

@@ -29,6 +29,7 @@ from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAG
 from analyzer.knowledge.work_ops import load_work_ops
 from analyzer.model import dict_isin, dict_where
 from analyzer.tables.launches import launching_op_rows
+from analyzer.tables.positions import row_array, row_sequence
 
 # The stages the walk reads (sets for fast membership; derived from rules/taxonomy.toml):
 GEMM_STAGES = frozenset(DENSE_GEMM_STAGES)  # a GEMM the walk gives a role (moe_expert_gemm keeps its own)
@@ -333,7 +334,7 @@ def walk_sequence(
     (after the LM head: sampling). A GEMM's role follows from its region and what comes next.
     """
     why = {} if why is None else why
-    rows = seq.tolist()
+    rows = row_sequence(seq)
     n = len(rows)
     demoted = _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq], why)
     if fired is not None and demoted:
@@ -514,9 +515,11 @@ def walk_sequence(
     candidates = was_generic.copy()
     candidates[marks] = True
     generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
-    _label_generic(seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape, why, th)
+    _label_generic(
+        seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape, why, th, rows=rows
+    )
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
-    _label_inner_norms(seq, stage, attn_in, normish, was_generic, shape, norm, why, th, op_names)
+    _label_inner_norms(rows, stage, attn_in, normish, was_generic, shape, norm, why, th, op_names)
     moved = _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts)
     if fired is not None and moved:
         fired[PROLOGUE_SHIFT] += moved
@@ -576,9 +579,7 @@ def _mark_routers(
     the last top-k become ``moe_topk``. Returns whether any router was found.
     """
     n = len(rows)
-    topk = [
-        q for q in np.flatnonzero(topk_rows[np.asarray(rows, np.int64)]).tolist() if st[q] in _ROUTING_PARTS
-    ]
+    topk = [q for q in np.flatnonzero(topk_rows[row_array(rows)]).tolist() if st[q] in _ROUTING_PARTS]
     topk = [q for q in topk if _is_topk(st[q], norm[rows[q]], op_names[rows[q]])]
     op_first, op_last = ops
     if not topk or not len(op_first):
@@ -888,13 +889,14 @@ def _label_generic(
     shape: dict[str, tuple[int, int]] | None = None,
     why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
+    rows: Sequence[int] | None = None,  # seq as Python ints, where the caller holds them
 ) -> None:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
     are found at once). Each region's labelling changes only its own positions, so the generic
     kernels of every region are the ones found before the first."""
     why = {} if why is None else why
-    rows = seq.tolist()
+    rows = seq.tolist() if rows is None else rows
     n = len(rows)
     gap = int(th.norm_cluster_gap)
     # with a typed array of codes, the region defaults' codes are set at once afterwards (below)
@@ -1244,7 +1246,7 @@ def _cluster_bounds(
 
 
 def _label_inner_norms(
-    seq: np.ndarray,
+    rows: Sequence[int],  # one device's kernels in time order (:func:`row_sequence`)
     stage: list[str],
     attn_in: np.ndarray,
     normish: np.ndarray,
@@ -1260,7 +1262,6 @@ def _label_inner_norms(
     QKV GEMM and attention; a copy right before a q / k norm kernel that the learned shape does not
     cover is that norm's input (STR046). ``attn_in``: per position, in that region."""
     why = {} if why is None else why
-    rows = seq.tolist()
     n = len(rows)
     inner = attn_in & normish
     if not inner.any():

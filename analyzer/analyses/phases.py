@@ -44,8 +44,8 @@ from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.kernel_rules import PhaseEvidence
 from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
-from analyzer.model import dict_isin, dict_strings, launch_calls, objects
-from analyzer.tables import intervals, launches, lookup
+from analyzer.model import dict_isin, dict_strings, filled, objects
+from analyzer.tables import intervals, launches
 
 # the GEMM and attention kernels: their run time says how much work a step did
 HEAVY_STAGES = ALL_GEMM_STAGES + ATTENTION_KERNEL_STAGES
@@ -272,12 +272,14 @@ def label_phases(
     attention_ops: AttentionOps | None = None,
     structure: StructureKnowledge | None = None,
     kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
+    calls: pa.Table | None = None,
 ) -> Labelled:
     """Phase, step and tokens of every kernel, and the steps table. Each input's steps depend on
     that input alone, so inputs may be labelled apart and joined. ``attention_ops``: the layouts of
     ``rules/attention_ops.toml`` (loaded when not given); ``structure``: the registry with the run's
     thresholds (default: ``rules/structure.toml``); ``kernel_phases``: the kernel rules' phase facts
-    (``RuleSet.phase_evidence``; a plain mapping: rule id -> ``prefill`` / ``decode`` families)."""
+    (``RuleSet.phase_evidence``; a plain mapping: rule id -> ``prefill`` / ``decode`` families);
+    ``calls``: the launch calls, where taken out of ``host_ops`` (``launches.split_launch_calls``)."""
     anns, engines = step_annotations(annotations, patterns)
     th = structure.thresholds if structure is not None else DEFAULT_THRESHOLDS
     whole = not_inference(kernels, bool(engines))
@@ -287,7 +289,7 @@ def label_phases(
         rule, why = whole
         n = kernels.num_rows
         phase, step, tokens = (
-            np.full(n, "unknown", object),
+            filled(n, "unknown"),
             np.full(n, -1, np.int64),
             np.full(n, None, object),
         )
@@ -295,7 +297,7 @@ def label_phases(
         fired[rule] = n
     else:
         phase, step, tokens, steps, warnings = split_phases(
-            kernels, host_ops, anns, attention_ops, th, kernel_phases
+            kernels, host_ops, anns, attention_ops, th, kernel_phases, calls
         )
         regimed = int(steps["m_regime"].notna().sum()) if len(steps) else 0
         if regimed:
@@ -382,11 +384,12 @@ def split_phases(
     attention_ops: AttentionOps | None = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
     kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
+    calls: pa.Table | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.DataFrame, list[str]]:
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
     n = kernels.num_rows
-    phase = np.full(n, "unknown", object)
+    phase = filled(n, "unknown")
     step = np.full(n, -1, np.int64)
     tokens = np.full(n, None, object)
     warnings: list[str] = []
@@ -420,7 +423,7 @@ def split_phases(
             else np.full(n, -1, np.int32)
         ),
     }
-    launch_ts, launched = _launch_times(kernels, host_ops)
+    launch_ts, launched = launches.launch_times(kernels, host_ops, calls)
     df["launch"], df["launched"] = launch_ts, launched
     shapes = attention_shapes(
         host_ops,
@@ -648,25 +651,6 @@ def _is_fill(kernels: pa.Table) -> np.ndarray:
     return pc.fill_null(fill, False).to_numpy(zero_copy_only=False) | dict_isin(kernels["kind"], ["memset"])
 
 
-def _launch_times(kernels: pa.Table, host_ops: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Start of the runtime/driver call that launched each kernel (kernel start when unknown), and
-    whether that call was found."""
-    start = kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    if host_ops.num_rows == 0:
-        return start.copy(), np.zeros(len(start), bool)
-    calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
-    if calls.num_rows == 0:
-        return start.copy(), np.zeros(len(start), bool)
-    pos = lookup.index_in(  # the first call of each (trace, correlation)
-        lookup.pair(kernels["trace_id"], kernels["correlation"]),
-        lookup.pair(calls["trace_id"], calls["correlation"]),
-    )
-    call_start = pc.take(calls["start_ns"], pos)
-    found = call_start.is_valid().to_numpy(zero_copy_only=False)
-    ts = np.where(found, call_start.fill_null(0).to_numpy(zero_copy_only=False), start).astype(np.int64)
-    return ts, found
-
-
 # --------------------------------------------------------------------------- annotated steps
 
 
@@ -699,13 +683,14 @@ def _steps_from_annotations(
     rows = []
     k_start = df["start"]
     k_dur = df["dur"]
+    # launch times are nearly, not exactly, in kernel order: a step's kernels are found by a
+    # sorted search on them, then put back in kernel order (a mask per step is quadratic)
+    by_launch = None if on_gpu else np.argsort(key, kind="stable")
+    sorted_key = key if on_gpu else key[by_launch]
     for s, a in enumerate(use):
-        lo = np.searchsorted(key, a.start_ns, side="left") if on_gpu else None
-        if on_gpu:
-            hi = np.searchsorted(key, a.end_ns, side="left")
-            members = idx[lo:hi]
-        else:
-            members = idx[(key >= a.start_ns) & (key < a.end_ns)]
+        lo = np.searchsorted(sorted_key, a.start_ns, side="left")
+        hi = np.searchsorted(sorted_key, a.end_ns, side="left")
+        members = idx[lo:hi] if by_launch is None else idx[np.sort(by_launch[lo:hi])]
         members = members[step[members] < 0]
         if len(members) == 0:
             warnings.append(f"trace {tid}: step annotation {a.name!r} holds no kernel")

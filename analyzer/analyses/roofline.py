@@ -60,7 +60,7 @@ from analyzer.knowledge.attention_ops import AttentionOps, AttentionShape, load_
 from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES
 from analyzer.knowledge.work_ops import GemmDims, GemmOp, WorkOps, load_work_ops
-from analyzer.model import DICT_STRING, dict_isin, dict_strings, objects
+from analyzer.model import DICT_STRING, dict_isin, dict_strings, filled, objects
 from analyzer.tables import launches
 
 COLUMNS = {
@@ -473,8 +473,8 @@ def kernel_work(
     w = Work(
         np.full(n, np.nan),
         np.full(n, np.nan),
-        np.full(n, "none", object),
-        np.full(n, "bf16", object),
+        filled(n, "none"),
+        filled(n, "bf16"),
         None,
     )
     reason = np.zeros(n, np.int8)  # codes of _REASONS
@@ -566,7 +566,7 @@ def _shape_work(
         per_group.append(memo[key])
     ng = len(group_names)
     g_flops, g_bytes = np.full(ng, np.nan), np.full(ng, np.nan)
-    g_dtype = np.full(ng, "bf16", object)
+    g_dtype = filled(ng, "bf16")
     g_ok = np.zeros(ng, bool)
     g_consumer = np.zeros(ng, bool)
     g_share = np.ones(ng)  # the causal share of a GEMM group where it runs an attention (composed)
@@ -583,7 +583,7 @@ def _shape_work(
     inv = np.asarray(inverse, np.int64)
     # ops whose rows are read from the op after them: one lookup per op (a few per layer)
     per_op_f, per_op_b = np.full(len(lead), np.nan), np.full(len(lead), np.nan)
-    per_op_dt = np.full(len(lead), "bf16", object)
+    per_op_dt = filled(len(lead), "bf16")
     need = np.flatnonzero(g_consumer[inv])
     if len(need):
         nxt = launches.following_ops(host_ops, op_rows[need], CONSUMER_WINDOW)

@@ -22,7 +22,7 @@ from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.knowledge.taxonomy import PHASES
 from analyzer.pipeline import Analysis
 from analyzer.tables import intervals
-from analyzer.tables.frames import only_columns
+from analyzer.tables.frames import groups, only_columns
 
 FORMAT_VERSION = 2
 TOP_KERNELS = 15
@@ -60,7 +60,7 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
         "annotations": analysis.annotations_found,
         "totals": totals(df),
         "phases": {
-            p: phase_summary(only_columns(df, "phase", "category", *_RATE_COLUMNS), analysis, p)
+            p: phase_summary(only_columns(df, "phase", "category", "dur_ns", "bound"), analysis, p)
             for p in PHASES
             if (df["phase"] == p).any()
         },
@@ -154,7 +154,7 @@ def totals(df: pd.DataFrame) -> dict[str, Any]:
     timed = _timed(df)
     wall = busy = 0
     devices = 0
-    for _, g in timed.groupby(["rank", "device"], sort=True):
+    for _, g in groups(only_columns(timed, "rank", "device", "start_ns", "dur_ns"), ["rank", "device"]):
         devices += 1
         s = g["start_ns"].to_numpy(np.int64)
         e = s + g["dur_ns"].to_numpy(np.int64)
@@ -409,7 +409,7 @@ def _nan_sum(values: np.ndarray) -> float | None:
 
 def stage_rows(df: pd.DataFrame, total: int, gpu: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     rows = []
-    for (phase, stage, provider), g in df.groupby(["phase", "stage", "provider"], sort=True, observed=True):
+    for (phase, stage, provider), g in groups(df, ["phase", "stage", "provider"]):  # sorted below
         t = int(g["dur_ns"].sum())
         rows.append(
             {

@@ -255,7 +255,7 @@ def load_trace(
     if cache_dir is None or not cacheable(path):
         trace = readers.read_trace(path, progress=progress, policy=read_policy())
         if len(trace.inputs) == 1 and not trace.inputs[0].sha256:
-            background.run(_hash, trace, path)
+            background.run(_hash, trace.inputs[0], path)  # the input, not the tables: those may go
         return trace
     key = None
     sha = known_sha256(cache_dir, path)
@@ -274,9 +274,8 @@ def load_trace(
     return trace
 
 
-def _hash(trace: Trace, path: str | os.PathLike[str]) -> str:
+def _hash(meta: InputMeta, path: str | os.PathLike[str]) -> str:
     """The file's sha256, recorded in the trace's input when its reader left it empty."""
-    meta = trace.inputs[0]
     if not meta.sha256:
         meta.sha256 = readers.file_sha256(path)
     return meta.sha256
@@ -289,7 +288,7 @@ def _store(
     path: str | os.PathLike[str],
     before: tuple[str, int] | None,
 ) -> None:
-    streamed = _hash(trace, path) if len(trace.inputs) == 1 else None
+    streamed = _hash(trace.inputs[0], path) if len(trace.inputs) == 1 else None
     if key is None or (streamed and streamed != key.sha256):
         key = cache_key(path, sha256=streamed or None)
     entry = entry_dir(cache_dir, key)

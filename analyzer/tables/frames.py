@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pandas as pd
 import pyarrow as pa
 
@@ -36,3 +39,11 @@ def only_columns(df: pd.DataFrame, *columns: str) -> pd.DataFrame:
     """The frame narrowed to ``columns`` (those it has): group-by loops then slice only these,
     not every column of millions of kernels (no copy is made here: pandas copies on write)."""
     return df[[c for c in dict.fromkeys(columns) if c in df]]
+
+
+def groups(df: pd.DataFrame, keys: list[str]) -> Iterator[tuple[Any, pd.DataFrame]]:
+    """``(key, rows)`` per group of ``keys`` (observed values only, missing keys left out), one
+    group's rows copied at a time. Iterating a pandas group-by first copies the whole frame into
+    group order; this takes each group's rows by position instead. Groups come in no set order."""
+    for key, at in df.groupby(keys, sort=False, observed=True).indices.items():
+        yield key, df.iloc[at]

@@ -12,9 +12,10 @@ def merge_intervals(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.
     """Union of ``[start, end)`` intervals as sorted, disjoint (start, end) arrays."""
     if len(start) == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    order = np.argsort(start, kind="stable")
-    s = np.asarray(start, np.int64)[order]
-    e = np.asarray(end, np.int64)[order]
+    s, e = np.asarray(start, np.int64), np.asarray(end, np.int64)
+    if len(s) > 1 and not (s[1:] >= s[:-1]).all():  # a device's kernels come in time order: no copies then
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
     reach = np.maximum.accumulate(e)
     new = np.empty(len(s), bool)
     new[0] = True

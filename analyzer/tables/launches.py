@@ -14,10 +14,18 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.model import dict_isin, dict_strings
+from analyzer.model import dict_isin, dict_strings, launch_calls
 from analyzer.tables import lookup
 
-__all__ = ["distinct_op_shapes", "enclosing_op", "following_ops", "forget_launching_ops", "launching_op_rows"]
+__all__ = [
+    "distinct_op_shapes",
+    "enclosing_op",
+    "following_ops",
+    "forget_launching_ops",
+    "launch_times",
+    "launching_op_rows",
+    "split_launch_calls",
+]
 
 _LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
 
@@ -157,3 +165,35 @@ def following_ops(host_ops: pa.Table, op_rows: np.ndarray, n: int) -> list[np.nd
             j = int(np.searchsorted(starts, qe[i], side="left"))
             out[i] = rows[j : j + n]
     return out
+
+
+def split_launch_calls(host_ops: pa.Table) -> tuple[pa.Table, pa.Table] | None:
+    """The host ops without their runtime / driver calls, and the calls' ``trace_id``,
+    ``correlation`` and ``start_ns``: all that the launch-time join (:func:`launch_times`) reads of
+    them. The calls are about half the host rows of a trace; held apart, three of their twelve
+    columns stay until the phases are split. None where there is no call or no cpu_op to keep."""
+    is_call = dict_isin(host_ops["category"], ["runtime", "driver"])
+    if not is_call.any() or is_call.all():
+        return None
+    calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
+    return host_ops.filter(pa.array(~is_call)), calls
+
+
+def launch_times(
+    kernels: pa.Table, host_ops: pa.Table, calls: pa.Table | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start of the runtime/driver call that launched each kernel (kernel start when unknown), and
+    whether that call was found. ``calls``: :func:`split_launch_calls`'s, else read from ``host_ops``."""
+    start = kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if calls is None and host_ops.num_rows:
+        calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
+    if calls is None or calls.num_rows == 0:
+        return start.copy(), np.zeros(len(start), bool)
+    pos = lookup.index_in(  # the first call of each (trace, correlation)
+        lookup.pair(kernels["trace_id"], kernels["correlation"]),
+        lookup.pair(calls["trace_id"], calls["correlation"]),
+    )
+    call_start = pc.take(calls["start_ns"], pos)
+    found = call_start.is_valid().to_numpy(zero_copy_only=False)
+    ts = np.where(found, call_start.fill_null(0).to_numpy(zero_copy_only=False), start).astype(np.int64)
+    return ts, found
