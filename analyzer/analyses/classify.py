@@ -94,7 +94,7 @@ def classify_and_check(
     pow_rows = dict_isin(op_column, list(layers.POW_OPS))
     reduce_rows = layers.reduction_rows(cols["norm_name"], op_column)
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
-    int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops)
+    int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column)
     ordered = order[timed[order]]
     segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
     bounds = np.flatnonzero(np.diff(segment)) + 1

@@ -26,6 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.analyses.layers import KNOWLEDGE
+from analyzer.analyses.mixers import ADD_OPS, BATCHED_OPS, LINEAR_OPS
+from analyzer.model import dict_isin
 from analyzer.tables import launches
 
 WEIGHT_DEQUANTIZE = KNOWLEDGE.code_of("weight-dequantize")
@@ -35,42 +37,45 @@ PACKED_GEMM_OPS = frozenset(KNOWLEDGE.set_of("weight_only_gemm_ops"))
 PAD_OPS = frozenset(KNOWLEDGE.set_of("pad_fill_ops"))
 FLOAT_OUT_OPS = frozenset(KNOWLEDGE.set_of("float_out_gemm_ops"))
 SCALE_OPS = frozenset(KNOWLEDGE.set_of("scale_ops"))
-ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
-GEMM_OPS = (
-    frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
-    | frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))
-    | PACKED_GEMM_OPS
-)
+GEMM_OPS = LINEAR_OPS | BATCHED_OPS | PACKED_GEMM_OPS
 _PARTS = frozenset(KNOWLEDGE.set_of("quantize_parts"))
 
 
-def operand_facts(kernels: pa.Table, host_ops: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+def operand_facts(
+    kernels: pa.Table, host_ops: pa.Table, op_column: pa.Array
+) -> tuple[np.ndarray, np.ndarray]:
     """Per kernel row: launched by a cast whose source is an integer tensor, and launched by a
     multiply or add whose second operand is a vector (``[N]`` or ``[N, 1]``: a per-channel scale,
-    a bias). Vectorised over the launching
-    ops' recorded input types and shapes; all False without them."""
+    a bias). ``op_column``: each kernel's launching op name (``classify.launching_ops``). Only the
+    casts' input types and the multiplies' and adds' input shapes are read, vectorised; all False
+    without host ops."""
     n = kernels.num_rows
+    int_cast, vec_scale = np.zeros(n, bool), np.zeros(n, bool)
     found = launches.launching_op_rows(kernels, host_ops)
     if found is None or n == 0:
-        return np.zeros(n, bool), np.zeros(n, bool)
+        return int_cast, vec_scale
     ops, pos = found
-    op_rows = ops["row"].take(pos)
-    names = pc.take(host_ops["name"], op_rows)
-    casts = pc.fill_null(pc.is_in(names, pa.array(sorted(CAST_OPS))), False)
-    types = pc.take(host_ops["input_types"], op_rows)
-    # copy_(dst, src) reads its second input; _to_copy / to their first
-    src = pc.if_else(pc.equal(names, "aten::copy_"), _element(types, 1), _element(types, 0))
-    int_cast = pc.and_(casts, pc.fill_null(pc.is_in(src, pa.array(sorted(INTEGER_TYPES))), False))
-    scale = pc.fill_null(pc.is_in(names, pa.array(sorted(SCALE_OPS | ADD_OPS))), False)
-    second = _element(pc.take(host_ops["input_dims"], op_rows), 1)
-    shape = pc.list_value_length(second)
-    last = _element(second, -1)
-    vector = pc.or_(pc.equal(shape, 1), pc.and_(pc.equal(shape, 2), pc.equal(last, 1)))
-    vec_scale = pc.and_(scale, pc.fill_null(vector, False))
-    return (
-        pc.fill_null(int_cast, False).to_numpy(zero_copy_only=False),
-        pc.fill_null(vec_scale, False).to_numpy(zero_copy_only=False),
-    )
+
+    def inputs(at: np.ndarray, column: str) -> Any:
+        return host_ops[column].take(ops["row"].take(pos.take(pa.array(at))))
+
+    casts = np.flatnonzero(dict_isin(op_column, sorted(CAST_OPS)))
+    if len(casts):
+        types = inputs(casts, "input_types")
+        # copy_(dst, src) reads its second input; _to_copy / to their first
+        copy = dict_isin(op_column.take(pa.array(casts)), ["aten::copy_"])
+        src = pc.if_else(pa.array(copy), _element(types, 1), _element(types, 0))
+        int_cast[casts] = pc.fill_null(pc.is_in(src, pa.array(sorted(INTEGER_TYPES))), False).to_numpy(
+            zero_copy_only=False
+        )
+    scales = np.flatnonzero(dict_isin(op_column, sorted(SCALE_OPS | ADD_OPS)))
+    if len(scales):
+        second = _element(inputs(scales, "input_dims"), 1)
+        shape = pc.list_value_length(second)
+        last = _element(second, -1)
+        vector = pc.or_(pc.equal(shape, 1), pc.and_(pc.equal(shape, 2), pc.equal(last, 1)))
+        vec_scale[scales] = pc.fill_null(vector, False).to_numpy(zero_copy_only=False)
+    return int_cast, vec_scale
 
 
 def _element(lists: Any, i: int) -> Any:

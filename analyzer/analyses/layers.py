@@ -115,6 +115,7 @@ _REGION_RULE = {
     reg: _ID(f"region-{reg.replace('_', '-')}")
     for reg in ("attn_in", "attn", "attn_out", "mlp_in", "mlp_out", "moe", "tail")
 }
+REGION_RULE_CODES = frozenset(_REGION_RULE.values())  # the codes of a decision by position only
 
 
 def _is_softmax(stage: str, name: str) -> bool:

@@ -25,22 +25,19 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.layers import ATTENTION, KNOWLEDGE
+from analyzer.analyses.layers import ATTENTION, KNOWLEDGE, REGION_RULE_CODES
+from analyzer.analyses.weight_gathers import BATCHED_GEMM_OPS
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
 
 MIXER_SPAN = KNOWLEDGE.code_of("mixer-span")
 CONV_OPS = frozenset(KNOWLEDGE.set_of("depthwise_conv_ops"))
 ANCHOR_OPS = frozenset(KNOWLEDGE.set_of("mixer_anchor_ops"))
 LINEAR_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
-BATCHED_OPS = frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))
+BATCHED_OPS = BATCHED_GEMM_OPS
 ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
 _MEMORY = frozenset(MEMORY_STAGES)
 _CORE = "linear_attention"
 _SOFTMAX = ATTENTION - {_CORE}  # softmax attention's kernels: never inside a mixer
-_BY_POSITION = frozenset(
-    KNOWLEDGE.code_of(f"region-{reg}")
-    for reg in ("attn-in", "attn", "attn-out", "mlp-in", "mlp-out", "moe", "tail")
-)
 _KEEP = _MEMORY | {"quantize"}  # copies and an activation quantization keep their own stage
 # ops of other work (experts' batched GEMMs, a router's top-k or sort): never between a mixer's input
 # projection and its anchor
@@ -111,7 +108,7 @@ def _span(
     """(the input norm's last kernel, the input projection, the output projection) around anchor p."""
 
     def attention(r: int) -> bool:  # softmax attention by evidence, not a region's default
-        return stage[r] in _SOFTMAX and int(why[r]) not in _BY_POSITION
+        return stage[r] in _SOFTMAX and int(why[r]) not in REGION_RULE_CODES
 
     s = p - 1
     while s > floor and p - s <= reach and stage[rows[s]] != "norm":
