@@ -96,16 +96,10 @@ def test_every_vocabulary_and_threshold_is_read_by_a_rule():
 
 
 def test_every_rule_is_looked_up_by_the_code():
-    import analyzer.analyses.classify as classify
-    import analyzer.analyses.dequantize as dequantize
-    import analyzer.analyses.layers as layers
-    import analyzer.analyses.mixers as mixers
-    import analyzer.analyses.phases as phases
-    import analyzer.analyses.unexplained as unexplained
-    import analyzer.analyses.weight_gathers as weight_gathers
-
-    modules = (classify, dequantize, layers, mixers, phases, unexplained, weight_gathers)
-    src = "".join(Path(m.__file__).read_text(encoding="utf-8") for m in modules)
+    # every module of the analyses (a rule's code is looked up where the rule is applied)
+    src = "".join(
+        p.read_text(encoding="utf-8") for p in sorted((ROOT / "analyzer" / "analyses").rglob("*.py"))
+    )
     names = {r.name for r in REGISTRY.rules}
     looked_up = set(re.findall(r'(?:_ID|code_of|id_of)\("([a-z0-9-]+)"\)', src))
     regions = {f"region-{reg.replace('_', '-')}" for reg in REGISTRY.regions if reg != "moe_experts"}

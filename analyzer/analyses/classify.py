@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import array
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.analyses import dequantize, layers, mixers, providers, shape_roles, unexplained, weight_gathers
+from analyzer.analyses import (
+    attention_gates,
+    dequantize,
+    layers,
+    mixers,
+    providers,
+    shape_roles,
+    unexplained,
+    weight_gathers,
+)
 from analyzer.analyses.layers import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.op_hints import op_hint_ids
@@ -95,6 +104,7 @@ def classify_and_check(
     reduce_rows = layers.reduction_rows(cols["norm_name"], op_column)
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column)
+    gemm_kn = _gemm_shapes_on_demand(kernels, host_ops, op_names)
     ordered = order[timed[order]]
     segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
     bounds = np.flatnonzero(np.diff(segment)) + 1
@@ -110,19 +120,39 @@ def classify_and_check(
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
                 stage[r] = layers.COMPOSED_ATTENTION
                 why[r] = SDPA_FRONT_END
+            # token mixers first: the walk takes their projections as they are (a mixer's block is
+            # not attention and an MLP)
+            mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
             layers.walk_sequence(
-                seg, stage, norm, op_names, launch, layer, topk, pow_rows, reduce_rows, why, th, counts
+                seg,
+                stage,
+                norm,
+                op_names,
+                launch,
+                layer,
+                topk,
+                pow_rows,
+                reduce_rows,
+                why,
+                th,
+                counts,
+                gemm_kn,
             )
             problem = layers.structure_problem(seg, stage, layer, th)
             if problem:
-                # not found with confidence: keep what the names said (role-free GEMMs, generic kernels)
+                # not found with confidence: keep what the names said (role-free GEMMs, generic
+                # kernels), and the mixers found from them
                 for r in seg.tolist():
                     stage[r] = names_of[by_names[r]]
                     why[r] = why_names[r]
                 layer[seg] = -1
                 undecided.append(problem)
                 counts[layers.SELF_CHECK] += len(seg)
-            mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
+                mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
+            else:
+                gated = attention_gates.mark_output_gates(seg, stage, op_names, why)
+                if gated:
+                    counts[attention_gates.OUTPUT_GATE] += gated
             if mixed:
                 counts[mixers.MIXER_SPAN] += mixed
     foreign = unexplained.foreign_ops_warning(
@@ -162,6 +192,27 @@ def classify_and_check(
             out = out.append_column(name, arr)
     extra_warnings = [w for w in (foreign, disagree) if w]
     return out, [*_check_warnings(out, undecided), *extra_warnings]
+
+
+def _gemm_shapes_on_demand(
+    kernels: pa.Table, host_ops: pa.Table, op_names: list[str | None]
+) -> Callable[[int], tuple[int, int] | None] | None:
+    """Kernel row -> (K, N) of its launching GEMM op, read from the host ops when asked (the walk
+    asks for a few GEMMs: no per-kernel shape lists on a 10 GB trace); None without host ops."""
+    found = launches.launching_op_rows(kernels, host_ops)
+    if found is None:
+        return None
+    ops, pos = found
+    op_row, dims = ops["row"], host_ops["input_dims"]
+
+    def kn(r: int) -> tuple[int, int] | None:
+        p = pos[r].as_py()
+        if p is None:
+            return None
+        d = dims[op_row[p].as_py()].as_py()
+        return layers.gemm_shape(op_names[r], [list(x) for x in d] if d else None)
+
+    return kn
 
 
 # --------------------------------------------------------------------------- self-check

@@ -17,8 +17,8 @@ from __future__ import annotations
 import array
 import bisect
 import functools
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,9 @@ ROLE_EXPERT = _ID("role-expert")
 ROLE_LM_HEAD = _ID("role-lm-head")
 SECOND_HEAD = _ID("second-head")
 ROLE_NONE = _ID("role-none")
+NO_MLP = _ID("block-without-mlp")
+DOWN_BY_SHAPE = _ID("down-by-shape")
+MIXER_SPAN = _ID("mixer-span")  # a mixer's projections, labelled before the walk (analyses/mixers.py)
 MOE_SAMPLING_TOPK = _ID("moe-sampling-topk")
 EMBEDDING_PROJECTION = _ID("embedding-projection")
 PRE_LAYER_SAMPLING = _ID("pre-layer-sampling")
@@ -320,13 +323,15 @@ def walk_sequence(
     why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
     fired: Counter | None = None,
+    gemm_kn: Callable[[int], tuple[int, int] | None] | None = None,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels.
     ``topk_rows`` / ``pow_rows`` / ``reduce_rows`` (per kernel row): :func:`topk_candidates`,
     launched by ``aten::pow``, :func:`reduction_rows`. ``why`` (per kernel row): the id of the rule
     that set the stage, updated for every kernel a rule here relabels; ``th``: the thresholds;
     ``fired``: rule code -> kernels, counted for the rules whose decision the stage column does not
-    show (layers only, or a stage a later rule replaces).
+    show (layers only, or a stage a later rule replaces); ``gemm_kn`` (optional): kernel row -> its
+    GEMM op's (K, N), read on demand for the few GEMMs whose role needs it.
 
     Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store),
     ``attn`` (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm),
@@ -334,7 +339,7 @@ def walk_sequence(
     GEMM: residual add, next input norm), ``moe`` / ``moe_experts`` (routing, expert GEMMs), ``tail``
     (after the LM head: sampling). A GEMM's role follows from its region and what comes next.
     """
-    why = {} if why is None else why
+    why = defaultdict(int) if why is None else why  # (read for the marks of the passes before)
     rows = row_sequence(seq)
     n = len(rows)
     demoted = _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq], why)
@@ -401,6 +406,8 @@ def walk_sequence(
     # a router GEMM ends the MLP before it (Qwen2-MoE runs its shared expert first)
     at = _next_where(gemm | blocker | router, after).tolist()
     gemm_ahead = [q < n and bool(gemm[q]) and not router[q] for q in at]
+    # a norm before the next anchor: a block follows this GEMM (the MLP), not the anchor's projections
+    norm_ahead = (_next_where(normish, after) < np.asarray(anchor_at)).tolist()
     # a RoPE-named kernel (the rotary module's cos / sin) right after a GEMM op, before the next
     # GEMM or anchor: the GEMM is the rotary module's frequency product, not a projection
     rotary_next = (_next_where(stages(("rope",)), after) < next_anchor_or_gemm).tolist()
@@ -416,6 +423,9 @@ def walk_sequence(
     layer_no = -1
     norm_seen = False
     fresh = False  # no GEMM op since an embedding lookup (a trace may begin mid-forward)
+    after_mixer = False  # the last GEMM op was a token mixer's output projection
+    after_down = False  # the last GEMM op was an MLP's down projection
+    gate_up_row = -1  # the kernel row of this MLP's last gate / up projection
     last_head = -1  # the GEMM op that took the LM head's role, if it was the last GEMM op
     opened: list[int] = []  # GEMM ops that opened a forward as its first projection
     region_of = [""] * n
@@ -436,6 +446,15 @@ def walk_sequence(
             b = int(op_last[k])
             if router[p]:  # found by _mark_routers
                 role, region, rid = "moe_gate_gemm", "moe", MOE_ROUTER
+            elif why[rows[p]] == MIXER_SPAN:
+                # a token mixer's projection (STR052, before the walk): its input projections open a
+                # layer as QKV GEMMs do, its output projection ends the mixer as an O GEMM does
+                role, rid = st[p], MIXER_SPAN
+                after_mixer = role == "o_gemm"
+                if role == "o_gemm":
+                    region = "attn_out"
+                elif region not in ("attn_in", "attn"):
+                    region, layer_no = "attn_in", layer_no + 1
             elif region == "tail" and last_head == k - 1 and anchor_at[k - 1] > p:
                 # two GEMMs after the final norm with nothing between: an output projection, then
                 # the LM head (OPT-350m's project_out): the last one is the head
@@ -444,16 +463,43 @@ def walk_sequence(
                         stage[rows[q]] = "gemm"
                         why[rows[q]] = SECOND_HEAD
                 role, rid = "lm_head_gemm", SECOND_HEAD
+            elif (
+                region == "mlp_in"
+                and gemm_ahead[k]
+                and _add_before_gemm(rows, b + 1, gemm, op_names)
+                and _reads_gate_up(gemm_kn, rows[p], gate_up_row)
+            ):
+                # a GEMM reading the gate / up projections' output is the down projection, whatever
+                # follows it (a post-norm layer's q_proj before its q_norm)
+                role, region, rid = "down_gemm", "mlp_out", DOWN_BY_SHAPE
+            elif region == "mlp_out" and not norm_seen and after_down and follow[k] in ATTENTION:
+                # right after an MLP's down projection, no norm between: a post-norm layer's QKV
+                role, region, layer_no, rid = "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
             else:
                 routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
                 opens = fresh and not rotary_next[k]
                 role, region, layer_no, rid = _role(
-                    region, follow[k], gemm_ahead[k], norm_seen, layer_no, routing_next, opens
+                    region,
+                    follow[k],
+                    gemm_ahead[k],
+                    norm_seen,
+                    layer_no,
+                    routing_next,
+                    opens,
+                    norm_ahead[k],
+                    after_mixer,
                 )
                 if role == "lm_head_gemm" and anchor_at[k] < n and boundary[anchor_at[k]]:
                     rid = HOST_INPUTS
                 if opens and role == "qkv_gemm":
                     opened.append(k)
+            if fired is not None and rid in (NO_MLP, DOWN_BY_SHAPE):
+                fired[rid] += b - p + 1  # shape roles may restate the stage: the rule still decided
+            if rid != MIXER_SPAN:
+                after_mixer = False
+            after_down = role == "down_gemm"
+            if role == "gate_up_gemm":
+                gate_up_row = rows[p]
             last_head = k if role == "lm_head_gemm" else -1
             fresh = fresh and bool(rotary_next[k])  # the rotary module's product opens nothing
             norm_seen = False
@@ -842,6 +888,8 @@ def _role(
     layer_no: int,
     routing_next: bool = False,
     opens_forward: bool = False,
+    norm_ahead: bool = True,
+    after_mixer: bool = False,
 ) -> tuple[str, str, int, str]:
     """(role, new region, layer number, the deciding rule's id) of a GEMM from where we are and
     what comes next. ``opens_forward``: the first GEMM op after an embedding lookup, no RoPE kernel
@@ -851,8 +899,15 @@ def _role(
     if region == "attn_in":
         return "qkv_gemm", "attn_in", layer_no, ROLE_QKV_MORE
     if region in ("attn_out", "mlp_in"):
+        # a norm, then GEMMs that reach the next anchor with no norm between: this layer has no MLP
+        # (a token mixer's block); the GEMMs are the next layer's projections or the LM head
+        no_mlp = region == "attn_out" and norm_seen and not norm_ahead
+        if no_mlp and after_mixer and not gemm_ahead and follow in ("sampling", "embedding", ""):
+            return "lm_head_gemm", "tail", layer_no, NO_MLP
         if region == "attn_out" and routing_next:
             return "moe_gate_gemm", "moe", layer_no, ROLE_MOE_GATE
+        if no_mlp and follow in ATTENTION:
+            return "qkv_gemm", "attn_in", layer_no + 1, NO_MLP
         if gemm_ahead:
             return "gate_up_gemm", "mlp_in", layer_no, ROLE_GATE_UP
         return "down_gemm", "mlp_out", layer_no, ROLE_DOWN
@@ -1509,6 +1564,36 @@ def structure_problem(
 
 
 # --------------------------------------------------------------------------- roles from shapes
+
+
+def _add_before_gemm(rows: list[int], q: int, gemm: np.ndarray, op_names: Sequence[str | None]) -> bool:
+    """Whether, from position ``q`` up to the next GEMM, an add op runs or nothing does: a block ends
+    there (a residual add, or a projection of the block's output). Between an MLP's gate / up and its
+    down projection its activation runs."""
+    if q < len(rows) and gemm[q]:
+        return True
+    while q < len(rows) and not gemm[q]:
+        if op_names[rows[q]] in _ADD_OPS:
+            return True
+        q += 1
+    return False
+
+
+def _reads_gate_up(
+    gemm_kn: Callable[[int], tuple[int, int] | None] | None,
+    r: int,
+    gate_up_row: int,
+) -> bool:
+    """Whether the GEMM op at kernel row ``r`` reads what the MLP's gate / up projection (at kernel
+    row ``gate_up_row``) wrote: its K is that projection's N (half of it for a fused gate and up),
+    and differs from that projection's K (a square MLP cannot tell)."""
+    if gemm_kn is None or gate_up_row < 0:
+        return False
+    kn, gate_up = gemm_kn(r), gemm_kn(gate_up_row)
+    if kn is None or gate_up is None:
+        return False
+    k, n = gate_up
+    return kn is not None and kn[0] != k and kn[0] in (n, n // 2)
 
 
 def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, int] | None:

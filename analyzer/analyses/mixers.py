@@ -1,20 +1,22 @@
 """Token mixers that are not softmax attention (STR052): a Mamba / Gated DeltaNet / short-convolution
 layer's input projections, core and output projection.
 
-Contract: a pure pass over one segment of kernels in launch order, after the layer walk; it changes
-stages only. An *anchor* is a kernel only a mixer runs: one whose stage its name gave as
+Contract: a pure pass over one segment of kernels in launch order, before the layer walk (which
+takes the projections it labels as a layer's QKV and O projections: STR055 reads a mixer's block);
+it changes stages only. An *anchor* is a kernel only a mixer runs: one whose stage its name gave as
 ``linear_attention`` (a scan or delta-rule kernel of a library), or one launched by a convolution op
 whose weight is depthwise (``[channels, 1, ...]``: a causal conv1d) or by another op of
 ``mixer_anchor_ops`` (the convolution state's shift in decode, a delta rule's triangular solve). From
 an anchor, the mixer spans from the first linear GEMM after the nearest norm before it (its input
 projection, with no batched GEMM and no router or expert work between it and the anchor) to its
 output projection: the first linear GEMM after the anchor that the next norm follows with no GEMM in
-between and a residual add before it. Inside it: linear
-GEMMs before the output projection are input projections (``qkv_gemm``: Mamba's x_proj / dt_proj
-too), the norm kernels after the core's last GEMM are the mixer's own norm (``norm``), copies keep
-their memory stage, everything else is the core (``linear_attention``: its convolution, scan or delta
-rule, gates, batched GEMMs); the output projection is ``o_gemm``; the generic kernels between the
-input norm and the input projection are that norm's tail. A span holding an attention kernel is no
+between and a residual add before it. Inside it: linear GEMMs before the output projection are
+input projections (``qkv_gemm``: Mamba's x_proj / dt_proj too), the norm kernels after the core's
+last GEMM (with one cast right before them: a composed norm's upcast) are the mixer's own norm
+(``norm``), copies keep their memory stage, everything else is the core (``linear_attention``: its
+convolution, scan or delta rule, gates, batched GEMMs); the output projection is ``o_gemm``. The
+input norm's tail is left to the walk (its learned norm shape covers it). A span holding an
+attention kernel is no
 mixer (a sliding-window cache's shift in an attention layer): nothing changes.
 """
 
@@ -35,6 +37,7 @@ ANCHOR_OPS = frozenset(KNOWLEDGE.set_of("mixer_anchor_ops"))
 LINEAR_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
 BATCHED_OPS = BATCHED_GEMM_OPS
 ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
+CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))
 _MEMORY = frozenset(MEMORY_STAGES)
 _CORE = "linear_attention"
 _SOFTMAX = ATTENTION - {_CORE}  # softmax attention's kernels: never inside a mixer
@@ -173,11 +176,10 @@ def _label(
             why[r] = MIXER_SPAN
             done += 1
 
-    for i in range(norm_at + 1, start):  # the input norm's tail (weight multiply, cast)
-        if stage[rows[i]] not in _KEEP:
-            put(i, "norm")
     # the mixer's own (gated) norm: from the first norm kernel after the core's last GEMM
     own_norm = next((i for i in range(last_gemm + 1, out) if stage[rows[i]] == "norm"), out)
+    if own_norm < out and own_norm - 1 > last_gemm and op_names[rows[own_norm - 1]] in CAST_OPS:
+        own_norm -= 1  # a composed norm's leading cast (to fp32) is the norm's
     for i in range(start, out):
         r = rows[i]
         if stage[r] in _KEEP:

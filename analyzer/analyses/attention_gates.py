@@ -1,0 +1,58 @@
+"""Attention output gates (STR054): a sigmoid of a gate projection multiplied into the attention's
+output before the O projection (Qwen3-Next's and Qwen3.5's gated attention, OLMo hybrids), not an
+MLP activation and not the attention kernel's own work.
+
+Contract: a pure pass over one segment of kernels in launch order, after the layer walk; it changes
+stages only. Between a softmax attention kernel and the O GEMM that follows it (no other GEMM op
+between), a kernel launched by a gate activation op (``gate_activation_ops``) and the first multiply
+(``scale_ops``) after it are the output gate: ``elementwise``, the stage the attention module's own
+arithmetic has. Without host ops nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from analyzer.analyses.layers import ATTENTION, GEMM_STAGES, KNOWLEDGE, REGION_RULE_CODES
+
+OUTPUT_GATE = KNOWLEDGE.code_of("attention-output-gate")
+GATE_OPS = frozenset(KNOWLEDGE.set_of("gate_activation_ops"))
+SCALE_OPS = frozenset(KNOWLEDGE.set_of("scale_ops"))
+_SOFTMAX = ATTENTION - {"linear_attention"}
+
+
+def mark_output_gates(seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any) -> int:
+    """STR054 over one segment (kernel rows in launch order); returns the kernels relabelled."""
+    rows = seq.tolist()
+    done = 0
+    attn = -1  # the position of the last softmax attention kernel with no GEMM op after it
+    for p, r in enumerate(rows):
+        s = stage[r]
+        if s in _SOFTMAX and int(why[r]) not in REGION_RULE_CODES:  # by evidence, not a region's default
+            attn = p
+        elif s in GEMM_STAGES:
+            if s == "o_gemm" and attn >= 0:
+                done += _label(rows, attn, p, stage, op_names, why)
+            attn = -1
+    return done
+
+
+def _label(
+    rows: list[int], attn: int, o_gemm: int, stage: list[str], op_names: Sequence[str | None], why: Any
+) -> int:
+    done = 0
+    p = attn + 1
+    while p < o_gemm:
+        if op_names[rows[p]] in GATE_OPS:
+            mul = next((q for q in range(p + 1, o_gemm) if op_names[rows[q]] in SCALE_OPS), None)
+            for q in (p, mul):
+                if q is not None and stage[rows[q]] != "elementwise":
+                    stage[rows[q]] = "elementwise"
+                    why[rows[q]] = OUTPUT_GATE
+                    done += 1
+            p = o_gemm if mul is None else mul
+        p += 1
+    return done
