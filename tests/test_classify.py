@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analyzer.analyses import layers
 from analyzer.knowledge.architectures import from_meta_arch
 from analyzer.knowledge.taxonomy import DENSE_GEMM_STAGES
 from analyzer.model import HOST_OP_SCHEMA
 from analyzer.pipeline import analyze_trace
+from tests import shape_oracle
 from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, H200_TRACES, SHARED, shared_kineto_traces
 from tests.runs import load_inputs
 
@@ -85,7 +85,7 @@ def test_position_roles_agree_with_shape_roles(path: Path) -> None:
     # GIVEN roles from shapes (host ops kept) and from position alone (host ops withheld)
     arch, tp = _meta(path)
     trace, full = _analyse(path)
-    by_shape = layers.gemm_roles_from_shapes(full.kernels, trace.host_ops, arch, tp)
+    by_shape = shape_oracle.gemm_roles_from_shapes(full.kernels, trace.host_ops, arch, tp)
     _, bare = _analyse(path, host_ops=False)
     by_position = bare.kernels["stage"].to_pylist()
     kind = full.kernels["kind"].to_pylist()
@@ -115,7 +115,7 @@ def test_graph_replayed_decode_gets_the_roles_of_eager_prefill(path: Path) -> No
     arch, tp = _meta(path)
     trace, a = _analyse(path)
     k = a.kernels.to_pandas()
-    k["shape_role"] = layers.gemm_roles_from_shapes(a.kernels, trace.host_ops, arch, tp)
+    k["shape_role"] = shape_oracle.gemm_roles_from_shapes(a.kernels, trace.host_ops, arch, tp)
     pre = k[(k["phase"] == "prefill") & k["shape_role"].notna() & (k["kind"] == "kernel")]
     # the eager prefill's layer pattern, from shapes
     layer0 = pre[pre["layer"] == 0].sort_values("start_ns")

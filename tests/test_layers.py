@@ -1,4 +1,4 @@
-"""Unit tests on hand-built sequences for the per-layer structure walk (analyzer/analyses/layers.py).
+"""Unit tests on hand-built sequences for the per-layer structure walk (analyzer/analyses/walk/).
 
 They pin what must stay true of :func:`walk_sequence` and :func:`_role` (a Llama-like SDPA decoder, a
 MoE block, the boundary rules the code states), not their known failures: the generalization work may
@@ -11,16 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analyzer.analyses.layers import (
-    CACHE_READ,
-    STRONG_WRITE,
-    WEAK_WRITE,
-    _kv_update_positions,
-    _role,
-    reduction_rows,
-    topk_candidates,
-    walk_sequence,
-)
+from analyzer.analyses.walk.eager_ops import reduction_rows
+from analyzer.analyses.walk.grammar import _role, walk_sequence
+from analyzer.analyses.walk.kv_cache import CACHE_READ, STRONG_WRITE, WEAK_WRITE, _kv_update_positions
+from analyzer.analyses.walk.moe import topk_candidates
 from analyzer.model import dict_isin, dict_strings
 
 # (stage after the rule table, kernel name, launching host op) of one kernel
@@ -289,7 +283,7 @@ EAGER_LAYER = [NORM, GEMM, ROPE, KV, *EAGER_ATTN, GEMM, ADD, NORM, GEMM, ACT, GE
 
 
 def walk_composed(kernels: list[Kernel]) -> tuple[list[str], list[int]]:
-    from analyzer.analyses.layers import compose_attention
+    from analyzer.analyses.walk.eager_ops import compose_attention
 
     n = len(kernels)
     stage = [k[0] for k in kernels]
@@ -319,7 +313,7 @@ def test_softmax_after_the_lm_head_stays_sampling():
 
 
 def test_a_gemm_with_no_attention_anywhere_is_reported():
-    from analyzer.analyses.layers import structure_problem
+    from analyzer.analyses.walk.selfcheck import structure_problem
 
     # GIVEN GEMMs and generic kernels only (the attention could not be located)
     kernels = [NORM, GEMM, ("elementwise", EW, None), GEMM] * 3

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.analyses import layers
 from analyzer.analyses.attention_gates import OUTPUT_GATE, mark_output_gates
+from analyzer.analyses.walk import grammar, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBS = ROOT / "fixtures" / "libraries"
 
 
-REGION = next(iter(layers.REGION_RULE_CODES))  # a stage the walk gave by position
+REGION = next(iter(registry.REGION_RULE_CODES))  # a stage the walk gave by position
 
 
 def _gates(seq):
@@ -77,24 +77,24 @@ def test_only_an_add_or_nothing_before_the_next_gemm_ends_a_block() -> None:
     ops = ["aten::mm", "aten::silu", "aten::mul", "aten::mm", "aten::add", "aten::mm"]
     gemm = np.array([o == "aten::mm" for o in ops])
     # THEN an add before the next GEMM is seen only where there is one
-    assert not layers._add_before_gemm(list(range(6)), 1, gemm, ops)
-    assert layers._add_before_gemm(list(range(6)), 4, gemm, ops)
+    assert not grammar._add_before_gemm(list(range(6)), 1, gemm, ops)
+    assert grammar._add_before_gemm(list(range(6)), 4, gemm, ops)
     # and a GEMM right after a GEMM (a projection of the block's output) ends it too
-    assert layers._add_before_gemm(list(range(6)), 3, gemm, ops)
+    assert grammar._add_before_gemm(list(range(6)), 3, gemm, ops)
 
 
 def test_a_layer_without_mlp_opens_the_next_layer_or_ends_in_the_lm_head() -> None:
     # GIVEN the walk after an O projection and a norm, a GEMM reaching attention with no norm between
-    role, region, layer, rid = layers._role("attn_out", "flash_attention", True, True, 3, norm_ahead=False)
+    role, region, layer, rid = grammar._role("attn_out", "flash_attention", True, True, 3, norm_ahead=False)
     # THEN it is the next layer's QKV projection (STR055)
-    assert (role, region, layer, rid) == ("qkv_gemm", "attn_in", 4, layers.NO_MLP)
+    assert (role, region, layer, rid) == ("qkv_gemm", "attn_in", 4, grammar.NO_MLP)
     # GIVEN the same with a norm before the next anchor: an MLP, as before
-    assert layers._role("attn_out", "flash_attention", True, True, 3, norm_ahead=True)[0] == "gate_up_gemm"
+    assert grammar._role("attn_out", "flash_attention", True, True, 3, norm_ahead=True)[0] == "gate_up_gemm"
     # GIVEN a mixer's block, then a norm and a GEMM reaching sampling: the LM head
-    got = layers._role("attn_out", "sampling", False, True, 3, norm_ahead=False, after_mixer=True)
-    assert got[0] == "lm_head_gemm" and got[3] == layers.NO_MLP
+    got = grammar._role("attn_out", "sampling", False, True, 3, norm_ahead=False, after_mixer=True)
+    assert got[0] == "lm_head_gemm" and got[3] == grammar.NO_MLP
     # GIVEN the same after softmax attention (a router's top-k looks like sampling): not the LM head
-    assert layers._role("attn_out", "sampling", False, True, 3, True, norm_ahead=False)[0] == "moe_gate_gemm"
+    assert grammar._role("attn_out", "sampling", False, True, 3, True, norm_ahead=False)[0] == "moe_gate_gemm"
 
 
 @pytest.mark.parametrize(
@@ -105,8 +105,8 @@ def test_a_layer_without_mlp_opens_the_next_layer_or_ends_in_the_lm_head() -> No
 def test_a_down_projection_reads_the_gate_up_output(kn, gate_up, down) -> None:
     # GIVEN a GEMM's (K, N) and the MLP's gate / up (K, N) THEN it is the down projection when its K is
     # their N (half of it when fused) and not their K (STR056)
-    assert layers._reads_gate_up({0: kn, 1: gate_up}.get, 0, 1) is down
-    assert layers._reads_gate_up({0: kn, 1: gate_up}.get, 0, -1) is False  # no gate / up seen
+    assert grammar._reads_gate_up({0: kn, 1: gate_up}.get, 0, 1) is down
+    assert grammar._reads_gate_up({0: kn, 1: gate_up}.get, 0, -1) is False  # no gate / up seen
 
 
 @pytest.mark.parametrize(

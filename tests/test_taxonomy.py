@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.analyses import layers
+from analyzer.analyses.walk import grammar, registry
 from analyzer.errors import InputError
 from analyzer.knowledge import loader
 from analyzer.knowledge.annotations import load_annotation_patterns
@@ -65,7 +65,7 @@ def test_phases_are_the_four_in_display_order():
 
 def test_dense_gemm_stages_are_the_dense_gemm_category():
     assert DENSE_GEMM_STAGES == TAXONOMY.category_stages("dense_gemm")
-    assert frozenset(DENSE_GEMM_STAGES) == OLD_CLASSIFY_GEMM_STAGES == layers.GEMM_STAGES
+    assert frozenset(DENSE_GEMM_STAGES) == OLD_CLASSIFY_GEMM_STAGES == registry.GEMM_STAGES
     assert len(DENSE_GEMM_STAGES) == 7
 
 
@@ -82,7 +82,7 @@ def test_all_gemm_stages_keep_the_phases_order():
 def test_attention_kernel_stages_are_the_category_without_the_combine():
     # linear_attention (a hybrid model's Mamba / Gated DeltaNet mixer) joined the category in issue 24
     assert ATTENTION_KERNEL_STAGES == (*OLD_ATTENTION, "linear_attention")
-    assert frozenset(ATTENTION_KERNEL_STAGES) == layers.ATTENTION
+    assert frozenset(ATTENTION_KERNEL_STAGES) == registry.ATTENTION
     assert ATTENTION_STAGES == (
         "flash_attention", "paged_attention", "attention_reduce", "mla_attention", "linear_attention"
     )  # fmt: skip
@@ -93,7 +93,7 @@ def test_memory_stages_are_the_activity_kinds():
 
 
 def test_walk_heuristic_groups_name_taxonomy_stages():
-    for group in (layers.GENERIC, layers.SAMPLING_LIKE, layers._MOE_ROUTING):
+    for group in (registry.GENERIC, registry.SAMPLING_LIKE, grammar._MOE_ROUTING):
         assert group <= set(TAXONOMY.stage_category)
 
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from analyzer.analyses.layers import KNOWLEDGE
 from analyzer.analyses.unexplained import foreign_ops_warning
+from analyzer.analyses.walk.registry import KNOWLEDGE
 
 ROOT = Path(__file__).resolve().parents[1]
 TH = SimpleNamespace(foreign_share=0.005)

@@ -231,8 +231,8 @@ def test_causal_convention_counts_the_pairs_the_mask_keeps() -> None:
 
 def test_gemm_dimensions_have_one_reading() -> None:
     # the roles from shapes (layers), the LM head's rows (phases) and the roofline read one table
-    from analyzer.analyses.layers import gemm_shape
     from analyzer.analyses.phases import _gemm_rows
+    from analyzer.analyses.walk.positions import gemm_shape
 
     assert gemm_shape("aten::addmm", [[128], [2, 512], [512, 128], [], []]) == (512, 128)
     assert gemm_shape("aten::_weight_int4pack_mm", [[8, 4096], [1792, 32, 32, 4], [], [32, 14336, 2]]) == (

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.layers import ATTENTION, GEMM_STAGES, KNOWLEDGE, REGION_RULE_CODES
+from analyzer.analyses.walk.registry import ATTENTION, GEMM_STAGES, KNOWLEDGE, REGION_RULE_CODES
 
 OUTPUT_GATE = KNOWLEDGE.code_of("attention-output-gate")
 GATE_OPS = frozenset(KNOWLEDGE.set_of("gate_activation_ops"))

@@ -7,15 +7,16 @@ Contract (pure over the kernels and host_ops tables):
 2. **Host ops.** A generic framework kernel (stage ``elementwise``) launched by a host op whose name
    says what it does (``rules/ops.toml``: ``aten::silu`` -> activation, ``aten::topk`` -> sampling ...)
    takes that stage.
-3. **Structure** (:mod:`analyzer.analyses.layers`). On each device the kernels form a repeating per-layer sequence
-   (norm -> QKV GEMM -> RoPE / KV store -> attention -> O GEMM -> norm -> MLP or MoE). One pass over
+3. **Structure** (:mod:`analyzer.analyses.walk`). On each device the kernels form a repeating
+   per-layer sequence (norm -> QKV GEMM -> RoPE / KV store -> attention -> O GEMM -> norm -> MLP or MoE). One pass over
    that sequence gives every GEMM its role (``qkv_gemm`` ... ``lm_head_gemm``, ``moe_gate_gemm``,
    expert GEMMs), numbers the decoder layers (``layer``) and gives the generic kernels between the
    anchors the stage of the region they sit in (an eager RMSNorm's pow/mean/rsqrt/mul -> norm, an
    eager RoPE's mul/neg/cat/add -> rope, the trailing KV-cache cat/copy -> kv_cache_store ...).
    This works without host ops (CUDA-graph replay, rocprof, nsys), so shapes are never required.
-4. **Shapes.** Where host-op input shapes are recorded, ``layers.gemm_roles_from_shapes`` derives the
-   roles independently from the layer dimensions; tests check both agree.
+4. **Shapes.** Where host-op input shapes are recorded, :mod:`analyzer.analyses.shape_roles` gives
+   a GEMM the role its (K, N) names uniquely among the model's sizes (STR044); the tests compare the
+   walk with an independent oracle from the model's config (``tests/shape_oracle.py``).
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ import pyarrow.compute as pc
 from analyzer.analyses import (
     attention_gates,
     dequantize,
-    layers,
     mixers,
     providers,
     shape_roles,
     unexplained,
     weight_gathers,
 )
-from analyzer.analyses.layers import GENERIC
+from analyzer.analyses.walk import eager_ops, grammar, moe, positions, registry, selfcheck
+from analyzer.analyses.walk.registry import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.op_hints import op_hint_ids
 from analyzer.knowledge.structure_rules import StructureKnowledge
@@ -74,7 +75,7 @@ def classify_and_check(
     it) and the warnings for what could not be decided. ``structure``: the registry with the run's
     thresholds (default: ``rules/structure.toml``); ``fired`` (optional): counts kernels per id of
     the rules that decide layers only (and of the self-check that drops a walk)."""
-    know = structure if structure is not None else layers.KNOWLEDGE
+    know = structure if structure is not None else registry.KNOWLEDGE
     th = know.thresholds
     cols = classify_by_name(kernels, ruleset)
     op_names, op_dims, op_column = launching_ops(kernels, host_ops)
@@ -86,7 +87,7 @@ def classify_and_check(
     by_names = _stage_codes(stage, vocab)
     why_names = array.array("h", why)  # what the names and op hints said: kept where the walk is dropped
     front = in_attention_front_end(kernels, host_ops, by_names, vocab)
-    softmax = layers.softmax_rows(cols["norm_name"], op_column, stage)
+    softmax = eager_ops.softmax_rows(cols["norm_name"], op_column, stage)
     order = np.lexsort(
         (
             kernels["start_ns"].to_numpy(zero_copy_only=False),
@@ -99,9 +100,9 @@ def classify_and_check(
     tid = kernels["trace_id"].to_numpy(zero_copy_only=False)
     dev = kernels["device"].to_numpy(zero_copy_only=False)
     norm = pylist(cols["norm_name"])
-    topk = layers.topk_candidates(norm, op_column)
-    pow_rows = dict_isin(op_column, list(layers.POW_OPS))
-    reduce_rows = layers.reduction_rows(cols["norm_name"], op_column)
+    topk = moe.topk_candidates(norm, op_column)
+    pow_rows = dict_isin(op_column, list(registry.POW_OPS))
+    reduce_rows = eager_ops.reduction_rows(cols["norm_name"], op_column)
     launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
     int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column)
     gemm_kn = _gemm_shapes_on_demand(kernels, host_ops, op_names)
@@ -113,17 +114,17 @@ def classify_and_check(
     counts: Counter = Counter()
     for seg in np.split(ordered, bounds):
         if len(seg):
-            layers.mark_activation_quantize(seg, stage, op_names, launch, why)
+            eager_ops.mark_activation_quantize(seg, stage, op_names, launch, why)
             dequantize.mark_weight_dequantize(seg, stage, op_names, launch, int_cast, vec_scale, why, th)
             weight_gathers.mark_expert_weight_gathers(seg, stage, op_names, op_dims, topk, why, th)
-            layers.compose_attention(seg, stage, norm, op_names, launch, softmax, why)
+            eager_ops.compose_attention(seg, stage, norm, op_names, launch, softmax, why)
             for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
-                stage[r] = layers.COMPOSED_ATTENTION
+                stage[r] = registry.COMPOSED_ATTENTION
                 why[r] = SDPA_FRONT_END
             # token mixers first: the walk takes their projections as they are (a mixer's block is
             # not attention and an MLP)
             mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
-            layers.walk_sequence(
+            grammar.walk_sequence(
                 seg,
                 stage,
                 norm,
@@ -138,7 +139,7 @@ def classify_and_check(
                 counts,
                 gemm_kn,
             )
-            problem = layers.structure_problem(seg, stage, layer, th)
+            problem = selfcheck.structure_problem(seg, stage, layer, th)
             if problem:
                 # not found with confidence: keep what the names said (role-free GEMMs, generic
                 # kernels), and the mixers found from them
@@ -147,7 +148,7 @@ def classify_and_check(
                     why[r] = why_names[r]
                 layer[seg] = -1
                 undecided.append(problem)
-                counts[layers.SELF_CHECK] += len(seg)
+                counts[registry.SELF_CHECK] += len(seg)
                 mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
             else:
                 gated = attention_gates.mark_output_gates(seg, stage, op_names, why)
@@ -210,7 +211,7 @@ def _gemm_shapes_on_demand(
         if p is None:
             return None
         d = dims[op_row[p].as_py()].as_py()
-        return layers.gemm_shape(op_names[r], [list(x) for x in d] if d else None)
+        return positions.gemm_shape(op_names[r], [list(x) for x in d] if d else None)
 
     return kn
 
@@ -224,7 +225,7 @@ TRAINING_WARNING = "training, not inference: no phases or inference findings"
 
 
 def _apply_shape_roles(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], model: Any, th: Any = layers.DEFAULT_THRESHOLDS
+    kernels: pa.Table, host_ops: pa.Table, stage: list[str], model: Any, th: Any = registry.DEFAULT_THRESHOLDS
 ) -> tuple[np.ndarray, str | None]:
     """GEMM roles from recorded shapes (:mod:`analyzer.analyses.shape_roles`): taken where the
     layer walk gave none (``gemm``) or the same one; where the two disagree the walk's role stays
@@ -268,9 +269,9 @@ def _apply_shape_roles(
     return shaped, None
 
 
-SDPA_FRONT_END = layers.KNOWLEDGE.code_of("sdpa-front-end")
-SHAPE_ROLES = layers.KNOWLEDGE.code_of("shape-roles")
-EMBEDDING_LOOKUP = layers.KNOWLEDGE.code_of("embedding-lookup")
+SDPA_FRONT_END = registry.KNOWLEDGE.code_of("sdpa-front-end")
+SHAPE_ROLES = registry.KNOWLEDGE.code_of("shape-roles")
+EMBEDDING_LOOKUP = registry.KNOWLEDGE.code_of("embedding-lookup")
 
 
 def _rule_codes(rule_id: pa.Array, know: StructureKnowledge) -> tuple[list[str], array.array]:
@@ -347,7 +348,7 @@ def classification_shares(stage_source: Any, dur_ns: Any) -> dict[str, float]:
     return {s: round(got.get(s, 0.0) / total, 6) if total > 0 else 0.0 for s in SOURCES}
 
 
-_BACKWARD_WORDS = layers.KNOWLEDGE.words("backward_words")
+_BACKWARD_WORDS = registry.KNOWLEDGE.words("backward_words")
 
 
 def is_training(kernels: pa.Table) -> bool:
@@ -468,17 +469,17 @@ def in_attention_front_end(
     return out
 
 
-_GATHER_OPS = layers.KNOWLEDGE.words("gather_ops")
-_EMBEDDING_OPS = layers.KNOWLEDGE.words("embedding_ops")
+_GATHER_OPS = registry.KNOWLEDGE.words("gather_ops")
+_EMBEDDING_OPS = registry.KNOWLEDGE.words("embedding_ops")
 # the ops whose input shapes the rules read: embedding lookups (STR001), expert-weight gathers and
 # the batched GEMMs after them (STR050), depthwise convolutions (STR052)
 _SHAPED_OPS = sorted(
     {*_GATHER_OPS, *weight_gathers.WEIGHT_GATHER_OPS, *weight_gathers.BATCHED_GEMM_OPS, *mixers.CONV_OPS}
 )
-_ATTENTION_FRONT_ENDS = layers.KNOWLEDGE.words("attention_front_end_ops")
+_ATTENTION_FRONT_ENDS = registry.KNOWLEDGE.words("attention_front_end_ops")
 # what a kernel launched inside the SDPA front end may have been called by its name or op: generic
 # work, a GEMM (the math backend's matmuls), its softmax (an op hint says sampling)
-_FRONT_END_PARTS = layers.KNOWLEDGE.set_of("front_end_parts") | layers.GEMM_STAGES
+_FRONT_END_PARTS = registry.KNOWLEDGE.set_of("front_end_parts") | registry.GEMM_STAGES
 EMBEDDING_OP = "inside aten::embedding"  # an op_dims value: the gather runs inside an embedding op
 
 
@@ -493,7 +494,7 @@ def inside_ops(host_ops: pa.Table, op_rows: np.ndarray, outer: Sequence[str]) ->
     return launches.enclosing_op(host_ops, outer_rows, op_rows) >= 0
 
 
-def _is_embedding_lookup(op: str, dims: Any, th: Any = layers.DEFAULT_THRESHOLDS) -> bool:
+def _is_embedding_lookup(op: str, dims: Any, th: Any = registry.DEFAULT_THRESHOLDS) -> bool:
     """A gather from a [vocab, hidden] table: many more rows than columns, and a vocabulary's rows."""
     if op not in _GATHER_OPS or dims is None or len(dims) == 0:
         return False
@@ -515,7 +516,7 @@ def apply_op_hints(
     op_dims: dict[int, Any] | None = None,
     why: Any = None,
     hint_codes: Mapping[str, int] | None = None,
-    th: Any = layers.DEFAULT_THRESHOLDS,
+    th: Any = registry.DEFAULT_THRESHOLDS,
 ) -> None:
     """Generic kernels take the stage their launching host op names (``table``), and gathers that
     are embedding lookups (:func:`_is_embedding_lookup`) take ``embedding``; ``why`` (per kernel)

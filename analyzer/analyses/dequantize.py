@@ -25,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.analyses.layers import KNOWLEDGE
 from analyzer.analyses.mixers import ADD_OPS, BATCHED_OPS, LINEAR_OPS
+from analyzer.analyses.walk.registry import KNOWLEDGE
 from analyzer.model import dict_isin
 from analyzer.tables import launches
 

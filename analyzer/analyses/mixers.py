@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.layers import ATTENTION, KNOWLEDGE, REGION_RULE_CODES
+from analyzer.analyses.walk.registry import ATTENTION, KNOWLEDGE, REGION_RULE_CODES
 from analyzer.analyses.weight_gathers import BATCHED_GEMM_OPS
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
 

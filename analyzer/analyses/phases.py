@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.analyses.classify import is_training
-from analyzer.analyses.layers import WORK_OPS
+from analyzer.analyses.walk.registry import WORK_OPS
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.kernel_rules import PhaseEvidence
 from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure

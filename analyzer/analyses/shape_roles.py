@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from analyzer.analyses.layers import GEMM_STAGES, gemm_shape
+from analyzer.analyses.walk.positions import gemm_shape
+from analyzer.analyses.walk.registry import GEMM_STAGES
 from analyzer.knowledge.attention_ops import AttentionOps
 from analyzer.knowledge.work_ops import WorkOps
 from analyzer.model import dict_isin, dict_strings

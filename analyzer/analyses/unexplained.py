@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.layers import KNOWLEDGE
+from analyzer.analyses.walk.registry import KNOWLEDGE
 
 FOREIGN_OPS = KNOWLEDGE.code_of("foreign-op-in-region")
 #: rule code of a position-only decision -> the host ops that do that place's work

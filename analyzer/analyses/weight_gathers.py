@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.layers import GENERIC, KNOWLEDGE
+from analyzer.analyses.walk.registry import GENERIC, KNOWLEDGE
 
 WEIGHT_GATHER_OPS = frozenset(KNOWLEDGE.set_of("weight_gather_ops"))
 BATCHED_GEMM_OPS = frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))

@@ -1,0 +1,206 @@
+"""Rules that assume a mixture-of-experts block: top-k candidates, routers found by their top-k
+(STR005), the expert block's dispatch, combine, shared-expert gate and GLU product.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from analyzer.analyses.walk.positions import _is_add
+from analyzer.analyses.walk.registry import (
+    _ID,
+    _V,
+    GEMM_STAGES,
+    KNOWLEDGE,
+    MOE_BLOCK,
+    MOE_ROUTER,
+    SAMPLING_LIKE,
+)
+from analyzer.model import dict_isin
+from analyzer.tables.positions import row_array
+
+MOE_SHARED_GATE = _ID("moe-shared-gate")
+
+
+MOE_GLU_PRODUCT = _ID("moe-glu-product")
+
+
+# what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
+_ROUTING_TAIL_OPS = _V("routing_tail_ops")
+
+
+_ROUTING_PARTS = _V("routing_parts")
+
+
+_TOPK_OPS = _V("topk_ops")
+
+
+_TOPK_WORDS = KNOWLEDGE.words("topk_words")
+
+
+def topk_candidates(norm: Any, op_column: pa.Array) -> np.ndarray:
+    """Per kernel row: launched by ``aten::topk``, or without a launching op (``op_column``: the
+    launching op's name, null: none) and named like a top-k (tested once per distinct op and
+    name); :func:`_mark_routers` looks at these only."""
+    out = dict_isin(op_column, list(_TOPK_OPS))
+    names = norm if isinstance(norm, list) else list(norm)
+    none = np.flatnonzero(op_column.is_null().to_numpy(zero_copy_only=False))
+    memo: dict[str, bool] = {}
+    for r in none.tolist():
+        nm = names[r]
+        hit = memo.get(nm)
+        if hit is None:
+            hit = memo[nm] = any(w in nm.lower() for w in _TOPK_WORDS)
+        out[r] = hit
+    return out
+
+
+def _is_topk(stage: str, name: str, op: str | None) -> bool:
+    """A router's ``torch.topk`` (a sort or argsort is dispatch, or sampling)."""
+    if op is not None:
+        return op in _TOPK_OPS
+    return stage in SAMPLING_LIKE and any(w in name.lower() for w in _TOPK_WORDS)
+
+
+def _mark_routers(
+    rows: list[int],
+    st: list[str],
+    stage: list[str],
+    norm: list[str],
+    op_names: Sequence[str | None],
+    ops: tuple[np.ndarray, np.ndarray],
+    hard: np.ndarray,
+    experts: np.ndarray,
+    topk_rows: np.ndarray,
+    why: Any,
+) -> bool:
+    """MoE routers: a GEMM whose output goes to a top-k that more GEMMs follow within the block.
+
+    A router GEMM is followed, before any other GEMM, norm, attention or embedding kernel, by a
+    top-k (``aten::topk`` / a top-k or sort kernel); after the top-k another GEMM (the experts) comes
+    before any norm, attention or embedding kernel. The LM head's top-k sampling fails the second
+    test: the next forward's embedding or input norm comes first. The router GEMM becomes
+    ``moe_gate_gemm``; its softmax / sigmoid, top-k and the routing-weight arithmetic right after
+    the last top-k become ``moe_topk``. Returns whether any router was found.
+    """
+    n = len(rows)
+    topk = [q for q in np.flatnonzero(topk_rows[row_array(rows)]).tolist() if st[q] in _ROUTING_PARTS]
+    topk = [q for q in topk if _is_topk(st[q], norm[rows[q]], op_names[rows[q]])]
+    op_first, op_last = ops
+    if not topk or not len(op_first):
+        return False
+    expert_at = np.flatnonzero(experts)  # expert GEMMs a rule named (fused MoE kernels)
+    blocks = np.flatnonzero(hard)
+    tk = np.asarray(topk, np.int64)
+    # per candidate, at once: the last GEMM op before it, the next GEMM (dense or a named expert
+    # GEMM) after it, and whether a norm / attention / embedding lies between that op and the next
+    k = np.searchsorted(op_first, tk) - 1
+    ok = k >= 0
+    kk = np.maximum(k, 0)
+    a_all, b_all = op_first[kk], op_last[kk]
+    ok &= b_all < tk  # not inside a GEMM op
+    nxt_dense = np.where(kk + 1 < len(op_first), op_first[np.minimum(kk + 1, len(op_first) - 1)], n)
+    e = np.searchsorted(expert_at, tk)
+    nxt_expert = expert_at[np.minimum(e, len(expert_at) - 1)] if len(expert_at) else np.full(len(tk), n)
+    nxt_all = np.minimum(nxt_dense, np.where(e < len(expert_at), nxt_expert, n))
+    ok &= nxt_all < n
+    j = np.searchsorted(blocks, b_all + 1)
+    blocked = (
+        (j < len(blocks)) & (blocks[np.minimum(j, len(blocks) - 1)] < nxt_all)
+        if len(blocks)
+        else np.zeros(len(tk), bool)
+    )
+    ok &= ~blocked
+    found = False
+    done = -1
+    for i in np.flatnonzero(ok).tolist():
+        t = topk[i]
+        if t <= done:
+            continue
+        a, b, nxt = int(a_all[i]), int(b_all[i]), int(nxt_all[i])
+        if any(st[q] not in _ROUTING_PARTS and st[q] not in ("memcpy", "memset") for q in range(b + 1, t)):
+            continue
+        for q in range(a, b + 1):
+            if st[q] in GEMM_STAGES:
+                stage[rows[q]] = "moe_gate_gemm"
+                why[rows[q]] = MOE_ROUTER
+        last = topk[bisect.bisect_left(topk, nxt) - 1]  # the last top-k before the experts
+        end = last + 1
+        while end < nxt and op_names[rows[end]] in _ROUTING_TAIL_OPS and st[end] in _ROUTING_PARTS:
+            end += 1
+        for q in range(b + 1, end):
+            if st[q] in _ROUTING_PARTS:
+                stage[rows[q]] = "moe_topk"
+                why[rows[q]] = MOE_ROUTER
+        done = nxt
+        found = True
+    return found
+
+
+def _label_moe_block(
+    rows: list[int],
+    run: list[int],
+    lo: int,
+    hi: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
+) -> None:
+    """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm."""
+    gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
+    last = gemms[-1] if gemms else lo - 1
+    # the residual add is the last add before the next norm (an earlier one combines the routed
+    # and shared experts' outputs); an activation after the last expert GEMM (Qwen2-MoE's sigmoid of
+    # the shared-expert gate) weighs the combination
+    first_norm = next((i for i in range(last + 1, hi) if stage[rows[i]] == "norm"), None)
+    adds = [
+        i
+        for i in run
+        if last < i < (first_norm if first_norm is not None else -1) and _is_add(rows[i], op_names)
+    ]
+    add = adds[-1] if adds else None
+    gate = False
+    for i in range(last + 1, first_norm if first_norm is not None else hi):
+        if stage[rows[i]] == "activation":
+            stage[rows[i]] = "moe_accumulate"
+            why[rows[i]] = MOE_SHARED_GATE
+            gate = True
+    if gate:  # the GEMM before that activation is the gate's (hidden -> 1), not an expert's
+        g = last
+        while g >= lo and stage[rows[g]] == "moe_expert_gemm":
+            stage[rows[g]] = "moe_gate_gemm"
+            why[rows[g]] = MOE_SHARED_GATE
+            g -= 1
+    for i in run:
+        if i < last and _glu_product(rows, i, lo, stage):
+            stage[rows[i]] = "activation"  # act(gate) * up between an expert's two GEMMs
+            why[rows[i]] = MOE_GLU_PRODUCT
+            continue
+        if i < last:
+            stage[rows[i]] = "moe_sort"
+        elif add is None or i < add:
+            stage[rows[i]] = "moe_accumulate"
+        elif i == add:
+            stage[rows[i]] = "residual_add"
+        else:
+            stage[rows[i]] = "norm"
+        why[rows[i]] = MOE_BLOCK
+
+
+def _glu_product(rows: list[int], i: int, lo: int, stage: list[str]) -> bool:
+    """Position i is a gated MLP's product ``act(gate) * up``, right before the down projection's
+    GEMM: the two kernels before it are the activation and a GEMM (gate, act, up or gate, up, act)."""
+    if i - 2 < lo or i + 1 >= len(rows) or stage[rows[i + 1]] not in _EXPERT_OR_DENSE_GEMM:
+        return False
+    a, b = stage[rows[i - 1]], stage[rows[i - 2]]
+    return (a == "activation" and b in _EXPERT_OR_DENSE_GEMM) or (
+        b == "activation" and a in _EXPERT_OR_DENSE_GEMM
+    )
+
+
+_EXPERT_OR_DENSE_GEMM = GEMM_STAGES | {"moe_expert_gemm"}
