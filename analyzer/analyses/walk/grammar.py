@@ -1,12 +1,26 @@
 """The engine-neutral grammar of a decoder forward: one pass along a device's kernels in time order
 that gives every GEMM op its role from the region it is in and what comes next (:func:`_role`),
 numbers the layers and hands the generic kernels to the region defaults.
+
+Contract: :func:`walk_sequence` builds the device's :class:`KernelSequence` and runs, in order, the
+rules that prepare it (a lone ``pow``, output-row gathers, MoE routers), the look-ahead of every GEMM
+op (:class:`_Ahead`), the walk itself (:func:`_walk`: the region state machine, one decision per GEMM
+op in :func:`_gemm_op`), the fix-ups around the first layer and the LM head (:func:`_fix_ups`) and
+the region defaults with their refinements (:func:`_label_regions`). Every rule writes ``stage`` and
+the deciding rule's code into ``why``; the walk writes the layer numbers.
+
+Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store), ``attn``
+(attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm), ``mlp_in`` (between
+gate/up GEMMs and the down GEMM: activation), ``mlp_out`` (after the down GEMM: residual add, next
+input norm), ``moe`` / ``moe_experts`` (routing, expert GEMMs), ``tail`` (after the LM head:
+sampling); ``pre`` before the first layer.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,34 +65,22 @@ from analyzer.analyses.walk.registry import (
     ROLE_QKV_MORE,
     SAMPLING_LIKE,
 )
+from analyzer.analyses.walk.sequence import KernelSequence
 from analyzer.knowledge.structure_rules import Thresholds
 from analyzer.tables.positions import row_sequence
 
 SECOND_HEAD = _ID("second-head")
-
-
 NO_MLP = _ID("block-without-mlp")
-
-
 DOWN_BY_SHAPE = _ID("down-by-shape")
-
-
 MIXER_SPAN = _ID("mixer-span")  # a mixer's projections, labelled before the walk (analyses/mixers.py)
-
-
 MOE_SAMPLING_TOPK = _ID("moe-sampling-topk")
-
-
 TAIL_NEG = _ID("tail-neg")
-
-
 HOST_INPUTS = _ID("host-input-boundary")
-
-
 PROLOGUE_SHIFT = _ID("prologue-shift")
-
-
 _MOE_ROUTING = _V("moe_routing_stages")
+_ROUTING_LEADS = ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
+
+GemmShapes = Callable[[int], tuple[int, int] | None]
 
 
 def walk_sequence(
@@ -94,115 +96,151 @@ def walk_sequence(
     why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
     fired: Counter | None = None,
-    gemm_kn: Callable[[int], tuple[int, int] | None] | None = None,
+    gemm_kn: GemmShapes | None = None,
 ) -> None:
-    """Assign GEMM roles, layers and region stages along one device's time-ordered kernels.
-    ``topk_rows`` / ``pow_rows`` / ``reduce_rows`` (per kernel row): :func:`topk_candidates`,
-    launched by ``aten::pow``, :func:`reduction_rows`. ``why`` (per kernel row): the id of the rule
-    that set the stage, updated for every kernel a rule here relabels; ``th``: the thresholds;
-    ``fired``: rule code -> kernels, counted for the rules whose decision the stage column does not
-    show (layers only, or a stage a later rule replaces); ``gemm_kn`` (optional): kernel row -> its
-    GEMM op's (K, N), read on demand for the few GEMMs whose role needs it.
-
-    Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store),
-    ``attn`` (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm),
-    ``mlp_in`` (between gate/up GEMMs and the down GEMM: activation), ``mlp_out`` (after the down
-    GEMM: residual add, next input norm), ``moe`` / ``moe_experts`` (routing, expert GEMMs), ``tail``
-    (after the LM head: sampling). A GEMM's role follows from its region and what comes next.
-    """
+    """Assign GEMM roles, layers and region stages along one device's time-ordered kernels ``seq``.
+    Per kernel row: ``stage`` (read and written), ``norm`` (normalised names), ``op_names`` /
+    ``launch`` (launching op and its id), ``layer`` (written), ``topk_rows`` / ``pow_rows`` /
+    ``reduce_rows`` (:func:`~analyzer.analyses.walk.moe.topk_candidates`, launched by ``aten::pow``,
+    :func:`~analyzer.analyses.walk.eager_ops.reduction_rows`), ``why`` (the id of the rule that set
+    the stage, updated for every kernel a rule here relabels). ``th``: the thresholds; ``fired``:
+    rule code -> kernels, counted for the rules whose decision the stage column does not show (layers
+    only, or a stage a later rule replaces); ``gemm_kn`` (optional): kernel row -> its GEMM op's
+    (K, N), read on demand for the few GEMMs whose role needs it."""
     why = defaultdict(int) if why is None else why  # (read for the marks of the passes before)
-    rows = row_sequence(seq)
-    n = len(rows)
-    demoted = _demote_lone_pow(rows, stage, pow_rows[seq], reduce_rows[seq], why)
-    if fired is not None and demoted:
-        fired[LONE_POW] += demoted  # the region labels them next: the final stage names that rule
-    st = list(map(stage.__getitem__, rows))
+    ks = KernelSequence(seq, row_sequence(seq), stage, why, norm, op_names, launch, th, fired)
+    gemm, op_first, op_last = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq])
+    ahead = _look_ahead(ks, gemm, op_first, op_last)
+    region_of, layer_of, opened = _walk(ks, ahead, gemm_kn)
+    _demote_embedding_projection(ks.rows, stage, region_of, layer_of, op_first, op_last, opened, why)
+    marks = _fix_ups(ks, region_of)
+    _label_regions(ks, region_of, layer_of, op_first, marks)
+    layer[seq] = layer_of
+
+
+def _prepare(
+    ks: KernelSequence, topk_rows: np.ndarray, pow_at: np.ndarray, reduce_at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rules that run before the walk: a lone ``pow`` is no norm (STR-lone-pow), the output
+    rows an LM head gathers are not the embedding, MoE routers by their top-k (STR005). Returns the
+    GEMM mask and the GEMM ops' first and last positions."""
+    rows, stage, why = ks.rows, ks.stage, ks.why
+    # the region labels the lone pows next: the final stage names that rule
+    ks.count(LONE_POW, _demote_lone_pow(rows, stage, pow_at, reduce_at, why))
+    ks.refresh()
     # norm-like: a norm stage, or a name with a norm's word (tested once per distinct name; no
     # per-kernel tuples: millions of them would dominate the memory of a 10 GB trace)
-    names = list(map(norm.__getitem__, rows))
+    names = list(map(ks.names.__getitem__, rows))
     by_name = {x: _norm_like("", x) for x in set(names)}
-    normish = np.fromiter(map(by_name.__getitem__, names), bool, n)
+    ks.normish = np.fromiter(map(by_name.__getitem__, names), bool, ks.n) | ks.stages(("norm",))
     del names
-    kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
-    code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
-
-    def stages(*sets: Any) -> np.ndarray:
-        """Per position: its stage (as ``st`` holds it) is in one of ``sets``."""
-        return np.array([any(s in x for x in sets) for s in kinds], bool)[code]
-
-    normish |= stages(("norm",))
-
-    gemm = stages(GEMM_STAGES)
-    op_first, op_last = _gemm_ops(seq, gemm, norm, launch)
-    gathers = _demote_output_row_gathers(
-        rows, stage, stages(("embedding",)), stages(ATTENTION), op_first, normish, why
-    )
+    gemm = ks.stages(GEMM_STAGES)
+    op_first, op_last = _gemm_ops(ks.seq, gemm, ks.names, ks.launch)
+    found = ks.stages(("embedding",)), ks.stages(ATTENTION)
+    gathers = _demote_output_row_gathers(rows, stage, *found, op_first, ks.normish, why)
     if gathers:
-        if fired is not None:  # the region labels them next: the final stage names that rule
-            fired[OUTPUT_ROWS] += gathers
-        st = list(map(stage.__getitem__, rows))
-        kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
-        code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
-    hard = normish | stages(ATTENTION, ("embedding",))
+        ks.count(OUTPUT_ROWS, gathers)  # the region labels them next: the final stage names that rule
+        ks.refresh()
+    hard = ks.normish | ks.stages(ATTENTION, ("embedding",))
+    experts = ks.stages(("moe_expert_gemm",))
     if _mark_routers(
-        rows,
-        st,
-        stage,
-        norm,
-        op_names,
-        (op_first, op_last),
-        hard,
-        stages(("moe_expert_gemm",)),
-        topk_rows,
-        why,
+        rows, ks.st, stage, ks.names, ks.op_names, (op_first, op_last), hard, experts, topk_rows, why
     ):
-        st = list(map(stage.__getitem__, rows))
-        kinds = {s: i for i, s in enumerate(dict.fromkeys(st))}
-        code = np.fromiter(map(kinds.__getitem__, st), np.int32, n)
-    blocker = normish | stages(ATTENTION, _MOE_ROUTING, ("embedding",))
-    router = stages(("moe_gate_gemm",))
-    boundary = _host_input_boundaries(stages(("memcpy", "memset")), stages(("embedding",)), op_last, normish)
-    anchor = stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm")) | boundary
-    # what follows each GEMM op, seen from the position after it: the next anchor kernel; the next
-    # anchor or GEMM ("gemm" for a GEMM); whether a GEMM comes before the next norm / attention /
-    # routing / embedding kernel
+        ks.refresh()
+    return gemm, op_first, op_last
+
+
+@dataclass
+class _Ahead:
+    """What follows each GEMM op ``k``, seen from the position after it: the next anchor kernel's
+    position (``anchor_at``) and stage (``follow``: ``embedding`` at a host-input boundary); the
+    next anchor or GEMM (``lead``: ``gemm`` for a GEMM); whether a GEMM comes before the next norm,
+    attention, routing or embedding kernel (``gemm_ahead``: a router GEMM ends the MLP before it,
+    Qwen2-MoE runs its shared expert first); whether a norm comes before the next anchor
+    (``norm_ahead``: a block follows, not the anchor's projections); whether a RoPE-named kernel
+    comes before the next GEMM or anchor (``rotary_next``: the rotary module's frequency product).
+    Per position: ``gemm``, ``router``, ``boundary`` (a host-input boundary), ``op_index`` (the GEMM
+    op starting there, -1 elsewhere) and ``events`` (the positions that change the walk's state)."""
+
+    op_first: np.ndarray
+    op_last: np.ndarray
+    anchor_at: list[int]
+    follow: list[str]
+    lead: list[str]
+    gemm_ahead: list[bool]
+    norm_ahead: list[bool]
+    rotary_next: list[bool]
+    gemm: np.ndarray
+    router: np.ndarray
+    boundary: np.ndarray
+    op_index: np.ndarray
+    events: list[int]
+
+
+def _look_ahead(ks: KernelSequence, gemm: np.ndarray, op_first: np.ndarray, op_last: np.ndarray) -> _Ahead:
+    n, st, normish = ks.n, ks.st, ks.normish
+    blocker = normish | ks.stages(ATTENTION, _MOE_ROUTING, ("embedding",))
+    router = ks.stages(("moe_gate_gemm",))
+    boundary = _host_input_boundaries(
+        ks.stages(("memcpy", "memset")), ks.stages(("embedding",)), op_last, normish
+    )
+    anchor = ks.stages(ATTENTION, SAMPLING_LIKE, ("embedding", "moe_sort", "moe_expert_gemm")) | boundary
     after = op_last + 1
-    at = _next_where(anchor, after).tolist()
+    anchor_at = _next_where(anchor, after).tolist()
     # a host-input boundary ends the forward as the next forward's lookup would
-    follow = [("embedding" if boundary[q] else st[q]) if q < n else "" for q in at]
-    anchor_at = at  # per GEMM op: the position of the next anchor kernel after it
+    follow = [("embedding" if boundary[q] else st[q]) if q < n else "" for q in anchor_at]
     next_anchor_or_gemm = _next_where(anchor | gemm, after)
-    at = next_anchor_or_gemm.tolist()
-    lead = [("gemm" if not anchor[q] else "embedding" if boundary[q] else st[q]) if q < n else "" for q in at]
-    # a router GEMM ends the MLP before it (Qwen2-MoE runs its shared expert first)
+    lead = [
+        ("gemm" if not anchor[q] else "embedding" if boundary[q] else st[q]) if q < n else ""
+        for q in next_anchor_or_gemm.tolist()
+    ]
     at = _next_where(gemm | blocker | router, after).tolist()
     gemm_ahead = [q < n and bool(gemm[q]) and not router[q] for q in at]
-    # a norm before the next anchor: a block follows this GEMM (the MLP), not the anchor's projections
     norm_ahead = (_next_where(normish, after) < np.asarray(anchor_at)).tolist()
-    # a RoPE-named kernel (the rotary module's cos / sin) right after a GEMM op, before the next
-    # GEMM or anchor: the GEMM is the rotary module's frequency product, not a projection
-    rotary_next = (_next_where(stages(("rope",)), after) < next_anchor_or_gemm).tolist()
-    op_index = np.full(n + 1, -1, np.int64)  # position -> the GEMM op starting there
+    rotary_next = (_next_where(ks.stages(("rope",)), after) < next_anchor_or_gemm).tolist()
+    op_index = np.full(n + 1, -1, np.int64)
     op_index[op_first] = np.arange(len(op_first))
     # only these positions change the walk's state; the runs between them take the region as it is
     events = np.zeros(n, bool)
     events[op_first] = True
     events |= (
-        normish | boundary | stages(ATTENTION, _MOE_ROUTING, ("embedding", "sampling", "moe_expert_gemm"))
+        normish | boundary | ks.stages(ATTENTION, _MOE_ROUTING, ("embedding", "sampling", "moe_expert_gemm"))
     )
-    region = "pre"
-    layer_no = -1
+    return _Ahead(
+        op_first, op_last, anchor_at, follow, lead, gemm_ahead, norm_ahead, rotary_next, gemm, router,
+        boundary, op_index, [*np.flatnonzero(events).tolist(), n],
+    )  # fmt: skip
+
+
+@dataclass
+class _Memory:
+    """What the walk remembers between GEMM ops: whether the last one was a token mixer's output
+    projection or an MLP's down projection, the kernel row of this MLP's last gate / up projection,
+    the GEMM op that took the LM head's role (if it was the last one) and the GEMM ops that opened a
+    forward as its first projection."""
+
+    after_mixer: bool = False
+    after_down: bool = False
+    gate_up_row: int = -1
+    last_head: int = -1
+    opened: list[int] = field(default_factory=list)
+
+
+def _walk(
+    ks: KernelSequence, ahead: _Ahead, gemm_kn: GemmShapes | None
+) -> tuple[list[str], list[int], list[int]]:
+    """The region state machine along the positions: per position its region and layer number (-1
+    before the first layer and after the LM head), and the GEMM ops that opened a forward."""
+    n, st, rows, stage, why = ks.n, ks.st, ks.rows, ks.stage, ks.why
+    normish, boundary, op_index, op_last = ks.normish, ahead.boundary, ahead.op_index, ahead.op_last
+    mem = _Memory()
+    region, layer_no = "pre", -1
     norm_seen = False
     fresh = False  # no GEMM op since an embedding lookup (a trace may begin mid-forward)
-    after_mixer = False  # the last GEMM op was a token mixer's output projection
-    after_down = False  # the last GEMM op was an MLP's down projection
-    gate_up_row = -1  # the kernel row of this MLP's last gate / up projection
-    last_head = -1  # the GEMM op that took the LM head's role, if it was the last GEMM op
-    opened: list[int] = []  # GEMM ops that opened a forward as its first projection
     region_of = [""] * n
     layer_of = [-1] * n  # lists: numpy item assignment per kernel is slower
     p = 0
-    for e in [*np.flatnonzero(events).tolist(), n]:
+    for e in ahead.events:
         if e < p:
             continue  # inside a GEMM op already walked
         if e > p:
@@ -215,64 +253,10 @@ def walk_sequence(
         k = int(op_index[p])
         if k >= 0:
             b = int(op_last[k])
-            if router[p]:  # found by _mark_routers
-                role, region, rid = "moe_gate_gemm", "moe", MOE_ROUTER
-            elif why[rows[p]] == MIXER_SPAN:
-                # a token mixer's projection (STR052, before the walk): its input projections open a
-                # layer as QKV GEMMs do, its output projection ends the mixer as an O GEMM does
-                role, rid = st[p], MIXER_SPAN
-                after_mixer = role == "o_gemm"
-                if role == "o_gemm":
-                    region = "attn_out"
-                elif region not in ("attn_in", "attn"):
-                    region, layer_no = "attn_in", layer_no + 1
-            elif region == "tail" and last_head == k - 1 and anchor_at[k - 1] > p:
-                # two GEMMs after the final norm with nothing between: an output projection, then
-                # the LM head (OPT-350m's project_out): the last one is the head
-                for q in range(int(op_first[k - 1]), int(op_last[k - 1]) + 1):
-                    if stage[rows[q]] == "lm_head_gemm":
-                        stage[rows[q]] = "gemm"
-                        why[rows[q]] = SECOND_HEAD
-                role, rid = "lm_head_gemm", SECOND_HEAD
-            elif (
-                region == "mlp_in"
-                and gemm_ahead[k]
-                and _add_before_gemm(rows, b + 1, gemm, op_names)
-                and _reads_gate_up(gemm_kn, rows[p], gate_up_row)
-            ):
-                # a GEMM reading the gate / up projections' output is the down projection, whatever
-                # follows it (a post-norm layer's q_proj before its q_norm)
-                role, region, rid = "down_gemm", "mlp_out", DOWN_BY_SHAPE
-            elif region == "mlp_out" and not norm_seen and after_down and follow[k] in ATTENTION:
-                # right after an MLP's down projection, no norm between: a post-norm layer's QKV
-                role, region, layer_no, rid = "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
-            else:
-                routing_next = lead[k] in ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
-                opens = fresh and not rotary_next[k]
-                role, region, layer_no, rid = _role(
-                    region,
-                    follow[k],
-                    gemm_ahead[k],
-                    norm_seen,
-                    layer_no,
-                    routing_next,
-                    opens,
-                    norm_ahead[k],
-                    after_mixer,
-                )
-                if role == "lm_head_gemm" and anchor_at[k] < n and boundary[anchor_at[k]]:
-                    rid = HOST_INPUTS
-                if opens and role == "qkv_gemm":
-                    opened.append(k)
-            if fired is not None and rid in (NO_MLP, DOWN_BY_SHAPE):
-                fired[rid] += b - p + 1  # shape roles may restate the stage: the rule still decided
-            if rid != MIXER_SPAN:
-                after_mixer = False
-            after_down = role == "down_gemm"
-            if role == "gate_up_gemm":
-                gate_up_row = rows[p]
-            last_head = k if role == "lm_head_gemm" else -1
-            fresh = fresh and bool(rotary_next[k])  # the rotary module's product opens nothing
+            role, rid, region, layer_no = _gemm_op(
+                ks, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
+            )
+            fresh = fresh and bool(ahead.rotary_next[k])  # the rotary module's product opens nothing
             norm_seen = False
             for q in range(p, b + 1):
                 if stage[rows[q]] in GEMM_STAGES:
@@ -298,19 +282,108 @@ def walk_sequence(
         region_of[p] = region
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
-    _demote_embedding_projection(rows, stage, region_of, layer_of, op_first, op_last, opened, why)
-    # one pass finds the positions the three fix-ups below look at (none relabels another's)
-    # (stages the walk itself sets are GEMM roles and moe_topk: only the candidates need a look)
+    return region_of, layer_of, mem.opened
+
+
+def _gemm_op(
+    ks: KernelSequence,
+    ahead: _Ahead,
+    k: int,
+    region: str,
+    layer_no: int,
+    norm_seen: bool,
+    fresh: bool,
+    mem: _Memory,
+    gemm_kn: GemmShapes | None,
+) -> tuple[str, int, str, int]:
+    """(role, deciding rule's code, new region, layer number) of GEMM op ``k``; updates ``mem``."""
+    rows, stage, why = ks.rows, ks.stage, ks.why
+    p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
+    if ahead.router[p]:  # found by _mark_routers
+        role, region, rid = "moe_gate_gemm", "moe", MOE_ROUTER
+    elif why[rows[p]] == MIXER_SPAN:
+        # a token mixer's projection (STR052, before the walk): its input projections open a layer
+        # as QKV GEMMs do, its output projection ends the mixer as an O GEMM does
+        role, rid = ks.st[p], MIXER_SPAN
+        mem.after_mixer = role == "o_gemm"
+        if role == "o_gemm":
+            region = "attn_out"
+        elif region not in ("attn_in", "attn"):
+            region, layer_no = "attn_in", layer_no + 1
+    elif region == "tail" and mem.last_head == k - 1 and ahead.anchor_at[k - 1] > p:
+        # two GEMMs after the final norm with nothing between: an output projection, then the LM
+        # head (OPT-350m's project_out): the last one is the head
+        for q in range(int(ahead.op_first[k - 1]), int(ahead.op_last[k - 1]) + 1):
+            if stage[rows[q]] == "lm_head_gemm":
+                stage[rows[q]] = "gemm"
+                why[rows[q]] = SECOND_HEAD
+        role, rid = "lm_head_gemm", SECOND_HEAD
+    elif (
+        region == "mlp_in"
+        and ahead.gemm_ahead[k]
+        and _add_before_gemm(rows, b + 1, ahead.gemm, ks.op_names)
+        and _reads_gate_up(gemm_kn, rows[p], mem.gate_up_row)
+    ):
+        # a GEMM reading the gate / up projections' output is the down projection, whatever
+        # follows it (a post-norm layer's q_proj before its q_norm)
+        role, region, rid = "down_gemm", "mlp_out", DOWN_BY_SHAPE
+    elif region == "mlp_out" and not norm_seen and mem.after_down and ahead.follow[k] in ATTENTION:
+        # right after an MLP's down projection, no norm between: a post-norm layer's QKV
+        role, region, layer_no, rid = "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
+    else:
+        opens = fresh and not ahead.rotary_next[k]
+        role, region, layer_no, rid = _role(
+            region,
+            ahead.follow[k],
+            ahead.gemm_ahead[k],
+            norm_seen,
+            layer_no,
+            ahead.lead[k] in _ROUTING_LEADS,
+            opens,
+            ahead.norm_ahead[k],
+            mem.after_mixer,
+        )
+        at = ahead.anchor_at[k]
+        if role == "lm_head_gemm" and at < ks.n and ahead.boundary[at]:
+            rid = HOST_INPUTS
+        if opens and role == "qkv_gemm":
+            mem.opened.append(k)
+    if rid in (NO_MLP, DOWN_BY_SHAPE):
+        ks.count(rid, b - p + 1)  # shape roles may restate the stage: the rule still decided
+    if rid != MIXER_SPAN:
+        mem.after_mixer = False
+    mem.after_down = role == "down_gemm"
+    if role == "gate_up_gemm":
+        mem.gate_up_row = rows[p]
+    mem.last_head = k if role == "lm_head_gemm" else -1
+    return role, rid, region, layer_no
+
+
+def _fix_ups(ks: KernelSequence, region_of: list[str]) -> list[int]:
+    """Around the first layer and the LM head: sampling ops before the layers, the embedding's scale,
+    position ids, an ``aten::neg`` after the LM head. Returns the positions they looked at (none
+    relabels another's; stages the walk itself sets are GEMM roles and moe_topk: only these
+    candidates need a look)."""
+    rows, stage, why = ks.rows, ks.stage, ks.why
     marked = ("sampling", "embedding", "rope")
-    marks = [q for q in np.flatnonzero(stages(marked)).tolist() if stage[rows[q]] in marked]
+    marks = [q for q in np.flatnonzero(ks.stages(marked)).tolist() if stage[rows[q]] in marked]
     _demote_sampling_before_layers(rows, stage, region_of, marks, why)
-    _label_embedding_scale(rows, stage, op_names, marks, why)
-    _label_position_ids(rows, stage, op_names, marks, why)
+    _label_embedding_scale(rows, stage, ks.op_names, marks, why)
+    _label_position_ids(rows, stage, ks.op_names, marks, why)
     for q in marks:
         if stage[rows[q]] == "rope" and region_of[q] == "tail":
             stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
             why[rows[q]] = TAIL_NEG
-    was_generic = stages(GENERIC)
+    return marks
+
+
+def _label_regions(
+    ks: KernelSequence, region_of: list[str], layer_of: list[int], op_first: np.ndarray, marks: list[int]
+) -> None:
+    """The region defaults for the generic kernels, with the model's learned norm shape; the q / k
+    norms inside the attention input; the prologue of the next layer moved to it."""
+    rows, stage, n = ks.rows, ks.stage, ks.n
+    was_generic = ks.stages(GENERIC)
     # where each run of QKV GEMMs begins (a run begins where a GEMM op does); the labelling below
     # changes no QKV role, so the norm shapes and the prologue shift read the same positions
     qkv_starts = [
@@ -325,7 +398,7 @@ def walk_sequence(
         while q > 0 and stage[rows[q - 1]] == "quantize":
             q -= 1
         gemm_inputs.append(q)
-    shape = _norm_shape(rows, norm, op_names, normish, was_generic, gemm_inputs, th)
+    shape = _norm_shape(rows, ks.names, ks.op_names, ks.normish, was_generic, gemm_inputs, ks.th)
     regions = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
     region_code = np.fromiter(map(regions.__getitem__, region_of), np.int32, n)
     # the generic kernels now: the fix-ups made generic kernels of marked ones only (and took
@@ -334,14 +407,14 @@ def walk_sequence(
     candidates[marks] = True
     generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
     _label_generic(
-        seq, stage, op_names, region_of, region_code, generic_at, norm, normish, shape, why, th, rows=rows
-    )
+        ks.seq, stage, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,
+        ks.why, ks.th, rows=rows,
+    )  # fmt: skip
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
-    _label_inner_norms(rows, stage, attn_in, normish, was_generic, shape, norm, why, th, op_names)
-    moved = _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts)
-    if fired is not None and moved:
-        fired[PROLOGUE_SHIFT] += moved
-    layer[seq] = layer_of
+    _label_inner_norms(
+        rows, stage, attn_in, ks.normish, was_generic, shape, ks.names, ks.why, ks.th, ks.op_names
+    )
+    ks.count(PROLOGUE_SHIFT, _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts))
 
 
 def _role(
