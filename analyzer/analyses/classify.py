@@ -24,6 +24,7 @@ from __future__ import annotations
 import array
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -85,79 +86,27 @@ def classify_and_check(
     rule_ids, why = _rule_codes(cols["rule_id"], know)
     apply_op_hints(stage, op_names, op_hints, op_dims, why, _hint_codes(rule_ids), th)
     by_names = _stage_codes(stage, vocab)
+    run = _StructureRun.of(kernels, host_ops, cols, stage, why, op_names, op_dims, op_column, th)
+    run.front = in_attention_front_end(kernels, host_ops, by_names, vocab)
     why_names = array.array("h", why)  # what the names and op hints said: kept where the walk is dropped
-    front = in_attention_front_end(kernels, host_ops, by_names, vocab)
-    softmax = eager_ops.softmax_rows(cols["norm_name"], op_column, stage)
-    order = np.lexsort(
-        (
-            kernels["start_ns"].to_numpy(zero_copy_only=False),
-            kernels["device"].to_numpy(zero_copy_only=False),
-            kernels["trace_id"].to_numpy(zero_copy_only=False),
-        )
-    )
-    layer = np.full(kernels.num_rows, -1, np.int64)
-    timed = ~kernels["aggregate"].to_numpy(zero_copy_only=False)
-    tid = kernels["trace_id"].to_numpy(zero_copy_only=False)
-    dev = kernels["device"].to_numpy(zero_copy_only=False)
-    norm = pylist(cols["norm_name"])
-    topk = moe.topk_candidates(norm, op_column)
-    pow_rows = dict_isin(op_column, list(registry.POW_OPS))
-    reduce_rows = eager_ops.reduction_rows(cols["norm_name"], op_column)
-    launch = kernels["launch_op_id"].to_numpy(zero_copy_only=False)
-    int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column)
-    gemm_kn = _gemm_shapes_on_demand(kernels, host_ops, op_names)
-    ordered = order[timed[order]]
-    segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
-    bounds = np.flatnonzero(np.diff(segment)) + 1
-    undecided: list[str] = []
     names_of = list(vocab)
-    counts: Counter = Counter()
-    for seg in np.split(ordered, bounds):
-        if len(seg):
-            eager_ops.mark_activation_quantize(seg, stage, op_names, launch, why)
-            dequantize.mark_weight_dequantize(seg, stage, op_names, launch, int_cast, vec_scale, why, th)
-            weight_gathers.mark_expert_weight_gathers(seg, stage, op_names, op_dims, topk, why, th)
-            eager_ops.compose_attention(seg, stage, norm, op_names, launch, softmax, why)
-            for r in seg[front[seg]].tolist():  # after composing: it reaches back past the front end
-                stage[r] = registry.COMPOSED_ATTENTION
-                why[r] = SDPA_FRONT_END
-            # token mixers first: the walk takes their projections as they are (a mixer's block is
-            # not attention and an MLP)
-            mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
-            grammar.walk_sequence(
-                seg,
-                stage,
-                norm,
-                op_names,
-                launch,
-                layer,
-                topk,
-                pow_rows,
-                reduce_rows,
-                why,
-                th,
-                counts,
-                gemm_kn,
+    undecided: list[str] = []
+    for seg in _device_segments(kernels):
+        problem = run.structure(seg)
+        if problem:
+            # not found with confidence: keep what the names said (role-free GEMMs, generic kernels),
+            # and the mixers found from them
+            for r in seg.tolist():
+                stage[r] = names_of[by_names[r]]
+                why[r] = why_names[r]
+            run.layer[seg] = -1
+            undecided.append(problem)
+            run.counts[registry.SELF_CHECK] += len(seg)
+            run.count(
+                mixers.MIXER_SPAN, mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, run.launch)
             )
-            problem = selfcheck.structure_problem(seg, stage, layer, th)
-            if problem:
-                # not found with confidence: keep what the names said (role-free GEMMs, generic
-                # kernels), and the mixers found from them
-                for r in seg.tolist():
-                    stage[r] = names_of[by_names[r]]
-                    why[r] = why_names[r]
-                layer[seg] = -1
-                undecided.append(problem)
-                counts[registry.SELF_CHECK] += len(seg)
-                mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
-            else:
-                gated = attention_gates.mark_output_gates(seg, stage, op_names, why)
-                if gated:
-                    counts[attention_gates.OUTPUT_GATE] += gated
-            if mixed:
-                counts[mixers.MIXER_SPAN] += mixed
     foreign = unexplained.foreign_ops_warning(
-        why, op_names, layer, kernels["dur_ns"].to_numpy(zero_copy_only=False), th, counts
+        why, op_names, run.layer, kernels["dur_ns"].to_numpy(zero_copy_only=False), th, run.counts
     )
     shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th)
     final = _stage_codes(stage, vocab)
@@ -165,34 +114,135 @@ def classify_and_check(
     codes = np.frombuffer(why, np.int16).copy()
     codes[shaped] = SHAPE_ROLES
     if fired is not None:
-        fired.update({rule_ids[c]: n for c, n in counts.items()})
-    categories = ruleset.taxonomy.stage_category
+        fired.update({rule_ids[c]: n for c, n in run.counts.items()})
     stage_names = list(vocab)
-    category_names = [categories.get(s, "other") for s in stage_names]
-    out = kernels
-    idx = out.schema.get_field_index("norm_name")
-    out = out.set_column(idx, "norm_name", cols["norm_name"])
     extra = {
         "stage": dict_from_codes(final, stage_names),
-        "category": dict_from_codes(final, category_names),
-        "provider": cols["provider"],
-        "rule_id": cols["rule_id"],
-        "tile_m": cols["tile_m"],
-        "tile_n": cols["tile_n"],
-        "tile_k": cols["tile_k"],
-        "split_k": cols["split_k"],
-        "group_key": cols["group_key"],
-        "layer": pa.array(np.where(layer >= 0, layer, 0).astype(np.int32), mask=layer < 0),
+        "category": dict_from_codes(
+            final, [ruleset.taxonomy.stage_category.get(s, "other") for s in stage_names]
+        ),
+        **{c: cols[c] for c in ("provider", "rule_id", "tile_m", "tile_n", "tile_k", "split_k", "group_key")},
+        "layer": pa.array(np.where(run.layer >= 0, run.layer, 0).astype(np.int32), mask=run.layer < 0),
         "stage_source": dict_strings(source),
         "stage_rule": _used_codes(codes, rule_ids),
     }
-    for name, arr in extra.items():
-        if name in out.column_names:
-            out = out.set_column(out.schema.get_field_index(name), name, arr)
-        else:
-            out = out.append_column(name, arr)
+    out = _with_columns(
+        kernels.set_column(kernels.schema.get_field_index("norm_name"), "norm_name", cols["norm_name"]), extra
+    )
     extra_warnings = [w for w in (foreign, disagree) if w]
     return out, [*_check_warnings(out, undecided), *extra_warnings]
+
+
+def _with_columns(table: pa.Table, columns: Mapping[str, Any]) -> pa.Table:
+    """``table`` with ``columns`` set (replaced where present, appended otherwise)."""
+    for name, arr in columns.items():
+        if name in table.column_names:
+            table = table.set_column(table.schema.get_field_index(name), name, arr)
+        else:
+            table = table.append_column(name, arr)
+    return table
+
+
+def _device_segments(kernels: pa.Table) -> list[np.ndarray]:
+    """The timed kernels' rows per (input, device), each in launch order."""
+    tid = kernels["trace_id"].to_numpy(zero_copy_only=False)
+    dev = kernels["device"].to_numpy(zero_copy_only=False)
+    order = np.lexsort((kernels["start_ns"].to_numpy(zero_copy_only=False), dev, tid))
+    timed = ~kernels["aggregate"].to_numpy(zero_copy_only=False)
+    ordered = order[timed[order]]
+    segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
+    return [seg for seg in np.split(ordered, np.flatnonzero(np.diff(segment)) + 1) if len(seg)]
+
+
+@dataclass
+class _StructureRun:
+    """What the structure rules read, per kernel row, found once for the run, and the driver that runs
+    them over one device's segment in order: the passes before the walk (activation quantization
+    STR049, weight dequantization STR053, expert-weight gathers STR050, composed attention and the
+    SDPA front end, token mixers STR052), the walk, its self-check, and after it the attention output
+    gates (STR054)."""
+
+    stage: list[str]
+    why: Any
+    op_names: list[str | None]
+    op_dims: dict[int, Any]
+    norm: list[str]
+    launch: np.ndarray
+    topk: np.ndarray
+    pow_rows: np.ndarray
+    reduce_rows: np.ndarray
+    softmax: np.ndarray
+    int_cast: np.ndarray
+    vec_scale: np.ndarray
+    gemm_kn: Callable[[int], tuple[int, int] | None] | None
+    th: Any
+    layer: np.ndarray
+    front: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    counts: Counter = field(default_factory=Counter)
+
+    @classmethod
+    def of(
+        cls,
+        kernels: pa.Table,
+        host_ops: pa.Table,
+        cols: dict[str, Any],
+        stage: list[str],
+        why: Any,
+        op_names: list[str | None],
+        op_dims: dict[int, Any],
+        op_column: pa.DictionaryArray,
+        th: Any,
+    ) -> _StructureRun:
+        norm = pylist(cols["norm_name"])
+        int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column)
+        return cls(
+            stage, why, op_names, op_dims, norm,
+            kernels["launch_op_id"].to_numpy(zero_copy_only=False),
+            moe.topk_candidates(norm, op_column),
+            dict_isin(op_column, list(registry.POW_OPS)),
+            eager_ops.reduction_rows(cols["norm_name"], op_column),
+            eager_ops.softmax_rows(cols["norm_name"], op_column, stage),
+            int_cast, vec_scale, _gemm_shapes_on_demand(kernels, host_ops, op_names), th,
+            np.full(kernels.num_rows, -1, np.int64),
+        )  # fmt: skip
+
+    def count(self, rule: int, kernels: int) -> None:
+        if kernels:
+            self.counts[rule] += kernels
+
+    def structure(self, seg: np.ndarray) -> str | None:
+        """The structure rules over one device's kernels ``seg`` (in launch order); the self-check's
+        reason when the walk cannot be trusted (the caller then keeps the names' answers)."""
+        stage, why, op_names, op_dims, th, launch = (
+            self.stage,
+            self.why,
+            self.op_names,
+            self.op_dims,
+            self.th,
+            self.launch,
+        )
+        eager_ops.mark_activation_quantize(seg, stage, op_names, launch, why)
+        dequantize.mark_weight_dequantize(
+            seg, stage, op_names, launch, self.int_cast, self.vec_scale, why, th
+        )
+        weight_gathers.mark_expert_weight_gathers(seg, stage, op_names, op_dims, self.topk, why, th)
+        eager_ops.compose_attention(seg, stage, self.norm, op_names, launch, self.softmax, why)
+        for r in seg[self.front[seg]].tolist():  # after composing: it reaches back past the front end
+            stage[r] = registry.COMPOSED_ATTENTION
+            why[r] = SDPA_FRONT_END
+        # token mixers first: the walk takes their projections as they are (a mixer's block is not
+        # attention and an MLP)
+        mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
+        grammar.walk_sequence(
+            seg, stage, self.norm, op_names, launch, self.layer, self.topk, self.pow_rows, self.reduce_rows,
+            why, th, self.counts, self.gemm_kn,
+        )  # fmt: skip
+        problem = selfcheck.structure_problem(seg, stage, self.layer, th)
+        if problem:
+            return problem
+        self.count(mixers.MIXER_SPAN, mixed)
+        self.count(attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, stage, op_names, why))
+        return None
 
 
 def _gemm_shapes_on_demand(

@@ -138,7 +138,6 @@ def compose_attention(
     """
     why = {} if why is None else why
     rows = seq.tolist()
-    n = len(rows)
     if softmax is None:
         softmax = np.zeros(max(rows, default=-1) + 1, bool)
         for r in rows:
@@ -146,62 +145,14 @@ def compose_attention(
     soft = np.flatnonzero(softmax[seq]).tolist()
     if not soft:
         return 0
-    memo: dict[tuple[str, str], tuple[bool, bool, bool, bool]] = {}
-
-    def kind(q: int) -> tuple[bool, bool, bool, bool]:
-        """(GEMM, generic part, norm-like, KV-write name) of position q."""
-        r = rows[q]
-        key = (stage[r], norm[r])
-        got = memo.get(key)
-        if got is None:
-            st, nm = key
-            got = memo[key] = (st in GEMM_STAGES, st in _COMPOSED_PARTS, _norm_like(st, nm),
-                               any(w in nm for w in _KV_WRITE_WORDS))  # fmt: skip
-        return got
-
-    def is_soft(q: int) -> bool:
-        return bool(softmax[rows[q]])
-
-    def clean(q: int) -> bool:
-        g = kind(q)
-        return (g[1] or is_soft(q)) and not g[2]
-
-    def joins(q: int) -> bool:
-        """Position q continues the GEMM op at q - 1 (same launching op, or a split-K reduce)."""
-        lv, pv = launch[rows[q]], launch[rows[q - 1]]
-        return bool(lv == pv) or _is_reduce(norm[rows[q]])
-
+    comp = _Composition(rows, stage, norm, op_names, launch, softmax)
     found = 0
     done = -1
     for s in soft:
-        if s <= done or not clean(s):
+        span = comp.span(s, done)
+        if span is None:
             continue
-        a1 = s - 1  # the GEMM op before: only clean kernels between it and the softmax
-        while a1 >= 0 and not kind(a1)[0] and clean(a1):
-            a1 -= 1
-        if a1 < 0 or not kind(a1)[0]:
-            continue
-        b0 = s + 1  # the GEMM op after, the same way
-        while b0 < n and not kind(b0)[0] and clean(b0):
-            b0 += 1
-        if b0 >= n or not kind(b0)[0]:
-            continue  # a norm, an embedding, a routing kernel ... first: not one attention
-        a0 = a1
-        while a0 - 1 >= 0 and kind(a0 - 1)[0] and joins(a0):
-            a0 -= 1
-        b1 = b0
-        while b1 + 1 < n and kind(b1 + 1)[0] and joins(b1 + 1):
-            b1 += 1
-        lo, hi = a0, b1
-        while lo - 1 > done and kind(lo - 1)[1] and not kind(lo - 1)[2]:
-            op = op_names[rows[lo - 1]]
-            if (op in _BEFORE_ATTENTION_STOP) if op is not None else kind(lo - 1)[3]:
-                break
-            lo -= 1
-        while hi + 1 < n and clean(hi + 1) and op_names[rows[hi + 1]] not in _ADD_OPS:
-            if op_names[rows[hi + 1]] is None and kind(hi + 1)[3]:
-                break
-            hi += 1
+        lo, hi = span
         for q in range(lo, hi + 1):
             if stage[rows[q]] not in ("memcpy", "memset"):
                 stage[rows[q]] = COMPOSED_ATTENTION
@@ -209,6 +160,79 @@ def compose_attention(
         done = hi
         found += 1
     return found
+
+
+class _Composition:
+    """The positions of one device's kernels as :func:`compose_attention` reads them: per (stage,
+    name), once, whether a kernel is a GEMM, a part of a composed attention, norm-like or a KV-write
+    name."""
+
+    def __init__(
+        self,
+        rows: list[int],
+        stage: list[str],
+        norm: list[str],
+        op_names: Sequence[str | None],
+        launch: np.ndarray,
+        softmax: np.ndarray,
+    ) -> None:
+        self.rows, self.stage, self.norm, self.op_names = rows, stage, norm, op_names
+        self.launch, self.softmax = launch, softmax
+        self.memo: dict[tuple[str, str], tuple[bool, bool, bool, bool]] = {}
+
+    def kind(self, q: int) -> tuple[bool, bool, bool, bool]:
+        """(GEMM, generic part, norm-like, KV-write name) of position q."""
+        r = self.rows[q]
+        key = (self.stage[r], self.norm[r])
+        got = self.memo.get(key)
+        if got is None:
+            st, nm = key
+            got = self.memo[key] = (st in GEMM_STAGES, st in _COMPOSED_PARTS, _norm_like(st, nm),
+                                    any(w in nm for w in _KV_WRITE_WORDS))  # fmt: skip
+        return got
+
+    def clean(self, q: int) -> bool:
+        g = self.kind(q)
+        return (g[1] or bool(self.softmax[self.rows[q]])) and not g[2]
+
+    def joins(self, q: int) -> bool:
+        """Position q continues the GEMM op at q - 1 (same launching op, or a split-K reduce)."""
+        lv, pv = self.launch[self.rows[q]], self.launch[self.rows[q - 1]]
+        return bool(lv == pv) or _is_reduce(self.norm[self.rows[q]])
+
+    def span(self, s: int, done: int) -> tuple[int, int] | None:
+        """The positions of the attention around the softmax at ``s`` (none before ``done``): the GEMM
+        ops on each side with only clean kernels between, the generic work before back to the
+        KV-cache write, the copies after up to an add; None when ``s`` is no such softmax."""
+        n, kind, clean = len(self.rows), self.kind, self.clean
+        if s <= done or not clean(s):
+            return None
+        a1 = s - 1  # the GEMM op before: only clean kernels between it and the softmax
+        while a1 >= 0 and not kind(a1)[0] and clean(a1):
+            a1 -= 1
+        if a1 < 0 or not kind(a1)[0]:
+            return None
+        b0 = s + 1  # the GEMM op after, the same way
+        while b0 < n and not kind(b0)[0] and clean(b0):
+            b0 += 1
+        if b0 >= n or not kind(b0)[0]:
+            return None  # a norm, an embedding, a routing kernel ... first: not one attention
+        lo = a1
+        while lo - 1 >= 0 and kind(lo - 1)[0] and self.joins(lo):
+            lo -= 1
+        hi = b0
+        while hi + 1 < n and kind(hi + 1)[0] and self.joins(hi + 1):
+            hi += 1
+        while lo - 1 > done and kind(lo - 1)[1] and not kind(lo - 1)[2]:
+            op = self.op_names[self.rows[lo - 1]]
+            if (op in _BEFORE_ATTENTION_STOP) if op is not None else kind(lo - 1)[3]:
+                break
+            lo -= 1
+        while hi + 1 < n and clean(hi + 1) and self.op_names[self.rows[hi + 1]] not in _ADD_OPS:
+            if self.op_names[self.rows[hi + 1]] is None and kind(hi + 1)[3]:
+                break
+            hi += 1
+        return lo, hi
 
 
 def softmax_rows(norm_names: Any, op_column: pa.Array, stage: list[str]) -> np.ndarray:

@@ -81,13 +81,13 @@ def _label_generic(
     why = {} if why is None else why
     rows = seq.tolist() if rows is None else rows
     n = len(rows)
-    gap = int(th.norm_cluster_gap)
     # with a typed array of codes, the region defaults' codes are set at once afterwards (below)
     codes_at_once = isinstance(why, array.array) and len(generic_at) > 0
     if codes_at_once:
         codes = np.frombuffer(why, np.int16)
         at = seq[np.asarray(generic_at, np.int64)]
         before = codes[at].copy()
+    gap = int(th.norm_cluster_gap)
     clusters = _cluster_bounds(np.flatnonzero(normish), gap) if shape and normish is not None else None
     starts = [0, *(np.flatnonzero(np.diff(region_code)) + 1).tolist()]
     ends = [*starts[1:], n]
@@ -100,116 +100,173 @@ def _label_generic(
         if run and reg == "pre":
             _label_first_norm(rows, run, p, q, stage, norm, why)
             _label_rotary_module(rows, p, q, stage, op_names, why, th)
-        if run and reg in _REGION_STAGE:
-            target = _REGION_STAGE[reg]
-            target_rule = _REGION_RULE.get(reg, MOE_BLOCK)
-            if reg == "moe_experts":
-                _label_moe_block(rows, run, p, q, stage, op_names, why)
+        if not run or reg not in _REGION_STAGE:
+            continue
+        target = _REGION_STAGE[reg]
+        if reg == "moe_experts":
+            _label_moe_block(rows, run, p, q, stage, op_names, why)
+            continue
+        if reg in ("attn_out", "mlp_out"):
+            inside = (
+                _norm_windows(clusters, p, q, shape, rows, norm) if shape and clusters is not None else None
+            )
+            if inside:
+                _label_sandwich(rows, run, p, q, inside, stage, op_names, norm, why)
                 continue
-            if reg in ("attn_out", "mlp_out") and shape and clusters is not None:
-                inside = _norm_windows(clusters, p, q, shape, rows, norm)
-                if inside:
-                    # sandwich norms (Gemma): norms may come before and after the residual add
-                    for i in run:
-                        if i in inside and not _between_fused_norms(rows, i, p, q, norm, op_names):
-                            stage[rows[i]] = "norm"
-                        elif _is_add(rows[i], op_names) or stage[rows[i]] == "residual_add":
-                            stage[rows[i]] = "residual_add"  # by op, or the rule's 16-bit add
-                        else:
-                            stage[rows[i]] = "elementwise"
-                        why[rows[i]] = SANDWICH_NORM
-                    if q < n and stage[rows[q]] == "moe_gate_gemm":
-                        # casts after the norm, right before the router's GEMM, are the router's
-                        # (DeepSeek's router multiplies in fp32)
-                        for i in reversed(run):
-                            if stage[rows[i]] != "elementwise" or i in inside:
-                                break
-                            stage[rows[i]] = "moe_topk"
-                            why[rows[i]] = ROUTER_CAST
-                    continue
-            if reg in ("attn_out", "mlp_out"):
-                # the residual add opens the block, the input norm of the next block follows
-                add = next((i for i in run if _is_add(rows[i], op_names)), None)
-                if add is not None:
-                    stage[rows[add]] = "residual_add"
-                    why[rows[add]] = RESIDUAL_ADD
-                    run = [i for i in run if i > add]
-                if reg == "mlp_out":
-                    target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
-            if reg == "attn_in":
-                # a GEMM inside the region (MLA's kv decompression) splits it: the part before
-                # it ends at a GEMM, the last part at attention
-                # one pass over the region: its parts (split at GEMMs), each a list of the generic
-                # kernels and of the writes the op hints named already (index_copy_ ...)
-                parts: list[tuple[list[int], bool]] = []
-                part: list[int] = []
-                named: set[int] = set()
-                generic = set(run)
-                for i in range(p, q):
-                    x = stage[rows[i]]
-                    if x in GEMM_STAGES:
-                        parts.append((part, False))
-                        part = []
-                    elif x == "kv_cache_store":
-                        named.add(i)
-                        part.append(i)
-                    elif i in generic:
-                        part.append(i)
-                parts.append((part, True))
-                kv_rows: set[int] = set()
-                reads: set[int] = set()
-                kv_rule, reads_rule = KV_UPDATE, ATTENTION_INPUT_COPIES
-                for part, last in parts:
-                    if not part:
-                        continue
-                    ops = [op_names[rows[i]] for i in part]
-                    names = [norm[rows[i]] for i in part] if norm else [""] * len(part)
-                    tokens = tuple(zip(names, ops, strict=True))
-                    writes = tuple(
-                        STRONG_WRITE if i in named else _OP_WRITES.get(o, 0)
-                        for i, o in zip(part, ops, strict=True)
-                    )
-                    # without launching ops (a graph replay), stores are told by their kernel names,
-                    # where the attention's own input work follows them (STR045)
-                    opless = last and all(o is None for o in ops)
-                    if opless:
-                        by_name = tuple(max(w, _name_write(nm)) for w, nm in zip(writes, names, strict=True))
-                        opless = bool(by_name) and by_name[-1] != STRONG_WRITE and STRONG_WRITE in by_name
-                        writes = by_name if opless else writes
-                    kv, attn = _kv_update_positions(
-                        tokens, writes, last, int(th.max_square_search), int(th.kv_writes), opless
-                    )
-                    if opless and kv:
-                        kv_rule = reads_rule = KV_UPDATE_BY_NAME
-                    kv_rows.update(part[j] for j in kv)
-                    reads.update(part[j] for j in attn)
-                    if kv and not last:
-                        kv_rule = KV_UPDATE_BEFORE_GEMM
-                kv_rows -= named
-                if kv_rows or reads:
-                    for i in kv_rows:
-                        stage[rows[i]] = "kv_cache_store"
-                        why[rows[i]] = kv_rule
-                    for i in reads:
-                        stage[rows[i]] = COMPOSED_ATTENTION
-                        why[rows[i]] = reads_rule
-                    run = [i for i in run if i not in kv_rows and i not in reads]
+            run = _label_residual_add(rows, run, stage, op_names, why)
+            if reg == "mlp_out":
+                target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
+        if reg == "attn_in":
+            run = _label_attention_input(rows, run, p, q, stage, op_names, norm, why, th)
+        for i in run:
+            stage[rows[i]] = target
+        if not codes_at_once:
+            rule = _REGION_RULE.get(reg, MOE_BLOCK)
             for i in run:
-                stage[rows[i]] = target
-            if not codes_at_once:
-                for i in run:
-                    why[rows[i]] = target_rule
+                why[rows[i]] = rule
     if codes_at_once:
-        # a generic kernel no specific rule took got its region's stage: the region's rule says so
-        lut = np.full(int(region_code.max()) + 1 if len(region_code) else 1, -1, np.int16)
-        names = list(dict.fromkeys(region_of))
-        for reg in names:
-            rule = _REGION_RULE.get(reg)
-            if rule is not None:
-                lut[int(region_code[region_of.index(reg)])] = rule
-        rule_at = lut[region_code[np.asarray(generic_at, np.int64)]]
-        take = (codes[at] == before) & (rule_at >= 0)
-        codes[at[take]] = rule_at[take]
+        _region_codes(codes, at, before, region_of, region_code, generic_at)
+
+
+def _label_sandwich(
+    rows: Sequence[int],
+    run: list[int],
+    p: int,
+    q: int,
+    inside: set[int],
+    stage: list[str],
+    op_names: Sequence[str | None],
+    norm: Sequence[str],
+    why: Any,
+) -> None:
+    """Sandwich norms (Gemma): norms may come before and after the residual add (STR028)."""
+    for i in run:
+        if i in inside and not _between_fused_norms(rows, i, p, q, norm, op_names):
+            stage[rows[i]] = "norm"
+        elif _is_add(rows[i], op_names) or stage[rows[i]] == "residual_add":
+            stage[rows[i]] = "residual_add"  # by op, or the rule's 16-bit add
+        else:
+            stage[rows[i]] = "elementwise"
+        why[rows[i]] = SANDWICH_NORM
+    if q < len(rows) and stage[rows[q]] == "moe_gate_gemm":
+        # casts after the norm, right before the router's GEMM, are the router's (DeepSeek's router
+        # multiplies in fp32)
+        for i in reversed(run):
+            if stage[rows[i]] != "elementwise" or i in inside:
+                break
+            stage[rows[i]] = "moe_topk"
+            why[rows[i]] = ROUTER_CAST
+
+
+def _label_residual_add(
+    rows: Sequence[int], run: list[int], stage: list[str], op_names: Sequence[str | None], why: Any
+) -> list[int]:
+    """After the O or down projection the residual add opens the block, the input norm of the next
+    block follows: the add is the residual; returns the generic kernels after it."""
+    add = next((i for i in run if _is_add(rows[i], op_names)), None)
+    if add is None:
+        return run
+    stage[rows[add]] = "residual_add"
+    why[rows[add]] = RESIDUAL_ADD
+    return [i for i in run if i > add]
+
+
+def _attention_input_parts(
+    rows: Sequence[int], run: list[int], p: int, q: int, stage: list[str]
+) -> tuple[list[tuple[list[int], bool]], set[int]]:
+    """The attention input's parts, split at GEMMs (MLA's kv decompression: the part before it ends
+    at a GEMM, the last part at attention), each a list of its generic kernels and of the writes the
+    op hints named already (``index_copy_`` ...), with the last part flagged; and those named writes."""
+    parts: list[tuple[list[int], bool]] = []
+    part: list[int] = []
+    named: set[int] = set()
+    generic = set(run)
+    for i in range(p, q):
+        x = stage[rows[i]]
+        if x in GEMM_STAGES:
+            parts.append((part, False))
+            part = []
+        elif x == "kv_cache_store":
+            named.add(i)
+            part.append(i)
+        elif i in generic:
+            part.append(i)
+    parts.append((part, True))
+    return parts, named
+
+
+def _label_attention_input(
+    rows: Sequence[int],
+    run: list[int],
+    p: int,
+    q: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    norm: Sequence[str],
+    why: Any,
+    th: Thresholds,
+) -> list[int]:
+    """The KV-cache update and the attention's own input copies in the attention input (STR031-STR033,
+    STR045); returns the generic kernels left for the region default."""
+    parts, named = _attention_input_parts(rows, run, p, q, stage)
+    kv_rows: set[int] = set()
+    reads: set[int] = set()
+    kv_rule, reads_rule = KV_UPDATE, ATTENTION_INPUT_COPIES
+    for part, last in parts:
+        if not part:
+            continue
+        ops = [op_names[rows[i]] for i in part]
+        names = [norm[rows[i]] for i in part] if norm else [""] * len(part)
+        tokens = tuple(zip(names, ops, strict=True))
+        writes = tuple(
+            STRONG_WRITE if i in named else _OP_WRITES.get(o, 0) for i, o in zip(part, ops, strict=True)
+        )
+        # without launching ops (a graph replay), stores are told by their kernel names, where the
+        # attention's own input work follows them (STR045)
+        opless = last and all(o is None for o in ops)
+        if opless:
+            by_name = tuple(max(w, _name_write(nm)) for w, nm in zip(writes, names, strict=True))
+            opless = bool(by_name) and by_name[-1] != STRONG_WRITE and STRONG_WRITE in by_name
+            writes = by_name if opless else writes
+        kv, attn = _kv_update_positions(
+            tokens, writes, last, int(th.max_square_search), int(th.kv_writes), opless
+        )
+        if opless and kv:
+            kv_rule = reads_rule = KV_UPDATE_BY_NAME
+        kv_rows.update(part[j] for j in kv)
+        reads.update(part[j] for j in attn)
+        if kv and not last:
+            kv_rule = KV_UPDATE_BEFORE_GEMM
+    kv_rows -= named
+    if not kv_rows and not reads:
+        return run
+    for i in kv_rows:
+        stage[rows[i]] = "kv_cache_store"
+        why[rows[i]] = kv_rule
+    for i in reads:
+        stage[rows[i]] = COMPOSED_ATTENTION
+        why[rows[i]] = reads_rule
+    return [i for i in run if i not in kv_rows and i not in reads]
+
+
+def _region_codes(
+    codes: np.ndarray,
+    at: np.ndarray,
+    before: np.ndarray,
+    region_of: list[str],
+    region_code: np.ndarray,
+    generic_at: list[int],
+) -> None:
+    """A generic kernel no specific rule took got its region's stage: the region's rule says so (set
+    at once in the typed array of codes)."""
+    lut = np.full(int(region_code.max()) + 1 if len(region_code) else 1, -1, np.int16)
+    for reg in dict.fromkeys(region_of):
+        rule = _REGION_RULE.get(reg)
+        if rule is not None:
+            lut[int(region_code[region_of.index(reg)])] = rule
+    rule_at = lut[region_code[np.asarray(generic_at, np.int64)]]
+    take = (codes[at] == before) & (rule_at >= 0)
+    codes[at[take]] = rule_at[take]
 
 
 # :func:`_write_kind` of each op that is not a named store, looked up once per kernel
