@@ -40,7 +40,7 @@ PathLike = str | os.PathLike[str]
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Result:
-    """One analysed run. ``kernels`` (DESIGN §2 columns, Arrow-backed pandas dtypes), ``steps``,
+    """One analysed run. ``kernels`` (README.md's "Output columns", Arrow-backed pandas dtypes), ``steps``,
     ``summary`` (the dict ``analyze --json`` writes) and ``findings`` are built on first use."""
 
     analysis: Analysis
@@ -72,7 +72,7 @@ class Result:
 
     @functools.cached_property
     def summary(self) -> dict[str, Any]:
-        """The versioned summary (DESIGN §6), as ``analyze --json`` writes it."""
+        """The versioned summary (README.md, "Output columns"), as ``analyze --json`` writes it."""
         return orjson.loads(orjson.dumps(build_summary(self.analysis), option=_JSON_OPTIONS))
 
     @property

@@ -1,8 +1,10 @@
 """The canonical trace model: Arrow tables every reader produces and every analysis consumes.
 
 A :class:`Trace` holds three tables (``kernels``, ``host_ops``, ``annotations``) with the columns
-of DESIGN §2 and one :class:`InputMeta` per input file. Readers build it, ``Trace.validate()``
-checks types, units and invariants, and :func:`concat_traces` joins several inputs into one run.
+of :data:`KERNEL_SCHEMA`, :data:`HOST_OP_SCHEMA` and :data:`ANNOTATION_SCHEMA` (README.md, "Output
+columns", lists the kernels' for users) and one :class:`InputMeta` per input file. Readers build
+it, ``Trace.validate()`` checks types, units and invariants, and :func:`concat_traces` joins several
+inputs into one run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pyarrow.compute as pc
 
 from analyzer.errors import InputError
 
-# GPU activity kinds (DESIGN §2).
+# GPU activity kinds (the ``kind`` column).
 KINDS = ("kernel", "memcpy", "memset")
 
 KERNEL_SCHEMA = pa.schema(
@@ -44,7 +46,7 @@ KERNEL_SCHEMA = pa.schema(
         ("graph_launch", pa.bool_()),
         ("count", pa.int64()),
         ("aggregate", pa.bool_()),
-        # Extensions beyond DESIGN §2 (documented in the README): bytes moved by a memcpy/memset
+        # Reader extensions (README.md, "Output columns"): bytes moved by a memcpy/memset
         # as recorded, and the name of the runtime/driver call that launched the activity.
         ("bytes_recorded", pa.int64()),
         ("launch_api", pa.dictionary(pa.int32(), pa.string())),
@@ -87,7 +89,7 @@ HOST_CATEGORIES = ("cpu_op", "runtime", "driver")
 
 @dataclasses.dataclass
 class InputMeta:
-    """What one input file says about itself (DESIGN §2 metadata)."""
+    """What one input file says about itself: its format, GPU, rank and world size, versions."""
 
     trace_id: int = 0
     path: str = ""
@@ -287,7 +289,7 @@ def ipc_table(data: bytes) -> pa.Table:
 
 
 def concat_traces(traces: Sequence[Trace]) -> Trace:
-    """Join several inputs into one run, renumbering ``trace_id`` in order (DESIGN §6)."""
+    """Join several inputs into one run, renumbering ``trace_id`` in order (README.md, "Commands": several inputs)."""
     traces = [with_trace_id(t, i) for i, t in enumerate(traces)]
     return Trace(
         kernels=unify([t.kernels for t in traces], KERNEL_SCHEMA),

@@ -53,7 +53,7 @@ STREAMS = True  # read() takes a progress callback
 TAKES_POLICY = True  # read() takes a ReadPolicy (analyzer.readers.read_trace passes it on)
 
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch|^cuGraphLaunch")
-# hipExtModuleLaunchKernel records globalWorkSize (work-items) as "grid" (FORMATS §1.4).
+# hipExtModuleLaunchKernel records globalWorkSize (work-items) as "grid" (README.md, "Inputs").
 _WORKITEM_LAUNCH = "hipExtModuleLaunchKernel"
 
 
@@ -199,7 +199,7 @@ def _post_process(
 
 
 def _record_session(meta: InputMeta, host: list[pa.Table], base: int) -> None:
-    """Which profiling session wrote this file (DESIGN §6: inputs of one rank join only within one):
+    """Which profiling session wrote this file (inputs of one rank join only within one, README.md "Commands"):
     the process that launched the GPU work, the clock base of its timestamps and Kineto's id of the
     profiler session (``trace_id``, kept by tools that split one profile into files)."""
     pids: set[int] = set()
@@ -438,7 +438,7 @@ def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
 
 
 def _uses_hip(host: pa.Table | None) -> bool:
-    """ROCm builds keep CUDA category names but call HIP APIs (FORMATS §1.8)."""
+    """ROCm builds keep CUDA category names but call HIP APIs."""
     if host is None or host.num_rows == 0:
         return False
     names = host["name"].combine_chunks()

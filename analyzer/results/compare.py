@@ -1,4 +1,4 @@
-"""``--compare`` (DESIGN §6): summaries of separately analysed inputs set side by side.
+"""``--compare`` (README.md, "Commands"): summaries of separately analysed inputs set side by side.
 
 Contract: a pure function of summary dicts (``analyzer.results.summary.build_summary``); it reads no trace
 and recomputes nothing from kernels. Times stay in integer ns, shares are fractions 0..1, and every
