@@ -36,6 +36,7 @@ from analyzer.runtime.driver import analyze as analyze_run
 __all__ = ["Result", "analyze", "compare", "gate"]
 
 PathLike = str | os.PathLike[str]
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -100,9 +101,6 @@ class Result:
     def baseline(self, top_share: float = TOP_SHARE) -> dict[str, Any]:
         """What ``baseline -o`` saves for the gate."""
         return build_baseline(self.analysis, top_share)
-
-
-_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 def analyze(

@@ -55,6 +55,8 @@ TAKES_POLICY = True  # read() takes a ReadPolicy (analyzer.readers.read_trace pa
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch|^cuGraphLaunch")
 # hipExtModuleLaunchKernel records globalWorkSize (work-items) as "grid" (README.md, "Inputs").
 _WORKITEM_LAUNCH = "hipExtModuleLaunchKernel"
+_DIMS = msgspec.json.Decoder(list[list[int]])
+_TYPES = msgspec.json.Decoder(list[str])
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -147,10 +149,6 @@ def _parse_types(t: bytes | None) -> list[str] | None:
         return _clean_types(orjson.loads(t))
     except msgspec.DecodeError:
         return None
-
-
-_DIMS = msgspec.json.Decoder(list[list[int]])
-_TYPES = msgspec.json.Decoder(list[str])
 
 
 def _clean_dims(d: Any) -> list[list[int]] | None:

@@ -39,6 +39,8 @@ _KNOWN_CATS = (
         }
     )
 )
+_EMPTY_ARGS = EventArgs()
+_NO_DIMS = (None, None, None)
 
 
 class TableBuilder:
@@ -257,10 +259,6 @@ def _gpu_table(evs: list[Event]) -> pa.Table:
         for ax, col in zip("xyz", _dims3(vals), strict=True):
             cols[f"{field}_{ax}"] = col
     return pa.table(cols)
-
-
-_EMPTY_ARGS = EventArgs()
-_NO_DIMS = (None, None, None)
 
 
 def _dims3(vals: list[list[int] | None]) -> list[pa.Array]:
