@@ -21,7 +21,7 @@ from analyzer.analyses.layers import (
     topk_candidates,
     walk_sequence,
 )
-from analyzer.model import dict_isin, dict_strings
+from analyzer.tables.dictionaries import dict_isin, dict_strings
 
 # (stage after the rule table, kernel name, launching host op) of one kernel
 Kernel = tuple[str, str, "str | None"]

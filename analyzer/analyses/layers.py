@@ -27,7 +27,7 @@ import pyarrow as pa
 from analyzer.knowledge.structure_rules import Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES, DENSE_GEMM_STAGES
 from analyzer.knowledge.work_ops import load_work_ops
-from analyzer.model import dict_isin, dict_where
+from analyzer.tables.dictionaries import dict_isin, dict_where
 from analyzer.tables.launches import launching_op_rows
 from analyzer.tables.positions import row_array, row_sequence
 

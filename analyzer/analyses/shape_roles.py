@@ -35,7 +35,7 @@ import pyarrow as pa
 from analyzer.analyses.layers import GEMM_STAGES, gemm_shape
 from analyzer.knowledge.attention_ops import AttentionOps
 from analyzer.knowledge.work_ops import WorkOps
-from analyzer.model import dict_isin, dict_strings
+from analyzer.tables.dictionaries import dict_isin, dict_strings
 from analyzer.tables.launches import distinct_op_shapes, launching_op_rows
 
 __all__ = [

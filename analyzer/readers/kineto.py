@@ -36,9 +36,6 @@ from analyzer.model import (
     KERNEL_SCHEMA,
     InputMeta,
     Trace,
-    dict_isin,
-    dict_take,
-    launch_calls,
     table_from_columns,
 )
 from analyzer.readers import gz
@@ -46,6 +43,8 @@ from analyzer.readers.kineto_events import EventValueError, TableBuilder
 from analyzer.readers.kineto_scan import stream_events, top_level
 from analyzer.readers.policy import ReadPolicy
 from analyzer.tables import lookup
+from analyzer.tables.dictionaries import dict_isin, dict_take
+from analyzer.tables.launches import launch_calls
 
 FORMAT = "kineto"
 READER_VERSION = "6"

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.errors import InputError
-from analyzer.model import dict_strings
 from analyzer.readers.kineto_scan import CompleteEvent, Event, EventArgs
+from analyzer.tables.dictionaries import dict_strings
 
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _HOST_CATS = {"cpu_op": "cpu_op", "cuda_runtime": "runtime", "cuda_driver": "driver"}
