@@ -36,11 +36,12 @@ from analyzer.runtime.driver import analyze as analyze_run
 __all__ = ["Result", "analyze", "compare", "gate"]
 
 PathLike = str | os.PathLike[str]
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Result:
-    """One analysed run. ``kernels`` (DESIGN §2 columns, Arrow-backed pandas dtypes), ``steps``,
+    """One analysed run. ``kernels`` (README.md's "Output columns", Arrow-backed pandas dtypes), ``steps``,
     ``summary`` (the dict ``analyze --json`` writes) and ``findings`` are built on first use."""
 
     analysis: Analysis
@@ -72,7 +73,7 @@ class Result:
 
     @functools.cached_property
     def summary(self) -> dict[str, Any]:
-        """The versioned summary (DESIGN §6), as ``analyze --json`` writes it."""
+        """The versioned summary (README.md, "Output columns"), as ``analyze --json`` writes it."""
         return orjson.loads(orjson.dumps(build_summary(self.analysis), option=_JSON_OPTIONS))
 
     @property
@@ -100,9 +101,6 @@ class Result:
     def baseline(self, top_share: float = TOP_SHARE) -> dict[str, Any]:
         """What ``baseline -o`` saves for the gate."""
         return build_baseline(self.analysis, top_share)
-
-
-_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
 def analyze(

@@ -1,4 +1,4 @@
-"""Errors that carry their exit code: the CLI turns them into one line on stderr (DESIGN §6).
+"""Errors that carry their exit code: the CLI turns them into one line on stderr (README.md, "Commands": exit codes).
 
 An error about an option names it as the caller spelled it: ``--gpu 'H999'`` on the command line,
 ``gpu='H999'`` from :func:`analyzer.analyze` (:func:`option`, :func:`api_keywords`).

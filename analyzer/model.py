@@ -1,14 +1,16 @@
 """The canonical trace model: Arrow tables every reader produces and every analysis consumes.
 
 A :class:`Trace` holds three tables (``kernels``, ``host_ops``, ``annotations``) with the columns
-of DESIGN §2 and one :class:`InputMeta` per input file. Readers build it, ``Trace.validate()``
-checks types, units and invariants, and :func:`concat_traces` joins several inputs into one run.
+of :data:`KERNEL_SCHEMA`, :data:`HOST_OP_SCHEMA` and :data:`ANNOTATION_SCHEMA` (README.md, "Output
+columns", lists the kernels' for users) and one :class:`InputMeta` per input file. Readers build
+it, ``Trace.validate()`` checks types, units and invariants, and :func:`concat_traces` joins several
+inputs into one run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,7 @@ import pyarrow.compute as pc
 
 from analyzer.errors import InputError
 
-# GPU activity kinds (DESIGN §2).
+# GPU activity kinds (the ``kind`` column).
 KINDS = ("kernel", "memcpy", "memset")
 
 KERNEL_SCHEMA = pa.schema(
@@ -44,7 +46,7 @@ KERNEL_SCHEMA = pa.schema(
         ("graph_launch", pa.bool_()),
         ("count", pa.int64()),
         ("aggregate", pa.bool_()),
-        # Extensions beyond DESIGN §2 (documented in the README): bytes moved by a memcpy/memset
+        # Reader extensions (README.md, "Output columns"): bytes moved by a memcpy/memset
         # as recorded, and the name of the runtime/driver call that launched the activity.
         ("bytes_recorded", pa.int64()),
         ("launch_api", pa.dictionary(pa.int32(), pa.string())),
@@ -87,7 +89,7 @@ HOST_CATEGORIES = ("cpu_op", "runtime", "driver")
 
 @dataclasses.dataclass
 class InputMeta:
-    """What one input file says about itself (DESIGN §2 metadata)."""
+    """What one input file says about itself: its format, GPU, rank and world size, versions."""
 
     trace_id: int = 0
     path: str = ""
@@ -186,85 +188,6 @@ def table_from_columns(columns: dict[str, Any], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-DICT_STRING = pa.dictionary(pa.int32(), pa.string())
-
-
-def dict_strings(values: Any) -> pa.DictionaryArray:
-    """A string column as dictionary<int32, string>: analysis columns repeat a few values over
-    millions of rows, so each row costs 4 bytes instead of its text."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if isinstance(values, pa.DictionaryArray):
-        return values if values.type == DICT_STRING else values.cast(DICT_STRING)
-    if hasattr(values, "categories") and hasattr(values, "codes"):  # a pandas Categorical
-        return pa.array(values).cast(DICT_STRING)
-    if not isinstance(values, pa.Array):
-        values = pa.array(values, pa.string())
-    return values.dictionary_encode().cast(DICT_STRING)
-
-
-def dict_take(dictionary: pa.Array, indices: pa.Array) -> pa.DictionaryArray:
-    """Rows ``dictionary[indices]`` as a dictionary array whose values are unique."""
-    codes = dict_strings(dictionary)
-    return pa.DictionaryArray.from_arrays(codes.indices.take(indices), codes.dictionary)
-
-
-def objects(values: Any) -> np.ndarray:
-    """A string column as a numpy object array whose equal values share one ``str`` (a plain
-    ``to_pylist`` makes one object per row, for millions of kernels)."""
-    codes = dict_strings(values)
-    uniq = np.array(codes.dictionary.to_pylist() + [None], dtype=object)
-    return uniq[codes.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False)]
-
-
-def filled(n: int, value: Any) -> np.ndarray:
-    """An object array of ``n`` rows that all hold the one object ``value``: ``np.full`` of a ``str``
-    converts it through a text array, one new ``str`` per row (~60 bytes each)."""
-    out = np.empty(n, object)
-    out.fill(value)
-    return out
-
-
-def dict_from_codes(codes: np.ndarray, labels: Sequence[str]) -> pa.DictionaryArray:
-    """Per row ``labels[codes[row]]`` as dictionary<int32, string>, the same array
-    :func:`dict_strings` makes of those strings (the labels in use, by first appearance; labels
-    may repeat), without building them per row."""
-    if len(codes) == 0:
-        return dict_strings(pa.array([], pa.string()))
-    used, first = np.unique(codes, return_index=True)
-    lut = np.zeros(max(len(labels), 1), np.int32)
-    out: dict[str, int] = {}
-    for c in used[np.argsort(first, kind="stable")].tolist():
-        lut[c] = out.setdefault(labels[c], len(out))
-    return pa.DictionaryArray.from_arrays(pa.array(lut[codes], pa.int32()), pa.array(list(out), pa.string()))
-
-
-def pylist(values: Any) -> list[Any]:
-    """:func:`objects` as a list."""
-    return objects(values).tolist()
-
-
-def dict_where(values: Any, test: Callable[[str], bool]) -> np.ndarray:
-    """Per row: ``test`` holds for the string (nulls: False), called once per distinct value."""
-    codes = dict_strings(values)
-    hit = np.array([bool(test(x)) for x in codes.dictionary.to_pylist()] + [False], bool)
-    return hit[codes.indices.fill_null(len(codes.dictionary)).to_numpy(zero_copy_only=False)]
-
-
-def dict_isin(values: Any, wanted: Sequence[str]) -> np.ndarray:
-    """Per row: is the string one of ``wanted`` (nulls: False), tested once per distinct value."""
-    codes = dict_strings(values)
-    hit = pc.is_in(codes.dictionary, pa.array(list(wanted), pa.string())).take(codes.indices)
-    return pc.fill_null(hit, False).to_numpy(zero_copy_only=False)
-
-
-def launch_calls(host_ops: pa.Table, columns: Sequence[str]) -> pa.Table:
-    """``columns`` of the runtime/driver calls that carry a launch correlation id."""
-    calls = host_ops.select(list(dict.fromkeys([*columns, "correlation"])))
-    is_call = pa.array(dict_isin(host_ops["category"], ["runtime", "driver"]))
-    return calls.filter(pc.and_(is_call, pc.is_valid(calls["correlation"]))).select(list(columns))
-
-
 def unify(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
     """Concatenate tables of one schema, unifying their dictionaries (a column all null in one
     table takes the type it has in the others)."""
@@ -287,7 +210,7 @@ def ipc_table(data: bytes) -> pa.Table:
 
 
 def concat_traces(traces: Sequence[Trace]) -> Trace:
-    """Join several inputs into one run, renumbering ``trace_id`` in order (DESIGN §6)."""
+    """Join several inputs into one run, renumbering ``trace_id`` in order (README.md, "Commands": several inputs)."""
     traces = [with_trace_id(t, i) for i, t in enumerate(traces)]
     return Trace(
         kernels=unify([t.kernels for t in traces], KERNEL_SCHEMA),

@@ -1,4 +1,4 @@
-"""What a user can set for one analysis (DESIGN §6 shared options): plain values, no heavy imports."""
+"""What a user can set for one analysis (README.md, "Commands": shared options): plain values, no heavy imports."""
 
 from __future__ import annotations
 

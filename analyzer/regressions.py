@@ -1,4 +1,4 @@
-"""Baseline vs candidate -> pass / regressions (DESIGN §1): pure functions over two baseline objects.
+"""Baseline vs candidate -> pass / regressions (docs/gate.md): pure functions over two baseline objects.
 
 Contract: :func:`compare` takes two objects built by :func:`analyzer.results.baseline.build_baseline` (the
 saved baseline and the candidate run) and :class:`Thresholds`, and returns a JSON-ready result
@@ -8,7 +8,7 @@ naming every reason, exit status 2.
 
 What is compared, per phase that has enough steps in both runs: the phase's step time (the p50
 and p90 of its steps' wall durations: what users feel, host gaps included), the phase's kernel time
-per step, each stage of the phase (DESIGN §3) and each kernel group (``group_key``) in the
+per step, each stage of the phase (``rules/taxonomy.toml``) and each kernel group (``group_key``) in the
 baseline's top groups or above the floor in the candidate. Kernel values are per-step medians (or
 per-step means for work that runs in fewer than half of the steps, on either side). A row
 *regresses* when

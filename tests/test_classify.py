@@ -215,7 +215,7 @@ def test_training_kernels_make_the_self_check_warn() -> None:
 def test_dict_from_codes_is_the_dictionary_of_the_labels(codes, labels) -> None:
     # GIVEN per-row codes into labels WHEN built from the codes THEN the same dictionary array
     # (values, dictionary order by first appearance, type) as encoding the strings row by row
-    from analyzer.model import dict_from_codes, dict_strings
+    from analyzer.tables.dictionaries import dict_from_codes, dict_strings
 
     got = dict_from_codes(np.asarray(codes, np.int16), labels)
     want = dict_strings(pa.array([labels[c] for c in codes], pa.string()))

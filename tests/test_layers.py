@@ -15,7 +15,7 @@ from analyzer.analyses.walk.eager_ops import reduction_rows
 from analyzer.analyses.walk.grammar import _role, walk_sequence
 from analyzer.analyses.walk.kv_cache import CACHE_READ, STRONG_WRITE, WEAK_WRITE, _kv_update_positions
 from analyzer.analyses.walk.moe import topk_candidates
-from analyzer.model import dict_isin, dict_strings
+from analyzer.tables.dictionaries import dict_isin, dict_strings
 
 # (stage after the rule table, kernel name, launching host op) of one kernel
 Kernel = tuple[str, str, "str | None"]

@@ -10,7 +10,7 @@ import pytest
 from analyzer.analyses.providers import providers_from_context, run_providers
 from analyzer.errors import InputError
 from analyzer.knowledge.provider_ops import load_provider_facts
-from analyzer.model import pylist
+from analyzer.tables.dictionaries import pylist
 from tests.conftest import shared
 from tests.runs import load_inputs
 

@@ -147,7 +147,7 @@ def test_sizes_found_in_a_moe_trace() -> None:
     from analyzer.analyses import shape_roles
     from analyzer.knowledge.attention_ops import load_attention_ops
     from analyzer.knowledge.work_ops import load_work_ops
-    from analyzer.model import objects
+    from analyzer.tables.dictionaries import objects
 
     a = analyze_paths([str(H200_MOE)])
     d = shape_roles.found_sizes(

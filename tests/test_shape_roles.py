@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from analyzer.analyses import classify, shape_roles
-from analyzer.model import pylist
 from analyzer.pipeline import analyze_trace
+from analyzer.tables.dictionaries import pylist
 from tests.conftest import FIXTURES, H200_DENSE
 from tests.runs import load_inputs
 

@@ -47,8 +47,8 @@ from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.op_hints import op_hint_ids
 from analyzer.knowledge.structure_rules import StructureKnowledge
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
-from analyzer.model import dict_from_codes, dict_isin, dict_strings, dict_take, pylist
 from analyzer.tables import launches
+from analyzer.tables.dictionaries import dict_from_codes, dict_isin, dict_strings, dict_take, pylist
 
 # --------------------------------------------------------------------------- entry point
 

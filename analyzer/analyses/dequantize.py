@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 
 from analyzer.analyses.mixers import ADD_OPS, BATCHED_OPS, LINEAR_OPS
 from analyzer.analyses.walk.registry import KNOWLEDGE
-from analyzer.model import dict_isin
 from analyzer.tables import launches
+from analyzer.tables.dictionaries import dict_isin
 
 WEIGHT_DEQUANTIZE = KNOWLEDGE.code_of("weight-dequantize")
 CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))

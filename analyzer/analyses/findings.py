@@ -94,10 +94,6 @@ def _finding(
     }
 
 
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms" if ns >= 1e5 else f"{ns / 1e3:.1f} us"
-
-
 def _phase_total(ctx: RunFrame, phase: str) -> int:
     return int(ctx.df.loc[ctx.df["phase"] == phase, "dur_ns"].sum())
 

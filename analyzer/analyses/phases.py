@@ -44,8 +44,8 @@ from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.kernel_rules import PhaseEvidence
 from analyzer.knowledge.structure_rules import StructureKnowledge, Thresholds, load_structure
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
-from analyzer.model import dict_isin, dict_strings, filled, objects
 from analyzer.tables import intervals, launches
+from analyzer.tables.dictionaries import dict_isin, dict_strings, filled, objects
 
 # the GEMM and attention kernels: their run time says how much work a step did
 HEAVY_STAGES = ALL_GEMM_STAGES + ATTENTION_KERNEL_STAGES

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.knowledge.provider_ops import ProviderFacts
-from analyzer.model import dict_isin, dict_strings
+from analyzer.tables.dictionaries import dict_isin, dict_strings
 
 __all__ = ["UNKNOWN", "attribute_providers", "providers_from_context", "run_providers"]
 

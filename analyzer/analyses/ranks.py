@@ -1,6 +1,6 @@
 """Multi-rank runs: time per rank, and collective time split into transfer and waiting for a slower rank.
 
-Contract: pure functions over the analysed kernels table (DESIGN §2 columns plus ``stage``, ``phase``
+Contract: pure functions over the analysed kernels table (README.md's "Output columns" plus ``stage``, ``phase``
 and ``step``); no I/O. :func:`rank_summary` returns the ``"ranks"`` section of the summary, or ``None``
 when the run has a single rank. All times are integer ns.
 

@@ -60,8 +60,8 @@ from analyzer.knowledge.attention_ops import AttentionOps, AttentionShape, load_
 from analyzer.knowledge.kernel_rules import BARRIER_RULE_ID
 from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES
 from analyzer.knowledge.work_ops import GemmDims, GemmOp, WorkOps, load_work_ops
-from analyzer.model import DICT_STRING, dict_isin, dict_strings, filled, objects
 from analyzer.tables import launches
+from analyzer.tables.dictionaries import DICT_STRING, dict_isin, dict_strings, filled, objects
 
 COLUMNS = {
     "flops": pa.float64(),

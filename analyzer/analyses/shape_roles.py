@@ -36,7 +36,7 @@ from analyzer.analyses.walk.positions import gemm_shape
 from analyzer.analyses.walk.registry import GEMM_STAGES
 from analyzer.knowledge.attention_ops import AttentionOps
 from analyzer.knowledge.work_ops import WorkOps
-from analyzer.model import dict_isin, dict_strings
+from analyzer.tables.dictionaries import dict_isin, dict_strings
 from analyzer.tables.launches import distinct_op_shapes, launching_op_rows
 
 __all__ = [

@@ -2,7 +2,7 @@
 ``lkm::step`` annotation per forward step, a Chrome trace on exit.
 
 The analyzer's phase split trusts an engine's own step annotation over anything it can infer
-(DESIGN §4). This module writes ours, ``lkm::step phase=<prefill|decode|mixed> q=<query tokens per
+(README.md, "How it works": Phases). This module writes ours, ``lkm::step phase=<prefill|decode|mixed> q=<query tokens per
 sequence> bs=<batch> kv=<kv length>`` (``rules/annotations.toml``, id ``lkm``), as a
 ``torch.profiler.record_function`` range around each forward, so kernels launched inside it get
 that step's phase and token count (q x bs).

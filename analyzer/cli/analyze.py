@@ -17,7 +17,7 @@ from analyzer.results.compare import compare_summaries
 @click.command()
 @shared_options
 @click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False), help="Write the summary (DESIGN §6) here."
+    "--json", "json_path", type=click.Path(dir_okay=False), help="Write the versioned JSON summary here."
 )
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), help="Write the HTML report here.")
 @click.option(

@@ -1,4 +1,4 @@
-"""Options shared by analyze, report, export, baseline and gate (DESIGN §6), and their wiring."""
+"""Options shared by analyze, report, export, baseline and gate (README.md, "Commands"), and their wiring."""
 
 from __future__ import annotations
 

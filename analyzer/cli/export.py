@@ -1,4 +1,4 @@
-"""``export``: write the analysed kernels table (DESIGN §2 columns) as CSV or Parquet, or the whole
+"""``export``: write the analysed kernels table (README.md, "Output columns") as CSV or Parquet, or the whole
 run as a classified trace for Perfetto UI / chrome://tracing (docs/report.md)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Contract: :func:`load_model` and :func:`load_builtin_models` read files; everything else is a pure
 function of a :class:`ModelArch`. Shapes follow the seeds' decoder layer: QKV GEMM, O GEMM,
 gate+up GEMM, down GEMM per dense layer; router gate GEMM and two expert GEMMs per MoE layer; the
-LM head once. GEMM roles use the stage names of DESIGN §3 (``qkv_gemm``, ``o_gemm``, ...).
+LM head once. GEMM roles use the stage names of ``rules/taxonomy.toml`` (``qkv_gemm``, ``o_gemm``, ...).
 Weight shapes are (in_features, out_features), i.e. (K, N) of ``y[M, N] = x[M, K] @ W[K, N]``.
 """
 

@@ -1,4 +1,4 @@
-"""GPU peaks from rules/hardware.toml, and detection of the GPU a trace ran on (DESIGN §5).
+"""GPU peaks from rules/hardware.toml, and detection of the GPU a trace ran on (docs/hardware.md).
 
 Contract: :func:`load_hardware` is the only function that reads a file (through
 :mod:`analyzer.knowledge.loader`); everything else is a pure

@@ -1,6 +1,6 @@
 """Kernel-name normalization and decoding: raw profiler names -> ``norm_name``, tile / split-K, ``group_key``.
 
-Contract (DESIGN §1-§2, FORMATS §4):
+Contract (spec: rules/README.md, "Tile decoding and `group_key`"; the name families: docs/coverage.md):
 
 * :func:`normalize_name` is pure and total: any string in, a string out, never an exception. It demangles
   Itanium names (``_Z...``) with the maintained ``cpp_demangle`` package, keeps the raw text when that

@@ -1,7 +1,7 @@
 """The closed vocabularies (``rules/taxonomy.toml``) and the named stage/phase sets code uses, derived from it.
 
 Contract: the taxonomy file defines the stages, their categories and labels, the providers, the
-phases and the unclassified result once (DESIGN §3). :func:`load_taxonomy` reads and validates it
+phases and the unclassified result once (spec: rules/README.md, "Vocabularies"). :func:`load_taxonomy` reads and validates it
 (through :mod:`analyzer.knowledge.loader`). The module constants below are derived from the
 built-in file at import (it is a few KB), never re-typed: a set code tests membership in is named
 here, with what it means, and a stage the derivation names must exist (a renamed stage fails the

@@ -5,7 +5,7 @@ Every reader module exposes the same tiny protocol:
 * ``FORMAT``: the format's name (``kineto``, ``rocprof``, ``rocpd``, ``nsys``, ...);
 * ``READER_VERSION``: bumped whenever the reader's output changes (cache keys use it);
 * ``sniff(path, head) -> bool``: ``head`` is the first bytes of the file, gzip already undone;
-* ``read(path) -> Trace``: the canonical tables (DESIGN §2), already validated. A reader with
+* ``read(path) -> Trace``: the canonical tables (:mod:`analyzer.model`), already validated. A reader with
   ``STREAMS = True`` also takes ``progress``; one with ``TAKES_POLICY = True`` takes the runtime's
   ``policy`` (:class:`analyzer.readers.policy.ReadPolicy`), and without it reads plainly.
 

@@ -1,8 +1,8 @@
 """Structure-rule cases (``tests/cases/*.json``): a cut of a real trace's canonical tables, as JSON.
 
 Contract: a case is one JSON object with ``format`` = :data:`CASE_FORMAT`, the three canonical
-tables as columns (``kernels``, ``host_ops``, ``annotations``: ``{column: [values]}``, DESIGN §2
-names and types, absent columns null), the input's metadata (``input``: :class:`InputMeta` fields)
+tables as columns (``kernels``, ``host_ops``, ``annotations``: ``{column: [values]}``, the
+names and types of :mod:`analyzer.model`, absent columns null), the input's metadata (``input``: :class:`InputMeta` fields)
 and whatever the writer adds beside them (``expect``, ``fires`` ...), which this module hands back
 untouched. :func:`read_case` rebuilds a :class:`Trace` that ``validate()`` accepts; :func:`case_document`
 is its inverse. Nothing else: the expectations are read by the tests and written by ``cut``.

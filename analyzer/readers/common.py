@@ -271,10 +271,3 @@ def sqlite_objects(path: Path) -> set[str]:
 
 def table_columns(con: sqlite3.Connection, table: str) -> list[str]:
     return [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]
-
-
-def select_columns(con: sqlite3.Connection, table: str, wanted: Sequence[str], alias: str = "") -> str:
-    """A SELECT list naming ``wanted`` columns, NULL for those this export lacks."""
-    have = set(table_columns(con, table))
-    prefix = f"{alias}." if alias else ""
-    return ", ".join(f'{prefix}"{c}"' if c in have else "NULL" for c in wanted)

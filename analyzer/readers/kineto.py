@@ -36,9 +36,6 @@ from analyzer.model import (
     KERNEL_SCHEMA,
     InputMeta,
     Trace,
-    dict_isin,
-    dict_take,
-    launch_calls,
     table_from_columns,
 )
 from analyzer.readers import gz
@@ -46,6 +43,8 @@ from analyzer.readers.kineto_events import EventValueError, TableBuilder
 from analyzer.readers.kineto_scan import stream_events, top_level
 from analyzer.readers.policy import ReadPolicy
 from analyzer.tables import lookup
+from analyzer.tables.dictionaries import dict_isin, dict_take
+from analyzer.tables.launches import launch_calls
 
 FORMAT = "kineto"
 READER_VERSION = "6"
@@ -53,8 +52,10 @@ STREAMS = True  # read() takes a progress callback
 TAKES_POLICY = True  # read() takes a ReadPolicy (analyzer.readers.read_trace passes it on)
 
 _GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch|^cuGraphLaunch")
-# hipExtModuleLaunchKernel records globalWorkSize (work-items) as "grid" (FORMATS §1.4).
+# hipExtModuleLaunchKernel records globalWorkSize (work-items) as "grid" (README.md, "Inputs").
 _WORKITEM_LAUNCH = "hipExtModuleLaunchKernel"
+_DIMS = msgspec.json.Decoder(list[list[int]])
+_TYPES = msgspec.json.Decoder(list[str])
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -149,10 +150,6 @@ def _parse_types(t: bytes | None) -> list[str] | None:
         return None
 
 
-_DIMS = msgspec.json.Decoder(list[list[int]])
-_TYPES = msgspec.json.Decoder(list[str])
-
-
 def _clean_dims(d: Any) -> list[list[int]] | None:
     """Input Dims as list of int lists; TensorList entries (lists of lists) become their first."""
     if not isinstance(d, list):
@@ -199,7 +196,7 @@ def _post_process(
 
 
 def _record_session(meta: InputMeta, host: list[pa.Table], base: int) -> None:
-    """Which profiling session wrote this file (DESIGN §6: inputs of one rank join only within one):
+    """Which profiling session wrote this file (inputs of one rank join only within one, README.md "Commands"):
     the process that launched the GPU work, the clock base of its timestamps and Kineto's id of the
     profiler session (``trace_id``, kept by tools that split one profile into files)."""
     pids: set[int] = set()
@@ -438,7 +435,7 @@ def _launch_info(k: pa.Table, host: pa.Table) -> tuple[pa.Array, pa.Array]:
 
 
 def _uses_hip(host: pa.Table | None) -> bool:
-    """ROCm builds keep CUDA category names but call HIP APIs (FORMATS §1.8)."""
+    """ROCm builds keep CUDA category names but call HIP APIs."""
     if host is None or host.num_rows == 0:
         return False
     names = host["name"].combine_chunks()

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.errors import InputError
-from analyzer.model import dict_strings
 from analyzer.readers.kineto_scan import CompleteEvent, Event, EventArgs
+from analyzer.tables.dictionaries import dict_strings
 
 _GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _HOST_CATS = {"cpu_op": "cpu_op", "cuda_runtime": "runtime", "cuda_driver": "driver"}
@@ -39,6 +39,8 @@ _KNOWN_CATS = (
         }
     )
 )
+_EMPTY_ARGS = EventArgs()
+_NO_DIMS = (None, None, None)
 
 
 class TableBuilder:
@@ -257,10 +259,6 @@ def _gpu_table(evs: list[Event]) -> pa.Table:
         for ax, col in zip("xyz", _dims3(vals), strict=True):
             cols[f"{field}_{ax}"] = col
     return pa.table(cols)
-
-
-_EMPTY_ARGS = EventArgs()
-_NO_DIMS = (None, None, None)
 
 
 def _dims3(vals: list[list[int] | None]) -> list[pa.Array]:

@@ -38,6 +38,7 @@ READ_BYTES = 1 << 20
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 _ARGS_KEY = re.compile(rb'"args"\s*:\s*')
+_SEPARATOR = re.compile(rb"\s*,\s*")
 
 
 class _X(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
@@ -245,9 +246,6 @@ class KinetoEvents:
         """``baseTimeNanoseconds`` as the reader adds it to every ``ts`` (0 when absent)."""
         b = self.top_level().get("baseTimeNanoseconds")
         return b if isinstance(b, int) and b > 0 else 0
-
-
-_SEPARATOR = re.compile(rb"\s*,\s*")
 
 
 @contextlib.contextmanager

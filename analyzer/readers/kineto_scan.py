@@ -31,6 +31,7 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_END = re.compile(rb"\}\s*\]")
 _NON_SPACE = re.compile(rb"[^ \t\n\r]")
+_SEPARATOR = re.compile(rb"\s*,?")
 
 
 class EventArgs(msgspec.Struct, gc=False):
@@ -219,9 +220,6 @@ def stream_events(
             pass
         readers.remember_sha256(path, hashing.sha.hexdigest())
     return top_level(path, prefix, tail)
-
-
-_SEPARATOR = re.compile(rb"\s*,?")
 
 
 def top_level(path: Path, prefix: bytes | None, tail: bytes) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """NVIDIA Nsight Systems reader: SQLite export, ``nsys stats`` CSV and ``.nsys-rep`` -> :class:`Trace`.
 
-Contract (FORMATS §3):
+Contract:
 
 * SQLite export (``nsys export --type sqlite``), opened read-only, columns selected defensively
   because they vary by nsys version: ``CUPTI_ACTIVITY_KIND_KERNEL`` (name = ``StringIds`` of

@@ -1,6 +1,6 @@
 """rocpd reader: the rocprofv3 SQLite database (``<pid>_results.db``) -> canonical :class:`Trace`.
 
-Contract (FORMATS §2.6):
+Contract:
 
 * The file is opened read-only. Tables carry a per-run GUID suffix, so the reader queries only
   the un-suffixed views: ``rocpd_kernel_dispatch`` (+ ``rocpd_info_kernel_symbol`` for names,

@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from analyzer.report import figures
 from analyzer.report.formatting import PHASE_ORDER, fmt_ns, fmt_pct, fmt_ratio, one_line, shorten
-from analyzer.results.compare import compare_summaries
 from analyzer.version import __version__
 
 CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
@@ -632,11 +631,6 @@ def _input_details(page: Page, key: str, label: str, s: dict[str, Any]) -> None:
     _top(view, s)
     _roofline(view, s)
     _findings(view, s)
-
-
-def render_compare_report(summaries: list[dict[str, Any]], cdn: bool = False) -> str:
-    """The side-by-side page of ``--compare`` of ``summaries`` (ratios over the first input, A)."""
-    return compare_page(compare_summaries(summaries), summaries, cdn)
 
 
 def compare_page(r: dict[str, Any], summaries: Sequence[dict[str, Any]], cdn: bool = False) -> str:

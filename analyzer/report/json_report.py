@@ -1,6 +1,6 @@
 """JSON reporter: a result dict (summary, comparison, baseline) as indented JSON, one document per file.
 
-The result carries its own ``format_version`` (DESIGN §6); this module only serialises it: two-space
+The result carries its own ``format_version`` (README.md, "Output columns"); this module only serialises it: two-space
 indent, numpy scalars as numbers, a final newline. Keys keep the result's order.
 """
 

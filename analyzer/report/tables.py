@@ -1,4 +1,4 @@
-"""Kernel-table reporters: the analysed kernels table (DESIGN §2 columns) as CSV or Parquet.
+"""Kernel-table reporters: the analysed kernels table (README.md, "Output columns") as CSV or Parquet.
 
 Each writes a ``pyarrow.Table`` to a binary stream it is handed; the columns and rows are the
 table's own (CSV decodes dictionary columns to plain strings, Parquet keeps them).

@@ -16,6 +16,8 @@ from analyzer.report.formatting import (
 from analyzer.report.ranks_text import render_ranks
 
 NONE = "—"  # nothing to say: no timeline, a stage an input never ran, a rate that exceeds a peak
+_BASIS_WORDS = {"shapes": "shapes", "found": "sizes found in the trace", "model": "--model", "none": "none"}
+_BASIS_SHORT = {"found": "found sizes", "model": "--model"}
 
 
 class TextReporter:
@@ -113,9 +115,6 @@ def render(summary: dict[str, Any], out: TextIO, top: int = 10) -> None:
         out.write(f"warning: {w}\n")
 
 
-_BASIS_WORDS = {"shapes": "shapes", "found": "sizes found in the trace", "model": "--model", "none": "none"}
-
-
 def _work(summary: dict[str, Any], out: TextIO) -> None:
     """What the FLOPs and bytes rest on, by kernel time; one hint line when --model would count more."""
     work = summary.get("work") or {}
@@ -208,9 +207,6 @@ def _rate(r: dict[str, Any]) -> str:
     return (
         val + (f" ({100 * pct:.0f}%)" if pct is not None else "") + (f" [{'+'.join(other)}]" if other else "")
     )
-
-
-_BASIS_SHORT = {"found": "found sizes", "model": "--model"}
 
 
 def _rate_from(r: dict[str, Any], rate: str) -> str:

@@ -8,7 +8,7 @@ samples it ran in (``present``), its launches per step and, where the steps' tok
 known, the median time per token. The median makes one slow step (a clock hiccup, a late launch)
 irrelevant; the mean covers work that runs in fewer than half of the steps.
 
-Kernel groups (DESIGN §2 ``group_key``) are kept for the top ones that cover ``top_share`` of
+Kernel groups (``group_key``, rules/README.md) are kept for the top ones that cover ``top_share`` of
 each phase's kernel time; the rest are kept as short hashes with their mean, so the gate can tell
 "new" from "grew out of the tail". Kernels outside every step (phase ``unknown``) and summary-only
 rows have no per-step time: they are recorded as totals, never gated.

@@ -30,10 +30,11 @@ from analyzer.errors import InputError, UsageError
 from analyzer.knowledge.annotations import load_annotation_patterns
 from analyzer.knowledge.structure_rules import load_structure
 from analyzer.knowledge.truth import load_truth_table
-from analyzer.model import ANNOTATION_SCHEMA, HOST_OP_SCHEMA, KERNEL_SCHEMA, Trace, launch_calls
+from analyzer.model import ANNOTATION_SCHEMA, HOST_OP_SCHEMA, KERNEL_SCHEMA, Trace
 from analyzer.pipeline import Analysis, analyze_trace
 from analyzer.readers.case import case_document
 from analyzer.results.accuracy import extract_truth, has_truth_ranges, strip_annotations
+from analyzer.tables.launches import launch_calls
 
 __all__ = ["case_outcome", "cut_case", "fired_rules", "parse_steps", "pinned_case", "score_case"]
 

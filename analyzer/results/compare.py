@@ -1,4 +1,4 @@
-"""``--compare`` (DESIGN §6): summaries of separately analysed inputs set side by side.
+"""``--compare`` (README.md, "Commands"): summaries of separately analysed inputs set side by side.
 
 Contract: a pure function of summary dicts (``analyzer.results.summary.build_summary``); it reads no trace
 and recomputes nothing from kernels. Times stay in integer ns, shares are fractions 0..1, and every
@@ -17,6 +17,8 @@ from analyzer.knowledge.taxonomy import PHASES
 
 FORMAT_VERSION = 1
 PHASE_ORDER = PHASES  # display order of the phases
+#: top kernel groups kept per compared input
+TOP_KERNELS = 5
 
 
 def compare_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,10 +91,6 @@ def _input(key: str, label: str, s: dict[str, Any]) -> dict[str, Any]:
             for f in s.get("findings") or []
         ],
     }
-
-
-#: top kernel groups kept per compared input
-TOP_KERNELS = 5
 
 
 def _top_row(r: dict[str, Any]) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def _decoded_tiles(rows: list[dict[str, Any]], kernels: Any) -> None:
     kernel of each top group is read from the kernels table."""
     if not rows or "tile_k" not in kernels.column_names or "group_key" not in kernels.column_names:
         return
-    from analyzer.model import dict_strings
+    from analyzer.tables.dictionaries import dict_strings
 
     gk = dict_strings(kernels["group_key"])
     values = gk.dictionary.to_pylist()

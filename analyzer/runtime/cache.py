@@ -1,6 +1,6 @@
 """Parsed-trace cache: a trace's canonical tables stored as Parquet, keyed by its content and its reader.
 
-Contract. An entry holds what ``read_trace(path)`` returns: the three tables of DESIGN §2 as Parquet
+Contract. An entry holds what ``read_trace(path)`` returns: the three tables of :mod:`analyzer.model` as Parquet
 files (``kernels``, ``host_ops``, ``annotations``) and ``meta.json`` (the key, the InputMeta, the
 reader's warnings). No pickle anywhere: only Parquet and JSON cross the disk (and, between processes,
 only path strings). An entry is used only when its key equals the key of the file now:

@@ -1,4 +1,4 @@
-"""Whether several inputs can be analysed as one run (DESIGN §6), decided from their tables."""
+"""Whether several inputs can be analysed as one run (README.md, "Commands"), decided from their tables."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ OVERLAP_SHARE = 0.01
 
 
 def one_run_problem(trace: Trace) -> str | None:
-    """Why the inputs of ``trace`` cannot be one run (DESIGN §6), or None when they can.
+    """Why the inputs of ``trace`` cannot be one run, or None when they can.
 
     Inputs are one run when they share the GPU type and the world size, and either name distinct
     ranks or cover non-overlapping time of one rank from one profiling session (the per-stage files

@@ -4,7 +4,7 @@ Arrow's mimalloc pool purges freed pages after a delay (``MIMALLOC_PURGE_DELAY``
 pull against each other:
 
 * a short delay keeps the process small: the short-lived buffers of a big analysis (per-column
-  copies) would otherwise pile up, and a 10 GB trace must stay within its memory target (DESIGN §7);
+  copies) would otherwise pile up, and a 10 GB trace must stay within its memory target (docs/performance.md);
 * every purged page is faulted in again by the next buffer, and a page fault is dear on a virtual
   machine: with purging at once, a 1 GB trace spends more system time (docs/performance.md).
 

@@ -2,32 +2,42 @@
 
 Classification (op hints), the GEMM roles from shapes and the roofline (op shapes) all ask for the
 same join; :func:`launching_op_rows` memoises the last one asked for, :func:`forget_launching_ops`
-drops it (the memo holds the host ops table of the input it was asked about).
+drops it (the memo holds the host ops table of the input it was asked about). :func:`launch_calls`
+picks the runtime/driver calls that carry a launch correlation id; the readers use it too, so this
+module imports pandas only inside the one function that needs it (the readers load no pandas).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.model import dict_isin, dict_strings, launch_calls
 from analyzer.tables import lookup
+from analyzer.tables.dictionaries import dict_isin, dict_strings
 
 __all__ = [
     "distinct_op_shapes",
     "enclosing_op",
     "following_ops",
     "forget_launching_ops",
+    "launch_calls",
     "launch_times",
     "launching_op_rows",
     "split_launch_calls",
 ]
 
 _LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
+
+
+def launch_calls(host_ops: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the runtime/driver calls that carry a launch correlation id."""
+    calls = host_ops.select(list(dict.fromkeys([*columns, "correlation"])))
+    is_call = pa.array(dict_isin(host_ops["category"], ["runtime", "driver"]))
+    return calls.filter(pc.and_(is_call, pc.is_valid(calls["correlation"]))).select(list(columns))
 
 
 def launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
@@ -124,6 +134,8 @@ def enclosing_op(host_ops: pa.Table, outer_rows: np.ndarray, op_rows: np.ndarray
     qt, qh, qs, qd = cols(op_rows)
     # one sorted key per (input, thread) and start: group number * span + start offset
     thread = np.concatenate([ot, qt]) * (1 << 32) + (np.concatenate([oh, qh]) & 0xFFFFFFFF)
+    import pandas as pd  # here, not at the top: the readers import this module for launch_calls
+
     inv = pd.factorize(thread)[0].astype(np.int64)
     base = min(int(os_.min()), int(qs.min()))
     span = max(int(os_.max()), int(qs.max())) - base + 1

@@ -34,7 +34,7 @@ from analyzer.analyses.walk.registry import (
     OUTPUT_ROWS,
 )
 from analyzer.knowledge.structure_rules import Thresholds
-from analyzer.model import dict_isin, dict_where
+from analyzer.tables.dictionaries import dict_isin, dict_where
 
 _SOFTMAX_OPS = _V("softmax_ops")
 

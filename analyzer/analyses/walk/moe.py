@@ -21,7 +21,7 @@ from analyzer.analyses.walk.registry import (
     MOE_ROUTER,
     SAMPLING_LIKE,
 )
-from analyzer.model import dict_isin
+from analyzer.tables.dictionaries import dict_isin
 from analyzer.tables.positions import row_array
 
 MOE_SHARED_GATE = _ID("moe-shared-gate")
