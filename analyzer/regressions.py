@@ -330,41 +330,8 @@ def compare(
     for phase, why in plan.items():
         gated = why is None
         bp, cp = baseline["phases"][phase], candidate["phases"][phase]
-        phases_out.append(
-            {
-                "phase": phase,
-                "gated": gated,
-                "reason": why,
-                "steps": _pair(bp["steps"], cp["steps"]),
-                "tokens_per_step": _pair(bp.get("tokens_per_step"), cp.get("tokens_per_step")),
-                "batch": _pair(bp.get("batch"), cp.get("batch")),
-                "step_ns_p50": _pair(_step(bp, "p50"), _step(cp, "p50")),
-                "step_ns_p90": _pair(_step(bp, "p90"), _step(cp, "p90")),
-                "kernel_ns_p50": _pair(bp["kernel_ns"]["p50"], cp["kernel_ns"]["p50"]),
-            }
-        )
-        thr, key = t.for_row(phase)
-        used.update([key] if key else [])
-        rows.append(
-            _judge(
-                {
-                    "level": "phase",
-                    "id": phase,
-                    "phase": phase,
-                    "stage": None,
-                    "group_key": None,
-                    "provider": None,
-                },
-                bp["kernel_ns"]["p50"],
-                cp["kernel_ns"]["p50"],
-                "p50",
-                thr,
-                key,
-                t,
-                gated,
-                fails_if_new=True,
-            )
-        )
+        phases_out.append(_phase_entry(phase, why, bp, cp))
+        rows.append(_compare_phase(phase, bp, cp, t, gated, used))
         rows.extend(_compare_steps(phase, bp, cp, t, gated))
         groups = _compare_groups(baseline, candidate, phase, t, gated, used)
         rows.extend(_compare_stages(baseline, candidate, phase, t, gated, used, groups))
@@ -392,19 +359,65 @@ def compare(
         "failures": failures,
         "failed": failed,
         "counts": counts,
-        "thresholds": {
-            "threshold": t.threshold,
-            "step_threshold": t.step_threshold,
-            "min_delta_ns": t.min_delta_ns,
-            "min_steps": t.min_steps,
-            "allow_few_steps": t.allow_few_steps,
-            "overrides": dict(t.overrides),
-        },
+        "thresholds": _thresholds_entry(t),
         "baseline": _side(baseline),
         "candidate": _side(candidate),
         "phases": phases_out,
         "rows": rows,
         "notes": notes,
+    }
+
+
+def _phase_entry(phase: str, why: str | None, bp: Mapping[str, Any], cp: Mapping[str, Any]) -> dict[str, Any]:
+    """The result's entry of one phase: whether it is gated (else why not) and both runs' sizes and times."""
+    return {
+        "phase": phase,
+        "gated": why is None,
+        "reason": why,
+        "steps": _pair(bp["steps"], cp["steps"]),
+        "tokens_per_step": _pair(bp.get("tokens_per_step"), cp.get("tokens_per_step")),
+        "batch": _pair(bp.get("batch"), cp.get("batch")),
+        "step_ns_p50": _pair(_step(bp, "p50"), _step(cp, "p50")),
+        "step_ns_p90": _pair(_step(bp, "p90"), _step(cp, "p90")),
+        "kernel_ns_p50": _pair(bp["kernel_ns"]["p50"], cp["kernel_ns"]["p50"]),
+    }
+
+
+def _compare_phase(
+    phase: str, bp: Mapping[str, Any], cp: Mapping[str, Any], t: Thresholds, gated: bool, used: set[str]
+) -> dict[str, Any]:
+    """The phase's own row: its kernel time per step, the per-step median (a phase new in the candidate fails)."""
+    thr, key = t.for_row(phase)
+    used.update([key] if key else [])
+    return _judge(
+        {
+            "level": "phase",
+            "id": phase,
+            "phase": phase,
+            "stage": None,
+            "group_key": None,
+            "provider": None,
+        },
+        bp["kernel_ns"]["p50"],
+        cp["kernel_ns"]["p50"],
+        "p50",
+        thr,
+        key,
+        t,
+        gated,
+        fails_if_new=True,
+    )
+
+
+def _thresholds_entry(t: Thresholds) -> dict[str, Any]:
+    """The thresholds the comparison ran with, as the result records them."""
+    return {
+        "threshold": t.threshold,
+        "step_threshold": t.step_threshold,
+        "min_delta_ns": t.min_delta_ns,
+        "min_steps": t.min_steps,
+        "allow_few_steps": t.allow_few_steps,
+        "overrides": dict(t.overrides),
     }
 
 

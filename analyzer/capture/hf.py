@@ -296,41 +296,10 @@ def _quiet() -> Iterator[None]:
 
 def capture(spec: CaptureSpec) -> dict[str, Any]:
     """Capture ``spec`` into ``spec.output``; return the meta dict (settings + steps written)."""
-    if spec.mode not in MODES:
-        raise CaptureError(f"unknown mode {spec.mode!r} (use {', '.join(MODES)})")
-    if spec.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CaptureError("device cuda, but torch sees no CUDA device")
-    offered = attention_implementations()
-    if spec.attn not in offered:
-        raise CaptureError(
-            f"unknown attention implementation {spec.attn!r} (this transformers offers {', '.join(offered)})"
-        )
-    if spec.mode == "continuous-batching" and spec.assistant:
-        raise CaptureError("assisted generation does not run under continuous batching")
-    try:
-        libraries.check_options(spec.kernels, spec.quant, device=spec.device, dtype=spec.dtype)
-    except libraries.LibraryError as exc:
-        raise CaptureError(str(exc)) from None
+    _check_spec(spec)
     t0 = time.perf_counter()
     with _quiet():
-        model = build(
-            spec.config,
-            dtype=spec.dtype,
-            device=spec.device,
-            attn=spec.attn,
-            experts=spec.experts,
-            seed=spec.seed,
-        )
-        draft = None
-        if spec.assistant:
-            draft = build(
-                spec.assistant,
-                dtype=spec.dtype,
-                device=spec.device,
-                attn=spec.attn,
-                experts=None,
-                seed=spec.seed + 1,
-            )
+        model, draft = _build_models(spec)
         vocab = int(model.config.get_text_config().vocab_size)
         ids = _prompts(spec, vocab, spec.device)
         cb = spec.mode == "continuous-batching"
@@ -362,6 +331,61 @@ def capture(spec: CaptureSpec) -> dict[str, Any]:
             if cb_steps is not None:
                 cb_steps.remove()
         export_trace(prof, spec.output, compresslevel=9)  # the zoo's fixtures stay small
+    return _capture_meta(spec, model, inst, cb_steps, prepared, t0)
+
+
+def _check_spec(spec: CaptureSpec) -> None:
+    """Raise :class:`CaptureError` for a spec this transformers, device or library set cannot run."""
+    if spec.mode not in MODES:
+        raise CaptureError(f"unknown mode {spec.mode!r} (use {', '.join(MODES)})")
+    if spec.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CaptureError("device cuda, but torch sees no CUDA device")
+    offered = attention_implementations()
+    if spec.attn not in offered:
+        raise CaptureError(
+            f"unknown attention implementation {spec.attn!r} (this transformers offers {', '.join(offered)})"
+        )
+    if spec.mode == "continuous-batching" and spec.assistant:
+        raise CaptureError("assisted generation does not run under continuous batching")
+    try:
+        libraries.check_options(spec.kernels, spec.quant, device=spec.device, dtype=spec.dtype)
+    except libraries.LibraryError as exc:
+        raise CaptureError(str(exc)) from None
+
+
+def _build_models(spec: CaptureSpec) -> tuple[Any, Any]:
+    """The target model and the draft (None without ``assistant``), built by :func:`build`."""
+    model = build(
+        spec.config,
+        dtype=spec.dtype,
+        device=spec.device,
+        attn=spec.attn,
+        experts=spec.experts,
+        seed=spec.seed,
+    )
+    draft = None
+    if spec.assistant:
+        draft = build(
+            spec.assistant,
+            dtype=spec.dtype,
+            device=spec.device,
+            attn=spec.attn,
+            experts=None,
+            seed=spec.seed + 1,
+        )
+    return model, draft
+
+
+def _capture_meta(
+    spec: CaptureSpec,
+    model: Any,
+    inst: Instrumentation,
+    cb_steps: _CBSteps | None,
+    prepared: libraries.Prepared,
+    t0: float,
+) -> dict[str, Any]:
+    """The meta dict of a finished capture: its settings, versions and the steps written."""
+    cb = spec.mode == "continuous-batching"
     meta: dict[str, Any] = {
         "model_type": spec.config.get("model_type"),
         "config": {k: v for k, v in spec.config.items() if k not in _DROP_KEYS},

@@ -143,11 +143,45 @@ def command(
     from analyzer.capture import require_torch
 
     require_torch()
-    import torch
-
     from analyzer.capture.model import build_model
     from analyzer.capture.profile import capture_generate
     from analyzer.output import write_json
+
+    device = _checked_device(output, device)
+    hf_path = any((mode, truth, attn, sdpa_backend, experts, kernels, quant, sampling, assistant, no_shapes))
+    if hf_path:
+        meta = _capture_hf(
+            model_spec, output, layers=layers, batch=batch, prompt=prompt, new_tokens=new_tokens,
+            device=device, dtype=dtype, seed=seed, mode=mode or "generate", truth=truth, attn=attn or "sdpa",
+            sdpa_backend=sdpa_backend, experts=experts, kernels=kernels, quant=quant, sampling=sampling, assistant=assistant,
+            requests=requests, batch_tokens=batch_tokens, shapes=not no_shapes,
+        )  # fmt: skip
+        _echo_hf_capture(output, meta, dtype=dtype, device=device, truth=truth, kernels=kernels, quant=quant)
+        if meta_path:
+            Path(meta_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(meta_path).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    else:
+        t0 = time.perf_counter()
+        lm = build_model(model_spec, layers=layers, device=device, dtype=dtype, backend=backend, seed=seed)
+        meta = capture_generate(lm, output, batch=batch, prompt=prompt, new_tokens=new_tokens, seed=seed)
+        meta["seconds"] = round(time.perf_counter() - t0, 1)
+        size = Path(output).stat().st_size
+        click.echo(
+            f"captured {output} ({size / 1e6:.1f} MB): {meta['model']} x{meta['layers']} layers "
+            f"({meta['backend']}, {meta['dtype']}, {device}), batch {batch}, prompt {prompt}, "
+            f"{new_tokens} new tokens = 1 prefill + {new_tokens - 1} decode steps",
+            err=True,
+        )
+        if meta_path:
+            write_json(meta, meta_path)
+    if do_analyze or json_path or report_path:
+        _analyze(output, model_spec, json_path, report_path, print_text=do_analyze)
+    return 0
+
+
+def _checked_device(output: str, device: str | None) -> str:
+    """The device to capture on (cuda unless --device cpu); UsageError for a bad -o name or no GPU."""
+    import torch
 
     if not output.endswith((".json", ".json.gz")):
         raise UsageError(f"-o {output}: the trace name must end in .json or .json.gz")
@@ -157,55 +191,27 @@ def command(
             f"no GPU: torch {torch.__version__} sees no CUDA/ROCm device, and capture profiles GPU "
             "kernels; run it on a GPU machine, or pass --device cpu to profile the CPU on purpose"
         )
-    device = device or "cuda"
-    hf_path = bool(
-        mode
-        or truth
-        or attn
-        or sdpa_backend
-        or experts
-        or kernels
-        or quant
-        or sampling
-        or assistant
-        or no_shapes
-    )
-    if hf_path:
-        meta = _capture_hf(
-            model_spec, output, layers=layers, batch=batch, prompt=prompt, new_tokens=new_tokens,
-            device=device, dtype=dtype, seed=seed, mode=mode or "generate", truth=truth, attn=attn or "sdpa",
-            sdpa_backend=sdpa_backend, experts=experts, kernels=kernels, quant=quant, sampling=sampling, assistant=assistant,
-            requests=requests, batch_tokens=batch_tokens, shapes=not no_shapes,
-        )  # fmt: skip
-        click.echo(
-            f"captured {output} ({Path(output).stat().st_size / 1e6:.1f} MB): {meta['model_type']} x{meta['layers']} "
-            f"layers ({meta['attn']}, {dtype}, {device}, {meta['mode']}), {len(meta['steps'])} steps"
-            f"{', truth ranges' if truth else ''}"
-            f"{f', kernels {kernels}' if kernels else ''}{f', quant {quant}' if quant else ''}",
-            err=True,
-        )
-        if meta_path:
-            Path(meta_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(meta_path).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-        if do_analyze or json_path or report_path:
-            _analyze(output, model_spec, json_path, report_path, print_text=do_analyze)
-        return 0
-    t0 = time.perf_counter()
-    lm = build_model(model_spec, layers=layers, device=device, dtype=dtype, backend=backend, seed=seed)
-    meta = capture_generate(lm, output, batch=batch, prompt=prompt, new_tokens=new_tokens, seed=seed)
-    meta["seconds"] = round(time.perf_counter() - t0, 1)
-    size = Path(output).stat().st_size
+    return device or "cuda"
+
+
+def _echo_hf_capture(
+    output: str,
+    meta: dict[str, Any],
+    *,
+    dtype: str,
+    device: str,
+    truth: bool,
+    kernels: str | None,
+    quant: str | None,
+) -> None:
+    """The one-line summary of a capture through transformers, on stderr."""
     click.echo(
-        f"captured {output} ({size / 1e6:.1f} MB): {meta['model']} x{meta['layers']} layers "
-        f"({meta['backend']}, {meta['dtype']}, {device}), batch {batch}, prompt {prompt}, "
-        f"{new_tokens} new tokens = 1 prefill + {new_tokens - 1} decode steps",
+        f"captured {output} ({Path(output).stat().st_size / 1e6:.1f} MB): {meta['model_type']} x{meta['layers']} "
+        f"layers ({meta['attn']}, {dtype}, {device}, {meta['mode']}), {len(meta['steps'])} steps"
+        f"{', truth ranges' if truth else ''}"
+        f"{f', kernels {kernels}' if kernels else ''}{f', quant {quant}' if quant else ''}",
         err=True,
     )
-    if meta_path:
-        write_json(meta, meta_path)
-    if do_analyze or json_path or report_path:
-        _analyze(output, model_spec, json_path, report_path, print_text=do_analyze)
-    return 0
 
 
 def _config_of(spec: str, layers: int | None) -> dict[str, Any]:

@@ -307,6 +307,22 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
     for i in ins:
         gpu = i["gpu"].get("name") or f"unknown GPU ({i['gpu'].get('reason') or 'not detected'})"
         out.write(f"  {i['key']}: {gpu}: {', '.join(i['paths'])}\n")
+    _compare_totals(ins, out)
+    ratio_heads = [f"{k}/{ref}" for k in keys[1:]]
+    _compare_phases(result, keys, ratio_heads, out)
+    for p in result["phases"]:
+        _compare_breakdown(result, p["phase"], keys, ratio_heads, out)
+    for i in ins:
+        _compare_input(i, out)
+
+
+def _ratios(values: list[float | None]) -> list[str]:
+    """The ratios over the first input, formatted (the first input's own is left out)."""
+    return [fmt_ratio(r) for r in values[1:]]
+
+
+def _compare_totals(ins: list[dict[str, Any]], out: TextIO) -> None:
+    """One row per compared input: wall, GPU busy, idle, kernel time, kernels."""
     rows = []
     for i in ins:
         t = i["totals"]
@@ -324,16 +340,15 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
         )
     out.write("\n")
     write_table(out, ["input", "wall", "GPU busy", "idle", "kernel time", "kernels"], rows)
-    ratio_heads = [f"{k}/{ref}" for k in keys[1:]]
 
-    def ratios(values: list[float | None]) -> list[str]:
-        return [fmt_ratio(r) for r in values[1:]]
 
+def _compare_phases(result: dict[str, Any], keys: list[str], ratio_heads: list[str], out: TextIO) -> None:
+    """Kernel time (and step p50 where steps were recorded) per phase, per input."""
     out.write("\nPhases\n")
     rows = []
     for p in result["phases"]:
         rows.append(
-            [p["phase"], "kernel time", *[fmt_ns(v) for v in p["kernel_ns"]], *ratios(p["kernel_ratio"])]
+            [p["phase"], "kernel time", *[fmt_ns(v) for v in p["kernel_ns"]], *_ratios(p["kernel_ratio"])]
         )
         if any(p["steps"]):
             rows.append(
@@ -341,43 +356,46 @@ def render_compare(result: dict[str, Any], out: TextIO) -> None:
                     p["phase"],
                     "step p50",
                     *[fmt_ns(v) if n else "-" for v, n in zip(p["step_p50_ns"], p["steps"], strict=True)],
-                    *ratios(p["step_p50_ratio"]),
+                    *_ratios(p["step_p50_ratio"]),
                 ]
             )
     write_table(out, ["phase", "metric", *keys, *ratio_heads], rows)
-    for p in result["phases"]:
-        cats = [r for r in result["categories"] if r["phase"] == p["phase"]]
-        if cats:
-            out.write(f"\n  {p['phase']}: time by category\n")
-            rows = [
-                [
-                    r["label"],
-                    *[f"{fmt_ns(t)} {fmt_pct(s)}" for t, s in zip(r["time_ns"], r["share"], strict=True)],
-                    *ratios(r["ratio"]),
-                ]
-                for r in cats
+
+
+def _compare_breakdown(
+    result: dict[str, Any], phase: str, keys: list[str], ratio_heads: list[str], out: TextIO
+) -> None:
+    """One phase's time by category and by stage (with the providers), per input."""
+    cats = [r for r in result["categories"] if r["phase"] == phase]
+    if cats:
+        out.write(f"\n  {phase}: time by category\n")
+        rows = [
+            [
+                r["label"],
+                *[f"{fmt_ns(t)} {fmt_pct(s)}" for t, s in zip(r["time_ns"], r["share"], strict=True)],
+                *_ratios(r["ratio"]),
             ]
-            write_table(out, ["Category", *keys, *ratio_heads], rows, indent="    ")
-        stages = [r for r in result["stages"] if r["phase"] == p["phase"]]
-        if stages:
-            out.write(f"\n  {p['phase']}: time by stage (providers)\n")
-            rows = [
-                [
-                    r["stage"],
-                    *[
-                        NONE if t is None else fmt_ns(t) + (f" ({'+'.join(pr)})" if pr else "")
-                        for t, pr in zip(r["time_ns"], r["providers"], strict=True)
-                    ],
-                    *[
-                        NONE if t is None or r["time_ns"][0] is None else x
-                        for t, x in zip(r["time_ns"][1:], ratios(r["ratio"]), strict=True)
-                    ],
-                ]
-                for r in stages
+            for r in cats
+        ]
+        write_table(out, ["Category", *keys, *ratio_heads], rows, indent="    ")
+    stages = [r for r in result["stages"] if r["phase"] == phase]
+    if stages:
+        out.write(f"\n  {phase}: time by stage (providers)\n")
+        rows = [
+            [
+                r["stage"],
+                *[
+                    NONE if t is None else fmt_ns(t) + (f" ({'+'.join(pr)})" if pr else "")
+                    for t, pr in zip(r["time_ns"], r["providers"], strict=True)
+                ],
+                *[
+                    NONE if t is None or r["time_ns"][0] is None else x
+                    for t, x in zip(r["time_ns"][1:], _ratios(r["ratio"]), strict=True)
+                ],
             ]
-            write_table(out, ["stage", *keys, *ratio_heads], rows, indent="    ")
-    for i in ins:
-        _compare_input(i, out)
+            for r in stages
+        ]
+        write_table(out, ["stage", *keys, *ratio_heads], rows, indent="    ")
 
 
 def _compare_input(i: dict[str, Any], out: TextIO) -> None:

@@ -16,7 +16,7 @@ import bisect
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -77,6 +77,49 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
     """
     base = doc.get("baseTimeNanoseconds")
     base = base if isinstance(base, int) and base > 0 else 0
+    ranges, steps, ops, launches, gpu = _truth_events(doc)
+    _mark_inline_attention(ranges)
+    _mark_steps_with_ranges(steps, ranges)
+    region_of, step_of, op_of = _innermost_at_launch(launches, ranges, steps, ops)
+    has_truth = bool(ranges)
+    rows: dict[str, list[Any]] = {k: [] for k in ("correlation", "start_ns", "name", "dur_ns", "kind", "graph",
+                                                  "region", "gemm_op", "phase", "accepted", "step_id",
+                                                  "step_name")}  # fmt: skip
+    for corr, ts, dur, name, kind in gpu:
+        launch = launches.get(corr) if corr is not None else None
+        graph = bool(launch and launch[2])
+        step = step_of.get(corr) if launch else None
+        region = region_of.get(corr) if launch else None
+        op = op_of.get(corr) if launch else None
+        gemm = op in table.gemm_ops
+        if launch is None or graph or not has_truth:
+            region = None
+        elif region is None and (step is None or step[1]):
+            region = "outside_forward"  # in a step whose forward had ranges, or outside every step
+        rows["correlation"].append(corr)
+        rows["start_ns"].append(int(np.rint(ts * 1000.0)) + base)
+        rows["name"].append(name)
+        rows["dur_ns"].append(int(np.rint(dur * 1000.0)))
+        rows["kind"].append(kind)
+        rows["graph"].append(graph)
+        rows["region"].append(region)
+        rows["gemm_op"].append(gemm)
+        rows["phase"].append(step[0] if step else None)
+        rows["step_id"].append(step[3] if step else None)
+        rows["step_name"].append(step[2] if step else None)
+        rows["accepted"].append(list(table.stages(region, gemm, kind)) if region else [])
+    return _as_truth_table(rows)
+
+
+_Intervals = dict[Any, list[tuple[float, float, Any]]]  # per (pid, tid): (start, end, payload)
+
+
+def _truth_events(
+    doc: Mapping[str, Any],
+) -> tuple[_Intervals, _Intervals, _Intervals, dict[int, tuple[Any, float, bool]], list[Any]]:
+    """The raw trace's truth ranges, ``lkm::step`` ranges (payload ``[phase, ran a forward with
+    ranges, name, order]``) and CPU ops per thread; each launch call's (thread, ts, graph launch) by
+    correlation id; and the GPU activities as (correlation, ts, dur, name, kind)."""
     ranges: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
     steps: dict[Any, list[tuple[float, float, Any]]] = defaultdict(list)
     ops: dict[Any, list[tuple[float, float, str]]] = defaultdict(list)
@@ -110,8 +153,12 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
         elif cat in _GPU_CATS:
             corr = (e.get("args") or {}).get("correlation")
             gpu.append((corr if isinstance(corr, int) else None, ts, dur, name, _GPU_CATS[cat]))
-    # an attention module that entered no attention-interface function computes attention in its own
-    # code (Falcon, GPT-2's older paths): its own kernels are the place `attention_inline`
+    return ranges, steps, ops, launches, gpu
+
+
+def _mark_inline_attention(ranges: _Intervals) -> None:
+    """An attention module that entered no attention-interface function computes attention in its own
+    code (Falcon, GPT-2's older paths): its own kernels are the place ``attention_inline``."""
     for rs in ranges.values():
         inner = sorted(r[0] for r in rs if r[2] == "attention")
         for i, (s, end, region) in enumerate(rs):
@@ -119,12 +166,22 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
                 k = bisect.bisect_left(inner, s)
                 if not (k < len(inner) and inner[k] <= end):
                     rs[i] = (s, end, "attention_inline")
-    # a step "ran a forward with ranges" when a truth range starts inside it on its thread
+
+
+def _mark_steps_with_ranges(steps: _Intervals, ranges: _Intervals) -> None:
+    """A step "ran a forward with ranges" when a truth range starts inside it on its thread."""
     for thread, st in steps.items():
         starts = sorted(r[0] for r in ranges.get(thread, ()))
         for s, end, payload in st:
             k = bisect.bisect_left(starts, s)
             payload[1] = k < len(starts) and starts[k] <= end
+
+
+def _innermost_at_launch(
+    launches: dict[int, tuple[Any, float, bool]], ranges: _Intervals, steps: _Intervals, ops: _Intervals
+) -> tuple[dict[int, str | None], dict[int, Any], dict[int, str | None]]:
+    """Per launch's correlation id: the innermost truth region, step and CPU op around the launch
+    call on its thread."""
     by_thread: dict[Any, list[int]] = defaultdict(list)
     for corr in launches:
         by_thread[launches[corr][0]].append(corr)
@@ -136,33 +193,11 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
         for store, iv in ((region_of, ranges), (step_of, steps), (op_of, ops)):
             found = _Sweep(iv.get(thread, [])).innermost(pts)
             store.update(zip(corrs, found, strict=True))
-    has_truth = bool(ranges)
-    rows: dict[str, list[Any]] = {k: [] for k in ("correlation", "start_ns", "name", "dur_ns", "kind", "graph",
-                                                  "region", "gemm_op", "phase", "accepted", "step_id",
-                                                  "step_name")}  # fmt: skip
-    for corr, ts, dur, name, kind in gpu:
-        launch = launches.get(corr) if corr is not None else None
-        graph = bool(launch and launch[2])
-        step = step_of.get(corr) if launch else None
-        region = region_of.get(corr) if launch else None
-        op = op_of.get(corr) if launch else None
-        gemm = op in table.gemm_ops
-        if launch is None or graph or not has_truth:
-            region = None
-        elif region is None and (step is None or step[1]):
-            region = "outside_forward"  # in a step whose forward had ranges, or outside every step
-        rows["correlation"].append(corr)
-        rows["start_ns"].append(int(np.rint(ts * 1000.0)) + base)
-        rows["name"].append(name)
-        rows["dur_ns"].append(int(np.rint(dur * 1000.0)))
-        rows["kind"].append(kind)
-        rows["graph"].append(graph)
-        rows["region"].append(region)
-        rows["gemm_op"].append(gemm)
-        rows["phase"].append(step[0] if step else None)
-        rows["step_id"].append(step[3] if step else None)
-        rows["step_name"].append(step[2] if step else None)
-        rows["accepted"].append(list(table.stages(region, gemm, kind)) if region else [])
+    return region_of, step_of, op_of
+
+
+def _as_truth_table(rows: dict[str, list[Any]]) -> pa.Table:
+    """The columns of :func:`extract_truth` as an Arrow table with their types."""
     return pa.table(
         {
             "correlation": pa.array(rows["correlation"], pa.int64()),
@@ -256,22 +291,46 @@ def agreement(
     agreement is given per ``phase_rule`` of each kernel's step (``phase.by_rule``, weighted by
     kernel time like the rest). Returns the report dict (its keys are documented in docs/accuracy.md).
     """
+    cols = kernels.select(
+        ["correlation", "start_ns", "dur_ns", "name", "stage", "category", "phase"]
+    ).to_pydict()
+    stage_rule = kernels["stage_rule"].to_pylist() if "stage_rule" in kernels.column_names else None
+    phase_rule = _kernel_phase_rules(kernels, steps)
+    tally = _tally(cols, truth, table, stage_rule, phase_rule)
+    return _report(tally, len(cols["name"]), sum(d or 0 for d in cols["dur_ns"]), worst)
+
+
+class _Tally(NamedTuple):
+    """What :func:`agreement` counts over the kernels: ``[agreeing ns, ns, kernels]`` per score
+    (``acc``), per truth region and per deciding rule; ``[ns, kernels]`` per kind of disagreement."""
+
+    acc: dict[str, list[int]]
+    regions: dict[str, list[int]]
+    bad_stage: dict[tuple[str, str, str, str], list[int]]
+    bad_phase: dict[tuple[str, str, str], list[int]]
+    by_rule: dict[str, dict[str, list[int]]]
+    unmatched: int
+    undecided: int
+
+
+def _tally(
+    cols: dict[str, list[Any]],
+    truth: pa.Table,
+    table: TruthTable,
+    stage_rule: list[Any] | None,
+    phase_rule: list[str] | None,
+) -> _Tally:
+    """Match each kernel to its truth row and count its time where it agrees and where not."""
     key = _truth_rows(truth)
     t_region = truth["region"].to_pylist()
     t_phase = truth["phase"].to_pylist()
     t_acc = truth["accepted"].to_pylist()
     t_kind = truth["kind"].to_pylist()
-    cols = kernels.select(
-        ["correlation", "start_ns", "dur_ns", "name", "stage", "category", "phase"]
-    ).to_pydict()
     n = len(cols["name"])
-    stage_rule = kernels["stage_rule"].to_pylist() if "stage_rule" in kernels.column_names else None
-    phase_rule = _kernel_phase_rules(kernels, steps)
     by_rule: dict[str, dict[str, list[int]]] = {
         "stage": defaultdict(lambda: [0, 0, 0]),
         "phase": defaultdict(lambda: [0, 0, 0]),
     }
-    total = sum(d or 0 for d in cols["dur_ns"])
     acc = {"stage": [0, 0, 0], "category": [0, 0, 0], "phase": [0, 0, 0]}  # ok time, time, kernels
     regions: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     bad_stage: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0])
@@ -316,6 +375,12 @@ def agreement(
                 b = bad_phase[(cols["name"][i], str(cols["phase"][i]), t_phase[j])]
                 b[0] += d
                 b[1] += 1
+    return _Tally(acc, regions, bad_stage, bad_phase, by_rule, unmatched, undecided)
+
+
+def _report(tally: _Tally, n: int, total: int, worst: int) -> dict[str, Any]:
+    """The agreement report of :func:`agreement` from its tally (``n`` kernels of ``total`` ns)."""
+    acc, regions, bad_stage, bad_phase, by_rule, unmatched, undecided = tally
     report: dict[str, Any] = {
         "format_version": REPORT_VERSION,
         "kernels": n,

@@ -129,14 +129,7 @@ def cut_case(
     input, read from ``source``). See the module docstring."""
     if len(trace.inputs) != 1:
         raise UsageError("cut takes one trace file (one rank's input)")
-    truth = None
-    if source.endswith((".json", ".json.gz")):
-        from analyzer.readers.raw_json import read_json
-
-        doc = read_json(source)
-        if has_truth_ranges(doc):
-            truth = extract_truth(doc, load_truth_table())
-        del doc
+    truth = _source_truth(source)
     ann = trace.annotations
     engine_steps = _engine_step_names(ann) if ann.num_rows else np.zeros(0, bool)
     annotated = None
@@ -147,36 +140,9 @@ def cut_case(
         kept = kept.filter(pa.array(~_engine_step_names(kept)))
     stripped = dataclasses.replace(trace, annotations=kept)
     a = analyze_trace(stripped)
-    k = a.kernels
-    sel = ~k["aggregate"].to_numpy(zero_copy_only=False)
-    step = k["step"].to_numpy(zero_copy_only=False)
-    if steps is not None:
-        sel &= (step >= steps[0]) & (step <= steps[1])
-    if rank is not None:
-        sel &= k["rank"].to_numpy(zero_copy_only=False) == rank
-    lay = k["layer"].fill_null(-1).to_numpy(zero_copy_only=False)
-    if layer is not None:
-        if not (sel & (lay == layer)).any():
-            raise UsageError(f"--layer {layer}: no kernel of the selected steps is in that layer")
-        sel &= (lay == layer) | (lay < 0)
-    rows = np.flatnonzero(sel)
-    if not len(rows):
-        raise InputError(f"{source}: no kernels in the selected steps (see the steps of `analyze`)")
-    picked = k.take(pa.array(rows))
-    lo, hi = _window(stripped, picked)
-    tid, rk = int(picked["trace_id"][0].as_py()), int(picked["rank"][0].as_py())
-    host = stripped.host_ops.filter(
-        pc.and_(pc.equal(stripped.host_ops["trace_id"], tid), pc.equal(stripped.host_ops["rank"], rk))
-    )
-    host = _overlapping(host, lo, hi)
-    notes = _overlapping(kept, lo, hi, end="end_ns") if kept.num_rows else kept
-    cut = Trace(
-        kernels=picked.select(KERNEL_SCHEMA.names).cast(KERNEL_SCHEMA),
-        host_ops=host.select(HOST_OP_SCHEMA.names),
-        annotations=notes.select(ANNOTATION_SCHEMA.names),
-        inputs=[dataclasses.replace(trace.inputs[tid], trace_id=0, path="")],
-    )
-    cut = _as_trace_zero(cut)
+    rows = _selected_rows(a.kernels, source, steps=steps, rank=rank, layer=layer)
+    picked = a.kernels.take(pa.array(rows))
+    cut = _as_trace_zero(_cut_trace(trace, stripped, kept, picked))
     expect, expect_from = _expectations(picked, truth, annotated, rows, layer)
     _, got, fired = case_outcome(cut)
     score = score_case(got, expect)
@@ -206,6 +172,59 @@ def cut_case(
         undecided=score["undecided"],
         differs_from_whole_trace=context,
         expect=expect,
+    )
+
+
+def _source_truth(source: str) -> pa.Table | None:
+    """The truth ranges of the trace file ``source`` (a Kineto JSON written with ``--truth``), else None."""
+    truth = None
+    if source.endswith((".json", ".json.gz")):
+        from analyzer.readers.raw_json import read_json
+
+        doc = read_json(source)
+        if has_truth_ranges(doc):
+            truth = extract_truth(doc, load_truth_table())
+        del doc
+    return truth
+
+
+def _selected_rows(
+    k: pa.Table, source: str, *, steps: tuple[int, int] | None, rank: int | None, layer: int | None
+) -> np.ndarray:
+    """Row indices of the analysed kernels in the steps, rank and layer asked for (a layer keeps the
+    forward's work outside every layer too); UsageError / InputError when nothing is left."""
+    sel = ~k["aggregate"].to_numpy(zero_copy_only=False)
+    step = k["step"].to_numpy(zero_copy_only=False)
+    if steps is not None:
+        sel &= (step >= steps[0]) & (step <= steps[1])
+    if rank is not None:
+        sel &= k["rank"].to_numpy(zero_copy_only=False) == rank
+    lay = k["layer"].fill_null(-1).to_numpy(zero_copy_only=False)
+    if layer is not None:
+        if not (sel & (lay == layer)).any():
+            raise UsageError(f"--layer {layer}: no kernel of the selected steps is in that layer")
+        sel &= (lay == layer) | (lay < 0)
+    rows = np.flatnonzero(sel)
+    if not len(rows):
+        raise InputError(f"{source}: no kernels in the selected steps (see the steps of `analyze`)")
+    return rows
+
+
+def _cut_trace(trace: Trace, stripped: Trace, kept: pa.Table, picked: pa.Table) -> Trace:
+    """The trace of the ``picked`` kernels with the host ops of their rank and the annotations
+    (``kept``) of their host-time window; its one input is the picked kernels' input."""
+    lo, hi = _window(stripped, picked)
+    tid, rk = int(picked["trace_id"][0].as_py()), int(picked["rank"][0].as_py())
+    host = stripped.host_ops.filter(
+        pc.and_(pc.equal(stripped.host_ops["trace_id"], tid), pc.equal(stripped.host_ops["rank"], rk))
+    )
+    host = _overlapping(host, lo, hi)
+    notes = _overlapping(kept, lo, hi, end="end_ns") if kept.num_rows else kept
+    return Trace(
+        kernels=picked.select(KERNEL_SCHEMA.names).cast(KERNEL_SCHEMA),
+        host_ops=host.select(HOST_OP_SCHEMA.names),
+        annotations=notes.select(ANNOTATION_SCHEMA.names),
+        inputs=[dataclasses.replace(trace.inputs[tid], trace_id=0, path="")],
     )
 
 
