@@ -78,12 +78,14 @@ _QUANT_CHAIN_OPS = frozenset(_V("quantize_chain_ops"))
 _QUANT_PARTS = frozenset(_V("quantize_parts"))
 
 
+def _softmax_name(name: str) -> bool:
+    """A softmax kernel's name (the forward's: a backward pass is no attention)."""
+    return any(w in name.lower() for w in _SOFTMAX_WORDS) and "backward" not in name
+
+
 def _is_softmax(stage: str, name: str) -> bool:
-    return (
-        stage in ("sampling", "elementwise")
-        and any(w in name.lower() for w in _SOFTMAX_WORDS)
-        and "backward" not in name
-    )
+    """A softmax kernel the names left generic or gave to the sampler."""
+    return stage in ("sampling", "elementwise") and _softmax_name(name)
 
 
 def mark_activation_quantize(
@@ -239,11 +241,9 @@ def softmax_rows(norm_names: Any, op_column: pa.Array, stage: list[str]) -> np.n
     """Per kernel row: a softmax kernel (by its name, once per distinct name) or one launched by a
     softmax op (``op_column``: the launching op's name per row); the candidates
     :func:`compose_attention` looks around."""
-    out = dict_where(
-        norm_names, lambda x: any(w in x.lower() for w in _SOFTMAX_WORDS) and "backward" not in x
-    )
+    out = dict_where(norm_names, _softmax_name)
     for r in np.flatnonzero(out).tolist():
-        out[r] = stage[r] in ("sampling", "elementwise")
+        out[r] = _is_softmax(stage[r], "softmax")  # the name matched: the stage decides
     return out | dict_isin(op_column, list(_SOFTMAX_OPS))
 
 

@@ -50,7 +50,8 @@ def _is_reduce(name: str) -> bool:
     return any(all(w in n for w in words) for words in _SPLITK_REDUCE_WORDS)
 
 
-_NORM_WORDS = KNOWLEDGE.words("norm_words")
+# norm-like names: the kernels of a composed norm, or a fused norm kernel
+_NORM_WORDS = (*KNOWLEDGE.words("composed_norm_words"), *KNOWLEDGE.words("fused_norm_words"))
 
 
 def _norm_like(stage: str, name: str) -> bool:
