@@ -79,9 +79,10 @@ STAGES: list[tuple[str, str]] = [
     ("analyzer.pipeline", "roofline_step"),
     ("analyzer.analyses.roofline", "measure"),
     ("analyzer.analyses.roofline", "rate_warnings"),
-    ("analyzer.analyses.roofline", "kernel_work"),
-    ("analyzer.analyses.roofline", "op_work"),
-    ("analyzer.analyses.roofline", "rates"),
+    # looked up where they are called: measure calls kernel_work and rates by its own module's names
+    ("analyzer.analyses.roofline.measurement", "kernel_work"),
+    ("analyzer.analyses.roofline.formulas", "op_work"),
+    ("analyzer.analyses.roofline.measurement", "rates"),
     ("analyzer.pipeline", "run_warnings_step"),
     ("analyzer.pipeline", "findings_step"),
     ("analyzer.analyses.findings", "find"),

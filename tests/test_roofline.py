@@ -317,7 +317,7 @@ def test_gemms_counted_from_sizes_take_the_dtype_their_kernel_names_spell() -> N
     )
     flops, nbytes = np.full(3, np.nan), np.full(3, np.nan)
     source, dtype = ["none"] * 3, np.full(3, "bf16", object)
-    roofline._model_work(kernels, ws, 1, flops, nbytes, source, dtype=dtype)
+    roofline.model_work(kernels, ws, 1, flops, nbytes, source, dtype=dtype)
     # THEN a name that spells its dtype wins (bf16 nvjet, CUTLASS int8), else the model's (fp8)
     assert list(dtype) == ["bf16", "int8", "fp8"] and (flops == 2 * 8 * 64 * 192).all()
     # AND a model's sizes carry what its GEMMs compute in: FP8 checkpoints fp8, others their dtype

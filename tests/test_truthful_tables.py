@@ -19,6 +19,7 @@ from analyzer.report import html, text
 from analyzer.results import summary as summary_mod
 from analyzer.results.compare import compare_summaries
 from analyzer.results.summary import build_summary
+from analyzer.results.summary_rates import roofline_fields
 from tests.conftest import H200_MOE, H200_TP2
 from tests.runs import analyze_paths
 
@@ -87,7 +88,7 @@ def test_moe_expert_kernels_of_a_layer_share_the_layers_work() -> None:
     flops = np.full(2, np.nan)
     nbytes = np.full(2, np.nan)
     source = ["none", "none"]
-    roofline._model_work(k, arch, 1, flops, nbytes, source)
+    roofline.model_work(k, arch, 1, flops, nbytes, source)
     # THEN the two kernels together carry one layer's expert work, not twice it
     routed = 8 * arch.num_experts_per_tok
     w = 3 * arch.hidden_size * arch.expert_intermediate_size
@@ -116,7 +117,7 @@ def test_invalid_kernels_stay_out_of_aggregate_rates() -> None:
     (g,) = summary_mod.group_rows(df)
     assert g["achieved_tbps"] == pytest.approx(1.0)
     assert g["invalid_kernels"] == 1 and g["invalid_reason"]
-    f = summary_mod.roofline_fields(df)
+    f = roofline_fields(df)
     assert f["achieved_tbps"] == pytest.approx(1.0) and f["bytes"] == pytest.approx(1e6)
 
 

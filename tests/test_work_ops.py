@@ -225,8 +225,8 @@ def test_causal_convention_counts_the_pairs_the_mask_keeps() -> None:
     # (q x d) @ (d x kv) and the weighted values (q x kv) @ (kv x d) keep 49 / 96 of their products
     score = WORK.gemm("aten::bmm", [[8, 48, 32], [8, 32, 48]])
     values = WORK.gemm("aten::bmm", [[8, 48, 48], [8, 48, 32]])
-    assert roofline._composed_causal_share(score) == roofline._composed_causal_share(values) == 49 / 96
-    assert roofline._composed_causal_share(WORK.gemm("aten::bmm", [[8, 1, 32], [8, 32, 53]])) == 1.0
+    assert roofline.composed_causal_share(score) == roofline.composed_causal_share(values) == 49 / 96
+    assert roofline.composed_causal_share(WORK.gemm("aten::bmm", [[8, 1, 32], [8, 32, 53]])) == 1.0
 
 
 def test_gemm_dimensions_have_one_reading() -> None:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from analyzer.knowledge import loader
 from analyzer.knowledge.patterns import redos_problem
 from analyzer.paths import RULES_DIR
+from analyzer.tables.shapes import input_shape
 
 __all__ = ["ATTENTION_OPS_TOML", "AttentionLayout", "AttentionOps", "AttentionShape", "load_attention_ops"]
 
@@ -88,17 +90,15 @@ class AttentionLayout:
     def fits(self, dims: Any) -> bool:
         """Whether an op's recorded shapes fit this layout: the query's rank, and for an entry with
         ``cu_seqlens`` that input recorded (a 1-D tensor)."""
-        if not dims or len(dims) <= self.query:
-            return False
-        qd = dims[self.query]
+        qd = input_shape(dims, self.query)
         if qd is None or len(qd) != self.rank:
             return False
         if self.key_rank is not None:
-            kd = dims[self.key] if self.key is not None and len(dims) > self.key else None
+            kd = input_shape(dims, self.key)
             if kd is None or len(kd) != self.key_rank:
                 return False
         if self.cu_seqlens is not None:
-            cu = dims[self.cu_seqlens] if len(dims) > self.cu_seqlens else None
+            cu = input_shape(dims, self.cu_seqlens)
             return bool(cu) and len(cu) == 1
         return True
 
@@ -109,10 +109,8 @@ class AttentionLayout:
         qd = dims[self.query]
 
         def at(inp: int | None, dim: int | None) -> int:
-            if inp is None or dim is None or len(dims) <= inp:
-                return -1
-            t = dims[inp]
-            return int(t[dim]) if t is not None and len(t) > dim else -1
+            t = input_shape(dims, inp)
+            return int(t[dim]) if t is not None and dim is not None and len(t) > dim else -1
 
         kv = at(self.key, self.kv_dim)
         if self.kv_tokens is not None:
@@ -185,48 +183,7 @@ def _parse(doc: dict[str, Any], path: Path) -> AttentionOps:
         def fail(msg: str, where: str = where) -> Exception:
             return loader.fail(path, where, msg)
 
-        if not isinstance(e, dict):
-            raise fail("must be a table")
-        bad = sorted(set(e) - _KEYS)
-        if bad:
-            raise fail(f"unknown key(s) {', '.join(bad)}")
-        missing = [k for k in _REQUIRED if k not in e]
-        if missing:
-            raise fail(f"missing key(s) {', '.join(missing)}")
-        for k in ("id", "note"):
-            if not isinstance(e[k], str) or not e[k].strip():
-                raise fail(f"{k} must be a non-empty string")
-        if oid in seen:
-            raise fail("id defined twice")
-        seen.add(oid)
-        ints = {
-            k: e[k]
-            for k in ("query", "rank", "q_dim", *_OPTIONAL_DIMS, *_INPUTS, *_KEY_DIMS, *_RANKS)
-            if k in e
-        }
-        for k, v in ints.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise fail(f"{k} must be a non-negative integer")
-        if e["rank"] < 1:
-            raise fail("rank must be at least 1")
-        for k in ("q_dim", *_OPTIONAL_DIMS):
-            if k in e and e[k] >= e["rank"]:
-                raise fail(f"{k} = {e[k]} is not a dimension of a rank-{e['rank']} input")
-        if ("key" in e) != ("kv_dim" in e or "kv_tokens" in e):
-            raise fail("key and kv_dim (or kv_tokens) go together")
-        if ("kv_heads_dim" in e or "key_rank" in e) and "key" not in e:
-            raise fail("kv_heads_dim and key_rank need key")
-        flags = {k: e.get(k, k == "step_shapes") for k in _FLAGS}
-        for k, v in flags.items():
-            if not isinstance(v, bool):
-                raise fail(f"{k} must be true or false")
-        cases = e.get("cases", [])
-        if not isinstance(cases, list) or (not cases and not flags["composed"]):
-            raise fail("needs cases (the roofline's numbers of one recorded call), unless composed")
-        for c in cases:
-            if not isinstance(c, dict) or not {"dims", "op", "trace"} <= set(c) or set(c) - _CASE_KEYS:
-                raise fail("a case is a table with dims, op and trace (and types, flops, bytes)")
-        lay = AttentionLayout(id=oid, **flags, cases=tuple(cases), **{k: v for k, v in ints.items()})
+        lay = _layout(e, oid, seen, fail)
         names = e.get("names", [])
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise fail("names must be a list of host-op names")
@@ -252,3 +209,48 @@ def _parse(doc: dict[str, Any], path: Path) -> AttentionOps:
             except re.error as err:  # pragma: no cover - redos_problem parses first
                 raise fail(f"pattern does not compile: {err}") from None
     return AttentionOps(by_name={n: tuple(v) for n, v in by_name.items()}, patterns=tuple(patterns))
+
+
+def _layout(e: Any, oid: Any, seen: set[str], fail: Callable[[str], Exception]) -> AttentionLayout:
+    """The layout of one ``[[op]]`` table, checked (its id not among ``seen``, which gets it): its
+    keys, input indices and dimensions, flags and cases."""
+    if not isinstance(e, dict):
+        raise fail("must be a table")
+    bad = sorted(set(e) - _KEYS)
+    if bad:
+        raise fail(f"unknown key(s) {', '.join(bad)}")
+    missing = [k for k in _REQUIRED if k not in e]
+    if missing:
+        raise fail(f"missing key(s) {', '.join(missing)}")
+    for k in ("id", "note"):
+        if not isinstance(e[k], str) or not e[k].strip():
+            raise fail(f"{k} must be a non-empty string")
+    if oid in seen:
+        raise fail("id defined twice")
+    seen.add(oid)
+    ints = {
+        k: e[k] for k in ("query", "rank", "q_dim", *_OPTIONAL_DIMS, *_INPUTS, *_KEY_DIMS, *_RANKS) if k in e
+    }
+    for k, v in ints.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise fail(f"{k} must be a non-negative integer")
+    if e["rank"] < 1:
+        raise fail("rank must be at least 1")
+    for k in ("q_dim", *_OPTIONAL_DIMS):
+        if k in e and e[k] >= e["rank"]:
+            raise fail(f"{k} = {e[k]} is not a dimension of a rank-{e['rank']} input")
+    if ("key" in e) != ("kv_dim" in e or "kv_tokens" in e):
+        raise fail("key and kv_dim (or kv_tokens) go together")
+    if ("kv_heads_dim" in e or "key_rank" in e) and "key" not in e:
+        raise fail("kv_heads_dim and key_rank need key")
+    flags = {k: e.get(k, k == "step_shapes") for k in _FLAGS}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise fail(f"{k} must be true or false")
+    cases = e.get("cases", [])
+    if not isinstance(cases, list) or (not cases and not flags["composed"]):
+        raise fail("needs cases (the roofline's numbers of one recorded call), unless composed")
+    for c in cases:
+        if not isinstance(c, dict) or not {"dims", "op", "trace"} <= set(c) or set(c) - _CASE_KEYS:
+            raise fail("a case is a table with dims, op and trace (and types, flops, bytes)")
+    return AttentionLayout(id=oid, **flags, cases=tuple(cases), **{k: v for k, v in ints.items()})

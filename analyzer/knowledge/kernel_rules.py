@@ -352,23 +352,7 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple
     if not isinstance(entry, dict):
         fail("must be a table")
         return None, problems
-    unknown = sorted(set(entry) - _RULE_KEYS)
-    if unknown:
-        fail(f"unknown key(s) {', '.join(unknown)}")
-    missing = [k for k in _REQUIRED_KEYS if k not in entry]
-    if missing:
-        fail(f"missing key(s) {', '.join(missing)}")
-    if "id" in entry and (not isinstance(rid, str) or not _ID_RE.match(rid)):
-        fail("id must be three capital letters and three digits, e.g. ATT001")
-    for key in ("pattern", "stage", "provider", "note"):
-        if key in entry and (not isinstance(entry[key], str) or not entry[key].strip()):
-            fail(f"{key} must be a non-empty string")
-    if isinstance(entry.get("stage"), str) and entry["stage"].strip():
-        if entry["stage"] not in taxonomy.stage_category:
-            fail(f"unknown stage {entry['stage']!r} (rules/taxonomy.toml)")
-    if isinstance(entry.get("provider"), str) and entry["provider"].strip():
-        if entry["provider"] not in taxonomy.providers:
-            fail(f"unknown provider {entry['provider']!r} (rules/taxonomy.toml)")
+    _check_words(entry, rid, taxonomy, fail)
     phases = entry.get("phases", "either")
     if phases not in RULE_PHASES:
         fail(f"phases must be one of {', '.join(RULE_PHASES)}")
@@ -392,21 +376,7 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple
         for letter in flag_text:
             flags |= _FLAG_LETTERS[letter]
     pattern = entry.get("pattern")
-    regex = parsed = None
-    if isinstance(pattern, str) and pattern.strip():
-        # parsed once for both checks (the parse is most of a rule's load time)
-        parsed, problem = parse_pattern(pattern, flags)
-        if problem := problem or parsed_problem(parsed, flags):
-            fail(f"pattern rejected: {problem}")
-        else:
-            regex = re.compile(pattern, flags)
-    if regex is not None:
-        for ex in examples if _str_list(examples) else []:
-            if not _hits(regex, ex):
-                fail(f"example does not match its own pattern: {ex[:120]!r}")
-        for ex in not_examples if _str_list(not_examples) else []:
-            if _hits(regex, ex):
-                fail(f"not_example matches the pattern: {ex[:120]!r}")
+    regex, parsed = _compiled(pattern, flags, examples, not_examples, fail)
     if problems or regex is None:
         return None, problems
     rule = Rule(
@@ -433,6 +403,52 @@ def _parse_rule(entry: Any, index: int, path: Path, taxonomy: Taxonomy) -> tuple
         literals=parsed_literals(parsed, flags),
     )
     return rule, problems
+
+
+def _check_words(entry: dict[str, Any], rid: Any, taxonomy: Taxonomy, fail: Callable[[str], None]) -> None:
+    """Check one rule's keys, its id and its words (pattern, stage, provider, note), the stage and
+    provider against the taxonomy, reporting every problem through ``fail``."""
+    unknown = sorted(set(entry) - _RULE_KEYS)
+    if unknown:
+        fail(f"unknown key(s) {', '.join(unknown)}")
+    missing = [k for k in _REQUIRED_KEYS if k not in entry]
+    if missing:
+        fail(f"missing key(s) {', '.join(missing)}")
+    if "id" in entry and (not isinstance(rid, str) or not _ID_RE.match(rid)):
+        fail("id must be three capital letters and three digits, e.g. ATT001")
+    for key in ("pattern", "stage", "provider", "note"):
+        if key in entry and (not isinstance(entry[key], str) or not entry[key].strip()):
+            fail(f"{key} must be a non-empty string")
+    if isinstance(entry.get("stage"), str) and entry["stage"].strip():
+        if entry["stage"] not in taxonomy.stage_category:
+            fail(f"unknown stage {entry['stage']!r} (rules/taxonomy.toml)")
+    if isinstance(entry.get("provider"), str) and entry["provider"].strip():
+        if entry["provider"] not in taxonomy.providers:
+            fail(f"unknown provider {entry['provider']!r} (rules/taxonomy.toml)")
+
+
+def _compiled(
+    pattern: Any, flags: int, examples: Any, not_examples: Any, fail: Callable[[str], None]
+) -> tuple[re.Pattern[str] | None, Any]:
+    """The compiled pattern of one rule and its parse (None, None for no usable pattern): rejected
+    when it may backtrack catastrophically; its examples must hit it and its not_examples miss it.
+    Every problem is reported through ``fail``."""
+    regex = parsed = None
+    if isinstance(pattern, str) and pattern.strip():
+        # parsed once for both checks (the parse is most of a rule's load time)
+        parsed, problem = parse_pattern(pattern, flags)
+        if problem := problem or parsed_problem(parsed, flags):
+            fail(f"pattern rejected: {problem}")
+        else:
+            regex = re.compile(pattern, flags)
+    if regex is not None:
+        for ex in examples if _str_list(examples) else []:
+            if not _hits(regex, ex):
+                fail(f"example does not match its own pattern: {ex[:120]!r}")
+        for ex in not_examples if _str_list(not_examples) else []:
+            if _hits(regex, ex):
+                fail(f"not_example matches the pattern: {ex[:120]!r}")
+    return regex, parsed
 
 
 def _check_grid_keys(entry: dict[str, Any], phases: Any, fail: Callable[[str], None]) -> None:

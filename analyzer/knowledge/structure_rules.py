@@ -170,80 +170,18 @@ def _parse(doc: dict[str, Any], path: Path) -> StructureKnowledge:
     if unknown:
         raise loader.fail(path, unknown[0], "unknown top-level key")
     stages = load_taxonomy().stage_category
-    vocab: dict[str, tuple[Any, ...]] = {}
-    for key, v in doc.get("vocabulary", {}).items():
-        if key == "splitk_reduce_words":
-            if not isinstance(v, list) or not v:
-                raise loader.fail(path, f"vocabulary.{key}", "must be a list of lists of words")
-            vocab[key] = tuple(_strings(path, f"vocabulary.{key}", x) for x in v)
-            continue
-        vocab[key] = _strings(path, f"vocabulary.{key}", v)
-        if key in _STAGE_LISTS:
-            for s in vocab[key]:
-                if s not in stages:
-                    raise loader.fail(path, f"vocabulary.{key}", f"unknown stage {s!r} (rules/taxonomy.toml)")
+    vocab = _vocabulary(doc.get("vocabulary", {}), path, stages)
     regions = doc.get("regions", {})
     for reg, s in regions.items():
         if s not in stages:
             raise loader.fail(path, f"regions.{reg}", f"unknown stage {s!r} (rules/taxonomy.toml)")
-    values: dict[str, float | int] = {}
-    ranges: dict[str, tuple[float, float, str]] = {}
-    for name, spec in doc.get("thresholds", {}).items():
-        key = f"thresholds.{name}"
-        if not isinstance(spec, dict) or set(spec) != {"value", "min", "max", "note"}:
-            raise loader.fail(path, key, "must be { value, min, max, note }")
-        v, lo, hi = spec["value"], spec["min"], spec["max"]
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (v, lo, hi)):
-            raise loader.fail(path, key, "value, min and max must be numbers")
-        if not lo <= v <= hi:
-            raise loader.fail(path, key, f"value {v} outside [{lo}, {hi}]")
-        values[name] = v
-        ranges[name] = (lo, hi, str(spec["note"]))
-    rules: list[StructureRule] = []
+    values, ranges = _thresholds(doc.get("thresholds", {}), path)
     seen_ids: set[str] = set()
     seen_names: set[str] = set()
-    for i, raw in enumerate(doc.get("rule", [])):
-        where = f"rule {raw.get('id', i)}"
-        missing = [k for k in _RULE_KEYS if k not in raw]
-        extra = sorted(set(raw) - set(_RULE_KEYS))
-        if missing or extra:
-            what = f"missing {missing[0]!r}" if missing else f"unknown key {extra[0]!r}"
-            raise loader.fail(path, where, what)
-        rid = raw["id"]
-        if not isinstance(rid, str) or not ID_FORM.match(rid):
-            raise loader.fail(path, where, "id must be STR### or PHS###")
-        if rid in seen_ids or raw["name"] in seen_names:
-            raise loader.fail(path, where, "duplicate id or name")
-        seen_ids.add(rid)
-        seen_names.add(raw["name"])
-        if raw["kind"] != KINDS[rid[:3]]:
-            raise loader.fail(path, where, f"kind must be {KINDS[rid[:3]]!r} for a {rid[:3]} id")
-        decides = _strings(path, f"{where}.decides", raw["decides"])
-        needs = _strings(path, f"{where}.needs", raw["needs"])
-        if not set(decides) <= DECIDES:
-            raise loader.fail(path, f"{where}.decides", f"must be among {sorted(DECIDES)}")
-        if not set(needs) <= NEEDS or ("nothing" in needs and len(needs) > 1):
-            raise loader.fail(path, f"{where}.needs", f"must be among {sorted(NEEDS)} (`nothing` alone)")
-        reads = tuple(raw["reads"]) if isinstance(raw["reads"], list) else None
-        if reads is None or any(r not in vocab and r not in values for r in reads):
-            bad = reads and next(r for r in reads if r not in vocab and r not in values)
-            raise loader.fail(path, f"{where}.reads", f"unknown vocabulary or threshold {bad!r}")
-        for k in ("name", "contract", "source", "added"):
-            if not isinstance(raw[k], str) or not raw[k].strip():
-                raise loader.fail(path, f"{where}.{k}", "must be a non-empty string")
-        rules.append(
-            StructureRule(
-                id=rid,
-                name=raw["name"],
-                kind=raw["kind"],
-                decides=decides,
-                needs=needs,
-                contract=raw["contract"],
-                source=raw["source"],
-                added=raw["added"],
-                reads=reads,
-            )
-        )
+    rules = [
+        _rule(raw, f"rule {raw.get('id', i)}", path, vocab, values, seen_ids, seen_names)
+        for i, raw in enumerate(doc.get("rule", []))
+    ]
     retired = doc.get("retired", {})
     for rid, why in retired.items():
         if not ID_FORM.match(rid) or rid in seen_ids or not isinstance(why, str) or not why.strip():
@@ -257,4 +195,93 @@ def _parse(doc: dict[str, Any], path: Path) -> StructureKnowledge:
         regions=MappingProxyType(dict(regions)),
         thresholds=Thresholds(values),
         ranges=MappingProxyType(ranges),
+    )
+
+
+def _vocabulary(doc: dict[str, Any], path: Path, stages: Mapping[str, str]) -> dict[str, tuple[Any, ...]]:
+    """The ``[vocabulary]`` lists: strings each, ``splitk_reduce_words`` lists of words, and the
+    stage lists (:data:`_STAGE_LISTS`) only stages of ``rules/taxonomy.toml``."""
+    vocab: dict[str, tuple[Any, ...]] = {}
+    for key, v in doc.items():
+        if key == "splitk_reduce_words":
+            if not isinstance(v, list) or not v:
+                raise loader.fail(path, f"vocabulary.{key}", "must be a list of lists of words")
+            vocab[key] = tuple(_strings(path, f"vocabulary.{key}", x) for x in v)
+            continue
+        vocab[key] = _strings(path, f"vocabulary.{key}", v)
+        if key in _STAGE_LISTS:
+            for s in vocab[key]:
+                if s not in stages:
+                    raise loader.fail(path, f"vocabulary.{key}", f"unknown stage {s!r} (rules/taxonomy.toml)")
+    return vocab
+
+
+def _thresholds(
+    doc: dict[str, Any], path: Path
+) -> tuple[dict[str, float | int], dict[str, tuple[float, float, str]]]:
+    """The ``[thresholds]``: each one's value, and its (min, max, note)."""
+    values: dict[str, float | int] = {}
+    ranges: dict[str, tuple[float, float, str]] = {}
+    for name, spec in doc.items():
+        key = f"thresholds.{name}"
+        if not isinstance(spec, dict) or set(spec) != {"value", "min", "max", "note"}:
+            raise loader.fail(path, key, "must be { value, min, max, note }")
+        v, lo, hi = spec["value"], spec["min"], spec["max"]
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (v, lo, hi)):
+            raise loader.fail(path, key, "value, min and max must be numbers")
+        if not lo <= v <= hi:
+            raise loader.fail(path, key, f"value {v} outside [{lo}, {hi}]")
+        values[name] = v
+        ranges[name] = (lo, hi, str(spec["note"]))
+    return values, ranges
+
+
+def _rule(
+    raw: dict[str, Any],
+    where: str,
+    path: Path,
+    vocab: Mapping[str, Any],
+    values: Mapping[str, Any],
+    seen_ids: set[str],
+    seen_names: set[str],
+) -> StructureRule:
+    """One ``[[rule]]`` table, checked (its id and name not among ``seen_ids`` / ``seen_names``,
+    which get them)."""
+    missing = [k for k in _RULE_KEYS if k not in raw]
+    extra = sorted(set(raw) - set(_RULE_KEYS))
+    if missing or extra:
+        what = f"missing {missing[0]!r}" if missing else f"unknown key {extra[0]!r}"
+        raise loader.fail(path, where, what)
+    rid = raw["id"]
+    if not isinstance(rid, str) or not ID_FORM.match(rid):
+        raise loader.fail(path, where, "id must be STR### or PHS###")
+    if rid in seen_ids or raw["name"] in seen_names:
+        raise loader.fail(path, where, "duplicate id or name")
+    seen_ids.add(rid)
+    seen_names.add(raw["name"])
+    if raw["kind"] != KINDS[rid[:3]]:
+        raise loader.fail(path, where, f"kind must be {KINDS[rid[:3]]!r} for a {rid[:3]} id")
+    decides = _strings(path, f"{where}.decides", raw["decides"])
+    needs = _strings(path, f"{where}.needs", raw["needs"])
+    if not set(decides) <= DECIDES:
+        raise loader.fail(path, f"{where}.decides", f"must be among {sorted(DECIDES)}")
+    if not set(needs) <= NEEDS or ("nothing" in needs and len(needs) > 1):
+        raise loader.fail(path, f"{where}.needs", f"must be among {sorted(NEEDS)} (`nothing` alone)")
+    reads = tuple(raw["reads"]) if isinstance(raw["reads"], list) else None
+    if reads is None or any(r not in vocab and r not in values for r in reads):
+        bad = reads and next(r for r in reads if r not in vocab and r not in values)
+        raise loader.fail(path, f"{where}.reads", f"unknown vocabulary or threshold {bad!r}")
+    for k in ("name", "contract", "source", "added"):
+        if not isinstance(raw[k], str) or not raw[k].strip():
+            raise loader.fail(path, f"{where}.{k}", "must be a non-empty string")
+    return StructureRule(
+        id=rid,
+        name=raw["name"],
+        kind=raw["kind"],
+        decides=decides,
+        needs=needs,
+        contract=raw["contract"],
+        source=raw["source"],
+        added=raw["added"],
+        reads=reads,
     )

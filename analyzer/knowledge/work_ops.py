@@ -13,7 +13,7 @@ Contract (the file's header is the spec):
   ``[[reduce]]`` and ``[[unsized]]`` list ops by name (an ATen private spelling such as
   ``aten::_index_put_impl_`` is looked up as its public name, :func:`base_op`).
 * Every entry has an id (``WRK###``), a note, a source and at least one case; :func:`case_errors`
-  is what the test runs on them (the formulas themselves live in ``analyzer/analyses/roofline.py``).
+  is what the test runs on them (the formulas themselves live in ``analyzer/analyses/roofline/formulas.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 from analyzer.knowledge import hardware, loader
 from analyzer.knowledge.patterns import redos_problem
 from analyzer.paths import RULES_DIR
+from analyzer.tables.shapes import input_shape
 
 __all__ = [
     "WORK_OPS_TOML",
@@ -144,9 +145,7 @@ class GemmOp:
 
     def read(self, dims: Sequence[Sequence[int] | None]) -> GemmDims | None:
         """The product's dimensions from an op's recorded shapes; None when they do not fit."""
-        if len(dims) <= max(self.a, self.b):
-            return None
-        a, b = dims[self.a], dims[self.b]
+        a, b = input_shape(dims, self.a), input_shape(dims, self.b)
         if not a or not b or (self.ranks and (len(a), len(b)) not in self.ranks):
             return None
         try:
@@ -304,29 +303,7 @@ def _parse(doc: dict[str, Any], path: Path) -> WorkOps:
             def fail(msg: str, where: str = where) -> Exception:
                 return loader.fail(path, where, msg)
 
-            if not isinstance(e, dict):
-                raise fail("must be a table")
-            bad = sorted(set(e) - _KEYS[section])
-            if bad:
-                raise fail(f"unknown key(s) {', '.join(bad)}")
-            if not isinstance(oid, str) or not _ID.match(oid) or oid in seen:
-                raise fail("id must be a distinct WRK###")
-            seen.add(oid)
-            for k in ("note", "source"):
-                if not isinstance(e.get(k), str) or not e[k].strip():
-                    raise fail(f"{k} must be a non-empty string")
-            cases = e.get("cases")
-            if not isinstance(cases, list) or not cases:
-                raise fail("needs at least one case")
-            need, allowed = {
-                "copy": ("name", _COPY_CASE_KEYS),
-                "kernel_dtype": ("name", _DTYPE_CASE_KEYS),
-            }.get(section, ("dims", _CASE_KEYS))
-            for c in cases:
-                if not isinstance(c, dict) or need not in c or "trace" not in c:
-                    raise fail(f"a case is a table with {need} and trace")
-                if set(c) - allowed:
-                    raise fail(f"unknown case key(s) {', '.join(sorted(set(c) - allowed))}")
+            cases = _checked_entry(e, section, oid, seen, fail)
             if section == "copy":
                 copies.append(_copy_entry(e, oid, cases, fail))
                 continue
@@ -346,16 +323,11 @@ def _parse(doc: dict[str, Any], path: Path) -> WorkOps:
             if section == "gemm":
                 op = _gemm_entry(e, common, fail)
                 gemms.append(op)
+                _claim(names, section, owner, fail)
                 for n in names:
-                    if owner.get(n, "gemm") != "gemm":
-                        raise fail(f"{n!r} is already listed under {owner[n]!r}")
-                    owner[n] = "gemm"
                     gemm_names.setdefault(n, []).append(op)
                 continue
-            for n in names:
-                if n in owner:
-                    raise fail(f"{n!r} is already listed ({owner[n]})")
-                owner[n] = section
+            _claim(names, section, owner, fail)
             if section == "gather":
                 gathers.append(_gather_entry(e, common, fail))
             else:
@@ -370,6 +342,47 @@ def _parse(doc: dict[str, Any], path: Path) -> WorkOps:
         _gather_by_name={n: g for g in gathers for n in g.names},
         _kind_by_name={n: x.kind for x in listed for n in x.names},
     )
+
+
+def _checked_entry(e: Any, section: str, oid: Any, seen: set[str], fail: Any) -> list[Any]:
+    """Check what every entry of ``section`` has (a table of its keys, a distinct ``WRK###`` id,
+    ``seen`` gets it, a note, a source and cases of the section's keys); returns its cases."""
+    if not isinstance(e, dict):
+        raise fail("must be a table")
+    bad = sorted(set(e) - _KEYS[section])
+    if bad:
+        raise fail(f"unknown key(s) {', '.join(bad)}")
+    if not isinstance(oid, str) or not _ID.match(oid) or oid in seen:
+        raise fail("id must be a distinct WRK###")
+    seen.add(oid)
+    for k in ("note", "source"):
+        if not isinstance(e.get(k), str) or not e[k].strip():
+            raise fail(f"{k} must be a non-empty string")
+    cases = e.get("cases")
+    if not isinstance(cases, list) or not cases:
+        raise fail("needs at least one case")
+    need, allowed = {
+        "copy": ("name", _COPY_CASE_KEYS),
+        "kernel_dtype": ("name", _DTYPE_CASE_KEYS),
+    }.get(section, ("dims", _CASE_KEYS))
+    for c in cases:
+        if not isinstance(c, dict) or need not in c or "trace" not in c:
+            raise fail(f"a case is a table with {need} and trace")
+        if set(c) - allowed:
+            raise fail(f"unknown case key(s) {', '.join(sorted(set(c) - allowed))}")
+    return cases
+
+
+def _claim(names: list[str], section: str, owner: dict[str, str], fail: Any) -> None:
+    """Record ``section`` as the owner of host-op ``names`` (``owner``): a name may head several
+    ``[[gemm]]`` entries, but belongs to one section, and outside ``gemm`` to one entry."""
+    for n in names:
+        if section == "gemm":
+            if owner.get(n, "gemm") != "gemm":
+                raise fail(f"{n!r} is already listed under {owner[n]!r}")
+        elif n in owner:
+            raise fail(f"{n!r} is already listed ({owner[n]})")
+        owner[n] = section
 
 
 def _index(e: dict[str, Any], key: str, fail: Any, required: bool = True) -> int | None:
