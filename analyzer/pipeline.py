@@ -121,6 +121,9 @@ class Analysis:
     work_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the launch calls taken out of the host ops (launches.split_launch_calls) until the phases are split
     launch_calls: pa.Table | None = None
+    # the kernel -> launching-op join, made once by the classification, read by the phase split and
+    # the roofline; dropped with the host ops
+    op_join: launches.OpJoin | None = None
     _frame: tuple[pa.Table, pd.DataFrame] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
     )
@@ -142,6 +145,7 @@ Step = Callable[[Analysis, Context], Analysis]
 
 def classify_step(a: Analysis, ctx: Context) -> Analysis:
     fired: Counter = Counter()
+    join = launches.OpJoin.of(a.kernels, a.trace.host_ops)
     kernels, warnings = classify.classify_and_check(
         a.kernels,
         a.trace.host_ops,
@@ -151,9 +155,11 @@ def classify_step(a: Analysis, ctx: Context) -> Analysis:
         ctx.model,
         ctx.structure,
         fired,
+        join,
     )
     return dataclasses.replace(
         a,
+        op_join=join,
         kernels=kernels,
         rules_sha256=ctx.ruleset.sha256,
         warnings=[*a.warnings, *warnings],
@@ -192,6 +198,7 @@ def roofline_step(a: Analysis, ctx: Context) -> Analysis:
         ctx.model,
         ctx.gpu_table,
         roofline.Tables(ctx.work_ops, ctx.attention_ops),
+        a.op_join,
     )
     return dataclasses.replace(
         a,
@@ -274,7 +281,6 @@ def analyze_trace(
             "host_ops": t.host_ops.schema.empty_table(),
             "annotations": t.annotations.schema.empty_table(),
         }
-        analysis = dataclasses.replace(analysis, trace=dataclasses.replace(t, **empty))
+        analysis = dataclasses.replace(analysis, trace=dataclasses.replace(t, **empty), op_join=None)
         del t
-        launches.forget_launching_ops()
     return finish_run(analysis, context)

@@ -70,6 +70,7 @@ def classify_and_check(
     model: Any = None,
     structure: StructureKnowledge | None = None,
     fired: Counter | None = None,
+    join: launches.OpJoin | None = None,
 ) -> tuple[pa.Table, list[str]]:
     """:func:`classify_kernels` and its self-check: the table (with ``stage_source``, how each
     kernel's stage was decided: :data:`SOURCES`, and ``stage_rule``, the id of the rule that gave
@@ -78,16 +79,17 @@ def classify_and_check(
     the rules that decide layers only (and of the self-check that drops a walk)."""
     know = structure if structure is not None else registry.KNOWLEDGE
     th = know.thresholds
+    join = join if join is not None else launches.OpJoin.of(kernels, host_ops)
     cols = classify_by_name(kernels, ruleset)
-    op_names, op_dims, op_column = launching_ops(kernels, host_ops)
+    op_names, op_dims, op_column = launching_ops(kernels, host_ops, join)
     cols["provider"] = providers.attribute_providers(kernels, cols, op_names, host_ops, provider_facts)
     stage = cols["stage"]
     vocab: dict[str, int] = {}  # stage -> code: per-kernel copies of the stage as int16, not lists
     rule_ids, why = _rule_codes(cols["rule_id"], know)
     apply_op_hints(stage, op_names, op_hints, op_dims, why, _hint_codes(rule_ids), th)
     by_names = _stage_codes(stage, vocab)
-    run = _StructureRun.of(kernels, host_ops, cols, stage, why, op_names, op_dims, op_column, th)
-    run.front = in_attention_front_end(kernels, host_ops, by_names, vocab)
+    run = _StructureRun.of(kernels, host_ops, cols, stage, why, op_names, op_dims, op_column, th, join)
+    run.front = in_attention_front_end(kernels, host_ops, by_names, vocab, join)
     why_names = array.array("h", why)  # what the names and op hints said: kept where the walk is dropped
     names_of = list(vocab)
     undecided: list[str] = []
@@ -108,7 +110,7 @@ def classify_and_check(
     foreign = unexplained.foreign_ops_warning(
         why, op_names, run.layer, kernels["dur_ns"].to_numpy(zero_copy_only=False), th, run.counts
     )
-    shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th)
+    shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th, join)
     final = _stage_codes(stage, vocab)
     source = _stage_sources(by_names, final, vocab, shaped)
     codes = np.frombuffer(why, np.int16).copy()
@@ -192,9 +194,10 @@ class _StructureRun:
         op_dims: dict[int, Any],
         op_column: pa.DictionaryArray,
         th: Any,
+        join: launches.OpJoin,
     ) -> _StructureRun:
         norm = pylist(cols["norm_name"])
-        int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column)
+        int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column, join)
         return cls(
             stage, why, op_names, op_dims, norm,
             kernels["launch_op_id"].to_numpy(zero_copy_only=False),
@@ -202,7 +205,7 @@ class _StructureRun:
             dict_isin(op_column, list(registry.POW_OPS)),
             eager_ops.reduction_rows(cols["norm_name"], op_column),
             eager_ops.softmax_rows(cols["norm_name"], op_column, stage),
-            int_cast, vec_scale, _gemm_shapes_on_demand(kernels, host_ops, op_names), th,
+            int_cast, vec_scale, _gemm_shapes_on_demand(kernels, host_ops, op_names, join), th,
             np.full(kernels.num_rows, -1, np.int64),
         )  # fmt: skip
 
@@ -246,11 +249,11 @@ class _StructureRun:
 
 
 def _gemm_shapes_on_demand(
-    kernels: pa.Table, host_ops: pa.Table, op_names: list[str | None]
+    kernels: pa.Table, host_ops: pa.Table, op_names: list[str | None], join: launches.OpJoin | None = None
 ) -> Callable[[int], tuple[int, int] | None] | None:
     """Kernel row -> (K, N) of its launching GEMM op, read from the host ops when asked (the walk
     asks for a few GEMMs: no per-kernel shape lists on a 10 GB trace); None without host ops."""
-    found = launches.launching_op_rows(kernels, host_ops)
+    found = launches.joined(kernels, host_ops, join)
     if found is None:
         return None
     ops, pos = found
@@ -275,7 +278,12 @@ TRAINING_WARNING = "training, not inference: no phases or inference findings"
 
 
 def _apply_shape_roles(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], model: Any, th: Any = registry.DEFAULT_THRESHOLDS
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    stage: list[str],
+    model: Any,
+    th: Any = registry.DEFAULT_THRESHOLDS,
+    join: launches.OpJoin | None = None,
 ) -> tuple[np.ndarray, str | None]:
     """GEMM roles from recorded shapes (:mod:`analyzer.analyses.shape_roles`): taken where the
     layer walk gave none (``gemm``) or the same one; where the two disagree the walk's role stays
@@ -291,7 +299,7 @@ def _apply_shape_roles(
     dims = None
     for t in traces:
         one = None if len(traces) == 1 else int(t)
-        shapes = shape_roles.gemm_shapes(kernels, host_ops, stage, one)  # read once for both
+        shapes = shape_roles.gemm_shapes(kernels, host_ops, stage, one, join)  # read once for both
         d = shape_roles.model_dims(kernels, host_ops, stage, model, one, shapes)
         if d is not None:
             dims = dims or d
@@ -469,14 +477,14 @@ def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
 
 
 def launching_ops(
-    kernels: pa.Table, host_ops: pa.Table
+    kernels: pa.Table, host_ops: pa.Table, join: launches.OpJoin | None = None
 ) -> tuple[list[str | None], dict[int, Any], pa.DictionaryArray]:
     """Name of the innermost cpu_op that launched each kernel (External id), the input shapes of
     those ops that may be embedding lookups or expert-weight gathers, and of batched GEMM ops (by
     kernel row), and the names again as one dictionary
     column (null: no launching op) for masks tested once per distinct op (:func:`dict_isin`)."""
     n = kernels.num_rows
-    found = launches.launching_op_rows(kernels, host_ops)
+    found = launches.joined(kernels, host_ops, join)
     if found is None:
         return [None] * n, {}, dict_strings(pa.nulls(n, pa.string()))
     ops, pos = found
@@ -497,7 +505,11 @@ def launching_ops(
 
 
 def in_attention_front_end(
-    kernels: pa.Table, host_ops: pa.Table, codes: np.ndarray, vocab: Mapping[str, int]
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    codes: np.ndarray,
+    vocab: Mapping[str, int],
+    join: launches.OpJoin | None = None,
 ) -> np.ndarray:
     """Per kernel: a generic, GEMM or softmax kernel launched inside ``aten::scaled_dot_product_attention``.
 
@@ -506,7 +518,7 @@ def in_attention_front_end(
     it is attention, whatever the launching op's own name says. ``codes``: each kernel's stage as
     its code in ``vocab`` (:func:`_stage_codes`)."""
     n = kernels.num_rows
-    found = launches.launching_op_rows(kernels, host_ops)
+    found = launches.joined(kernels, host_ops, join)
     if found is None or not dict_isin(host_ops["name"], list(_ATTENTION_FRONT_ENDS)).any():
         return np.zeros(n, bool)
     ops, pos = found

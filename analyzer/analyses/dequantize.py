@@ -42,7 +42,7 @@ _PARTS = frozenset(KNOWLEDGE.set_of("quantize_parts"))
 
 
 def operand_facts(
-    kernels: pa.Table, host_ops: pa.Table, op_column: pa.Array
+    kernels: pa.Table, host_ops: pa.Table, op_column: pa.Array, join: launches.OpJoin | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per kernel row: launched by a cast whose source is an integer tensor, and launched by a
     multiply or add whose second operand is a vector (``[N]`` or ``[N, 1]``: a per-channel scale,
@@ -51,7 +51,7 @@ def operand_facts(
     without host ops."""
     n = kernels.num_rows
     int_cast, vec_scale = np.zeros(n, bool), np.zeros(n, bool)
-    found = launches.launching_op_rows(kernels, host_ops)
+    found = launches.joined(kernels, host_ops, join)
     if found is None or n == 0:
         return int_cast, vec_scale
     ops, pos = found

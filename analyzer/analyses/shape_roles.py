@@ -37,7 +37,7 @@ from analyzer.analyses.walk.registry import GEMM_STAGES
 from analyzer.knowledge.attention_ops import AttentionOps
 from analyzer.knowledge.work_ops import WorkOps
 from analyzer.tables.dictionaries import dict_isin, dict_strings
-from analyzer.tables.launches import distinct_op_shapes, launching_op_rows
+from analyzer.tables.launches import OpJoin, distinct_op_shapes, joined
 
 __all__ = [
     "GemmShapes",
@@ -115,12 +115,16 @@ class GemmShapes:
 
 
 def gemm_shapes(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], trace: int | None = None
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    stage: list[str],
+    trace: int | None = None,
+    join: OpJoin | None = None,
 ) -> GemmShapes:
     """The :class:`GemmShapes` of ``trace`` (None: every input), each distinct shape read once."""
     empty = np.empty(0, np.int64)
     none = GemmShapes(empty, [], empty, empty)
-    found = launching_op_rows(kernels, host_ops)
+    found = joined(kernels, host_ops, join)
     if found is None or "input_dims" not in host_ops.column_names:
         return none
     ops, pos = found
@@ -152,6 +156,7 @@ def model_dims(
     arch: Any = None,
     trace: int | None = None,
     shapes: GemmShapes | None = None,
+    join: OpJoin | None = None,
 ) -> ModelDims | None:
     """The model's sizes, from ``arch`` (``--model``) or from the trace (``trace``: one input's
     id, when the tables hold several; ``shapes``: its :func:`gemm_shapes`, read here when not
@@ -162,7 +167,7 @@ def model_dims(
     if table is None:
         return None
     vocab, hidden, forwards = table
-    got = shapes if shapes is not None else gemm_shapes(kernels, host_ops, stage, trace)
+    got = shapes if shapes is not None else gemm_shapes(kernels, host_ops, stage, trace, join)
     shapes_of, inverse, op_rows = got.shapes, got.inverse, got.op_rows
     # count GEMM ops (not kernels: a split-K op launches two) per weight shape
     per_shape: Counter = Counter()
@@ -197,6 +202,7 @@ def roles_from_shapes(
     dims: ModelDims,
     trace: int | None = None,
     shapes: GemmShapes | None = None,
+    join: OpJoin | None = None,
 ) -> dict[int, str]:
     """Kernel row -> the role its dense GEMM's recorded (K, N) names uniquely (rows shapes cannot
     decide are absent); ``trace``: only that input's kernels (``shapes`` as for :func:`model_dims`)."""
@@ -218,7 +224,7 @@ def roles_from_shapes(
     if dims.query:
         add(h, dims.query, "qkv_gemm")
         add(dims.query, h, "o_gemm")
-    got = shapes if shapes is not None else gemm_shapes(kernels, host_ops, stage, trace)
+    got = shapes if shapes is not None else gemm_shapes(kernels, host_ops, stage, trace, join)
     rows, inverse = got.rows, got.inverse
     if not len(rows):
         return {}
@@ -240,19 +246,20 @@ def found_sizes(
     attention: AttentionOps,
     work: WorkOps,
     trace: int | None = None,
+    join: OpJoin | None = None,
 ) -> ModelDims | None:
     """The model's sizes as ``trace``'s recorded shapes show them (None: no embedding lookup was
     recorded, so not even the hidden size is known). Per rank: a tensor-parallel rank's heads and
     widths are its shards."""
-    shapes = gemm_shapes(kernels, host_ops, stage, trace)
+    shapes = gemm_shapes(kernels, host_ops, stage, trace, join)
     base = model_dims(kernels, host_ops, stage, None, trace, shapes)
     if base is None:
         return None
     table = _embedding_table(host_ops, trace)
     forwards = table[2] if table else 0
-    heads, kv_heads, head, value_head, n_attn = _attention_sizes(kernels, host_ops, attention, trace)
+    heads, kv_heads, head, value_head, n_attn = _attention_sizes(kernels, host_ops, attention, trace, join)
     layers = n_attn // forwards if forwards and n_attn and n_attn % forwards == 0 else None
-    experts, expert_inter, top_k = _expert_sizes(kernels, host_ops, stage, work, base.hidden, trace)
+    experts, expert_inter, top_k = _expert_sizes(kernels, host_ops, stage, work, base.hidden, trace, join)
     lm_out = _lm_head_out(kernels, host_ops, stage, base.hidden, trace, shapes)
     return dataclasses.replace(
         base,
@@ -280,14 +287,18 @@ def _mode(values: list[Any]) -> Any:
 
 
 def _attention_sizes(
-    kernels: pa.Table, host_ops: pa.Table, attention: AttentionOps, trace: int | None
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    attention: AttentionOps,
+    trace: int | None,
+    join: OpJoin | None = None,
 ) -> tuple[int | None, int | None, int | None, int | None, int]:
     """(heads, KV heads, head size, value head size, attention ops) of the fused attention ops with
     recorded shapes that launched kernels (the SDPA front end above its backend is not counted
     again; composed attention has no head size in its scores: not read)."""
     if "input_dims" not in host_ops.column_names or host_ops.num_rows == 0:
         return None, None, None, None, 0
-    found = launching_op_rows(kernels, host_ops)
+    found = joined(kernels, host_ops, join)
     if found is None:
         return None, None, None, None, 0
     names = [n for n in set(dict_strings(host_ops["name"]).dictionary.to_pylist()) if n]
@@ -336,7 +347,13 @@ def _lm_head_out(
 
 
 def _expert_sizes(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], work: WorkOps, hidden: int, trace: int | None
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    stage: list[str],
+    work: WorkOps,
+    hidden: int,
+    trace: int | None,
+    join: OpJoin | None = None,
 ) -> tuple[int | None, int | None, int | None]:
     """(experts, one expert's width, top-k): the grouped expert GEMMs' weights (experts x K x N),
     the expert-weight gathers' tables (experts x N x K), else the router's width; top-k = the routed
@@ -370,14 +387,19 @@ def _expert_sizes(
     width = min(widths) if widths else None  # the down projection's I (the gate_up's is 2I when fused)
     e_count = _mode(experts)
     if e_count is None:
-        e_count = _router_width(kernels, host_ops, stage, hidden, trace)
-    return e_count, width, _top_k(kernels, host_ops, stage, work, trace, e_count)
+        e_count = _router_width(kernels, host_ops, stage, hidden, trace, join)
+    return e_count, width, _top_k(kernels, host_ops, stage, work, trace, e_count, join)
 
 
 def _router_width(
-    kernels: pa.Table, host_ops: pa.Table, stage: list[str], hidden: int, trace: int | None
+    kernels: pa.Table,
+    host_ops: pa.Table,
+    stage: list[str],
+    hidden: int,
+    trace: int | None,
+    join: OpJoin | None = None,
 ) -> int | None:
-    shapes = gemm_shapes(kernels, host_ops, stage, trace)
+    shapes = gemm_shapes(kernels, host_ops, stage, trace, join)
     outs = [
         sh[1]
         for r, k in zip(shapes.rows.tolist(), shapes.inverse.tolist(), strict=True)
@@ -393,12 +415,13 @@ def _top_k(
     work: WorkOps,
     trace: int | None,
     experts: int | None,
+    join: OpJoin | None = None,
 ) -> int | None:
     """Experts per token: the routed rows of a grouped expert GEMM (its M) or of a per-token batched
     one (its batch) over the tokens of the kernel's step; the most common whole ratio."""
     if experts is None or "tokens" not in kernels.column_names:
         return None
-    found = launching_op_rows(kernels, host_ops)
+    found = joined(kernels, host_ops, join)
     if found is None:
         return None
     ops, pos = found

@@ -55,7 +55,6 @@ from analyzer.readers import expand_inputs
 from analyzer.runtime import cache as cache_mod
 from analyzer.runtime import pools as executor_mod
 from analyzer.runtime.pools import ProgressFn
-from analyzer.tables import launches
 
 
 def analyze_parts(
@@ -122,7 +121,6 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
     analysis = analyze_inputs(
         dataclasses.replace(start(trace), warnings=[]), resolve_context(Options(**options))
     )
-    launches.forget_launching_ops()  # the memo holds this input's host ops
     steps = analysis.steps if analysis.steps is not None else pd.DataFrame()
     meta = {
         "inputs": [m.to_dict() for m in trace.inputs],

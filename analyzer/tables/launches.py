@@ -1,8 +1,9 @@
 """Which host op launched each kernel: the innermost cpu_op of the kernel's external id (a table join).
 
-Classification (op hints), the GEMM roles from shapes and the roofline (op shapes) all ask for the
-same join; :func:`launching_op_rows` memoises the last one asked for, :func:`forget_launching_ops`
-drops it (the memo holds the host ops table of the input it was asked about). :func:`launch_calls`
+Classification (op hints, the attention front end, operand facts), the GEMM roles and sizes from
+shapes, the phase split and the roofline (op shapes) all read the same join: the pipeline makes it
+once per analysis (:meth:`OpJoin.of`) and hands it to each; a function called without it computes it
+(:func:`launching_op_rows`, pure). :func:`launch_calls`
 picks the runtime/driver calls that carry a launch correlation id; the readers use it too, so this
 module imports pandas only inside the one function that needs it (the readers load no pandas).
 """
@@ -10,7 +11,7 @@ module imports pandas only inside the one function that needs it (the readers lo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -23,14 +24,13 @@ __all__ = [
     "distinct_op_shapes",
     "enclosing_op",
     "following_ops",
-    "forget_launching_ops",
     "launch_calls",
     "launch_times",
+    "joined",
     "launching_op_rows",
+    "OpJoin",
     "split_launch_calls",
 ]
-
-_LAUNCH_MEMO: list[tuple[Any, Any, Any]] = []
 
 
 def launch_calls(host_ops: pa.Table, columns: Sequence[str]) -> pa.Table:
@@ -42,22 +42,27 @@ def launch_calls(host_ops: pa.Table, columns: Sequence[str]) -> pa.Table:
 
 def launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:
     """The cpu_ops that launched kernels (innermost per external id) and, per kernel, the row
-    of its op in that table (null when none). Memoised for the last (host_ops, launch ids) pair:
-    classification and the roofline ask for the same join."""
+    of its op in that table (null when none); None without host ops or launch ids."""
     if host_ops.num_rows == 0 or kernels["launch_op_id"].null_count == kernels.num_rows:
         return None
-    launch = kernels["launch_op_id"]
-    for h, lid, result in _LAUNCH_MEMO:
-        if h is host_ops and lid.equals(launch):
-            return result
-    result = _launching_op_rows(kernels, host_ops)
-    _LAUNCH_MEMO[:] = [(host_ops, launch, result)]
-    return result
+    return _launching_op_rows(kernels, host_ops)
 
 
-def forget_launching_ops() -> None:
-    """Drop the memo of :func:`launching_op_rows` (it holds the host ops table it was asked about)."""
-    _LAUNCH_MEMO.clear()
+@dataclass(frozen=True)
+class OpJoin:
+    """The kernel -> launching-op join of one analysis (:func:`launching_op_rows`), made once: the
+    kernels' rows and launch ids do not change between the steps that read it."""
+
+    found: tuple[pa.Table, pa.Array] | None
+
+    @classmethod
+    def of(cls, kernels: pa.Table, host_ops: pa.Table) -> OpJoin:
+        return cls(launching_op_rows(kernels, host_ops))
+
+
+def joined(kernels: pa.Table, host_ops: pa.Table, join: OpJoin | None) -> tuple[pa.Table, pa.Array] | None:
+    """The join as ``join`` holds it, or computed now where the caller has none."""
+    return join.found if join is not None else launching_op_rows(kernels, host_ops)
 
 
 def _launching_op_rows(kernels: pa.Table, host_ops: pa.Table) -> tuple[pa.Table, pa.Array] | None:

@@ -32,6 +32,7 @@ from analyzer.analyses.roofline.splitk import (
 from analyzer.knowledge import architectures, hardware
 from analyzer.knowledge.work_ops import WorkOps, load_work_ops
 from analyzer.tables.dictionaries import dict_isin, objects
+from analyzer.tables.launches import OpJoin
 
 # bytes per weight of quantized formats: 4-bit values plus one 8-bit scale per block (MX: 32, NV: 16)
 _QUANT_WEIGHT_BYTES = {"mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16, "fp8": 1.0}
@@ -153,6 +154,7 @@ def sizes_per_input(
     world: int,
     tables: Tables,
     wanting: np.ndarray,
+    join: OpJoin | None = None,
 ) -> tuple[dict[int, tuple[str, WorkSizes]], list[str]]:
     """Per input (trace id): the sizes that count its kernels without shapes, and the warnings of
     a ``--model`` that disagrees with the sizes the input's shapes show. Sizes are looked for in an
@@ -170,7 +172,7 @@ def sizes_per_input(
             continue
         one = None if len(traces) == 1 else int(t)
         found = (
-            shape_roles.found_sizes(kernels, host_ops, stage, tables.attention, tables.work, one)
+            shape_roles.found_sizes(kernels, host_ops, stage, tables.attention, tables.work, one, join)
             if have_shapes
             else None
         )

@@ -33,6 +33,7 @@ def kernel_work(
     model: architectures.ModelArch | None,
     world_size: int = 1,
     tables: Tables | None = None,
+    join: launches.OpJoin | None = None,
 ) -> Work:
     """Per kernel: its numbers and their basis (see the module contract)."""
     tables = tables or Tables.load()
@@ -50,7 +51,8 @@ def kernel_work(
     is_copy = pc.is_in(kind, pa.array(["memcpy", "memset"])).fill_null(False).to_numpy(zero_copy_only=False)
     barrier = barrier_rows(kernels)
     # 1. shapes: the numbers of each launching op go to its longest kernel
-    found = launches.launching_op_rows(kernels, host_ops)
+    join = join if join is not None else launches.OpJoin.of(kernels, host_ops)
+    found = join.found
     covered = np.zeros(n, bool)
     if found is not None:
         ops, pos = found
@@ -67,7 +69,9 @@ def kernel_work(
         else np.zeros(n, bool)
     )
     sizes, warnings = (
-        sizes_per_input(kernels, host_ops, objects(kernels["stage"]), model, world_size, tables, wanting)
+        sizes_per_input(
+            kernels, host_ops, objects(kernels["stage"]), model, world_size, tables, wanting, join
+        )
         if "stage" in kernels.column_names and (model is not None or wanting.any())
         else ({}, [])
     )

@@ -19,6 +19,7 @@ from analyzer.analyses.roofline.gpu import gpu_summary, resolve_gpu
 from analyzer.analyses.roofline.kernel_work import kernel_work
 from analyzer.analyses.roofline.rates import rates
 from analyzer.knowledge import architectures, hardware
+from analyzer.tables import launches
 from analyzer.tables.dictionaries import DICT_STRING, dict_strings
 
 COLUMNS = {
@@ -55,13 +56,15 @@ def measure(
     model: architectures.ModelArch | None = None,
     gpu_table: Mapping[str, hardware.GpuSpec] | None = None,
     tables: Tables | None = None,
+    join: launches.OpJoin | None = None,
 ) -> Measured:
     """Work, rates and bound of every kernel. ``gpu`` is the ``--gpu`` override and how it was
     named (None: detected from the first input, among ``gpu_table``, rules/hardware.toml's entries);
-    ``model`` the ``--model`` architecture; ``tables`` the work tables (None: the built-in ones).
+    ``model`` the ``--model`` architecture; ``tables`` the work tables (None: the built-in ones); ``join`` the kernel -> launching-op join
+    (None: made here).
     Inputs measured apart agree with the joined run when they resolve to the same GPU and world size."""
     spec, reason = resolve_gpu(inputs, gpu, gpu_table)
-    got = kernel_work(kernels, host_ops, model, world_size=world_size(inputs), tables=tables)
+    got = kernel_work(kernels, host_ops, model, world_size=world_size(inputs), tables=tables, join=join)
     cols = rates(kernels["dur_ns"].to_numpy(zero_copy_only=False), got.flops, got.bytes, got.dtype, spec)
     cols["flops_source"] = got.source
     cols["uncounted"] = got.uncounted
