@@ -117,6 +117,8 @@ class Analysis:
     # kernels per id of the structure rules that decided layers only, or dropped a walk (the
     # stage deciders are in the kernels' stage_rule column)
     layer_rules: dict[str, int] = dataclasses.field(default_factory=dict)
+    # per rule group of the structure registry: whether it ran (its precondition held on the run)
+    rule_groups: dict[str, bool] = dataclasses.field(default_factory=dict)
     # per input (trace id as text): the sizes that counted kernels without shapes (roofline)
     work_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the launch calls taken out of the host ops (launches.split_launch_calls) until the phases are split
@@ -146,6 +148,7 @@ Step = Callable[[Analysis, Context], Analysis]
 def classify_step(a: Analysis, ctx: Context) -> Analysis:
     fired: Counter = Counter()
     join = launches.OpJoin.of(a.kernels, a.trace.host_ops)
+    groups: dict[str, bool] = {}
     kernels, warnings = classify.classify_and_check(
         a.kernels,
         a.trace.host_ops,
@@ -156,6 +159,7 @@ def classify_step(a: Analysis, ctx: Context) -> Analysis:
         ctx.structure,
         fired,
         join,
+        groups,
     )
     return dataclasses.replace(
         a,
@@ -164,6 +168,7 @@ def classify_step(a: Analysis, ctx: Context) -> Analysis:
         rules_sha256=ctx.ruleset.sha256,
         warnings=[*a.warnings, *warnings],
         layer_rules=dict(fired),
+        rule_groups=groups,
     )
 
 

@@ -123,3 +123,29 @@ def test_linear_attention_captures_reach_the_targets(case: str) -> None:
     assert r["stage"]["agreement"] >= 0.99
     assert r["category"]["agreement"] >= 0.995
     assert r["phase"]["decided_agreement"] >= 0.995
+
+
+def test_rule_groups_run_only_where_their_precondition_holds() -> None:
+    from analyzer.analyses.classify import _StructureRun
+    from analyzer.analyses.walk.registry import KNOWLEDGE
+    from analyzer.cli.check_cmd import analyze_stripped
+
+    # GIVEN the registry's groups THEN each has a precondition the driver decides
+    names = {g.name for g in KNOWLEDGE.groups}
+    assert names == {"quantized-linears", "expert-weights", "composed-attention", "sdpa-front-end",
+                     "token-mixers", "gated-attention"}  # fmt: skip
+    assert "decide_groups" in vars(_StructureRun)
+    # GIVEN a dense bf16 capture with SDPA and an fla hybrid with gated attention WHEN analysed
+    dense = analyze_stripped(str(ROOT / "fixtures/zoo/llama-sdpa-bf16/trace.json.gz"), False, (), None, None)
+    fla = analyze_stripped(str(LIBS / "fla-qwen3-next-bf16/trace.json.gz"), False, (), None, None)
+    # THEN the dense one ran no quantized-linear, mixer or gate rules, the hybrid ran its mixers and gates
+    assert dense.rule_groups["quantized-linears"] is False and dense.rule_groups["token-mixers"] is False
+    assert dense.rule_groups["gated-attention"] is False
+    math = analyze_stripped(
+        str(ROOT / "fixtures/zoo/llama-sdpa-math-fp32/trace.json.gz"), False, (), None, None
+    )
+    assert math.rule_groups["composed-attention"] is True and math.rule_groups["sdpa-front-end"] is True
+    assert fla.rule_groups["token-mixers"] is True and fla.rule_groups["gated-attention"] is True
+    # AND an int8 weight-only capture ran the quantized linears' rules
+    q = analyze_stripped(str(LIBS / "int8-wo-llama-bf16/trace.json.gz"), False, (), None, None)
+    assert q.rule_groups["quantized-linears"] is True

@@ -71,12 +71,14 @@ def classify_and_check(
     structure: StructureKnowledge | None = None,
     fired: Counter | None = None,
     join: launches.OpJoin | None = None,
+    groups: dict[str, bool] | None = None,
 ) -> tuple[pa.Table, list[str]]:
     """:func:`classify_kernels` and its self-check: the table (with ``stage_source``, how each
     kernel's stage was decided: :data:`SOURCES`, and ``stage_rule``, the id of the rule that gave
     it) and the warnings for what could not be decided. ``structure``: the registry with the run's
     thresholds (default: ``rules/structure.toml``); ``fired`` (optional): counts kernels per id of
-    the rules that decide layers only (and of the self-check that drops a walk)."""
+    the rules that decide layers only (and of the self-check that drops a walk); ``groups``
+    (optional): filled with whether each rule group of the registry ran (its precondition held)."""
     know = structure if structure is not None else registry.KNOWLEDGE
     th = know.thresholds
     join = join if join is not None else launches.OpJoin.of(kernels, host_ops)
@@ -90,6 +92,9 @@ def classify_and_check(
     by_names = _stage_codes(stage, vocab)
     run = _StructureRun.of(kernels, host_ops, cols, stage, why, op_names, op_dims, op_column, th, join)
     run.front = in_attention_front_end(kernels, host_ops, by_names, vocab, join)
+    run.decide_groups(know, op_column, vocab)
+    if groups is not None:
+        groups.update(run.groups)
     why_names = array.array("h", why)  # what the names and op hints said: kept where the walk is dropped
     names_of = list(vocab)
     undecided: list[str] = []
@@ -104,9 +109,9 @@ def classify_and_check(
             run.layer[seg] = -1
             undecided.append(problem)
             run.counts[registry.SELF_CHECK] += len(seg)
-            run.count(
-                mixers.MIXER_SPAN, mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, run.launch)
-            )
+            if run.groups.get("token-mixers", True):
+                mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, run.launch)
+                run.count(mixers.MIXER_SPAN, mixed)
     foreign = unexplained.foreign_ops_warning(
         why, op_names, run.layer, kernels["dur_ns"].to_numpy(zero_copy_only=False), th, run.counts
     )
@@ -181,6 +186,7 @@ class _StructureRun:
     layer: np.ndarray
     front: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     counts: Counter = field(default_factory=Counter)
+    groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
 
     @classmethod
     def of(
@@ -213,29 +219,51 @@ class _StructureRun:
         if kernels:
             self.counts[rule] += kernels
 
+    def decide_groups(
+        self, know: StructureKnowledge, op_column: pa.DictionaryArray, seen: Mapping[str, int]
+    ) -> None:
+        """Whether each rule group's precondition (``[[group]]`` in rules/structure.toml) holds on the
+        run: where it does not, its rules could change nothing, and they do not run. ``seen``: the
+        stages the names and op hints gave."""
+
+        def launched(*keys: str) -> bool:
+            ops = [op for k in keys for op in know.set_of(k)]
+            return bool(dict_isin(op_column, ops).any())
+
+        held = {
+            "quantized-linears": bool(self.int_cast.any())
+            or launched("quantized_gemm_ops", "weight_only_gemm_ops", "float_out_gemm_ops"),
+            "expert-weights": bool(self.topk.any()),
+            "composed-attention": bool(self.softmax.any()),
+            "sdpa-front-end": bool(self.front.any()),
+            "token-mixers": "linear_attention" in seen or launched("depthwise_conv_ops", "mixer_anchor_ops"),
+            "gated-attention": launched("gate_activation_ops"),
+        }
+        self.groups = {g.name: held[g.name] for g in know.groups}
+
     def structure(self, seg: np.ndarray) -> str | None:
         """The structure rules over one device's kernels ``seg`` (in launch order); the self-check's
         reason when the walk cannot be trusted (the caller then keeps the names' answers)."""
-        stage, why, op_names, op_dims, th, launch = (
-            self.stage,
-            self.why,
-            self.op_names,
-            self.op_dims,
-            self.th,
-            self.launch,
-        )
-        eager_ops.mark_activation_quantize(seg, stage, op_names, launch, why)
-        dequantize.mark_weight_dequantize(
-            seg, stage, op_names, launch, self.int_cast, self.vec_scale, why, th
-        )
-        weight_gathers.mark_expert_weight_gathers(seg, stage, op_names, op_dims, self.topk, why, th)
-        eager_ops.compose_attention(seg, stage, self.norm, op_names, launch, self.softmax, why)
-        for r in seg[self.front[seg]].tolist():  # after composing: it reaches back past the front end
-            stage[r] = registry.COMPOSED_ATTENTION
-            why[r] = SDPA_FRONT_END
+        stage, why, op_names, op_dims, th, launch = self.stage, self.why, self.op_names, self.op_dims, self.th, self.launch  # fmt: skip
+        ran = self.groups  # (every group runs where the preconditions were not decided)
+        if ran.get("quantized-linears", True):
+            eager_ops.mark_activation_quantize(seg, stage, op_names, launch, why)
+            dequantize.mark_weight_dequantize(
+                seg, stage, op_names, launch, self.int_cast, self.vec_scale, why, th
+            )
+        if ran.get("expert-weights", True):
+            weight_gathers.mark_expert_weight_gathers(seg, stage, op_names, op_dims, self.topk, why, th)
+        if ran.get("composed-attention", True):
+            eager_ops.compose_attention(seg, stage, self.norm, op_names, launch, self.softmax, why)
+        if ran.get("sdpa-front-end", True):
+            for r in seg[self.front[seg]].tolist():  # after composing: it reaches back past the front end
+                stage[r] = registry.COMPOSED_ATTENTION
+                why[r] = SDPA_FRONT_END
         # token mixers first: the walk takes their projections as they are (a mixer's block is not
         # attention and an MLP)
-        mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
+        mixed = 0
+        if ran.get("token-mixers", True):
+            mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
         grammar.walk_sequence(
             seg, stage, self.norm, op_names, launch, self.layer, self.topk, self.pow_rows, self.reduce_rows,
             why, th, self.counts, self.gemm_kn,
@@ -244,7 +272,10 @@ class _StructureRun:
         if problem:
             return problem
         self.count(mixers.MIXER_SPAN, mixed)
-        self.count(attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, stage, op_names, why))
+        if ran.get("gated-attention", True):
+            self.count(
+                attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, stage, op_names, why)
+            )
         return None
 
 

@@ -93,6 +93,17 @@ class Thresholds:
 
 
 @dataclasses.dataclass(frozen=True)
+class RuleGroup:
+    """Structure rules that assume the same thing of a trace, run only where their precondition
+    holds (``[[group]]`` in rules/structure.toml)."""
+
+    name: str
+    assumes: str
+    precondition: str
+    rules: tuple[str, ...]  # the rules' names
+
+
+@dataclasses.dataclass(frozen=True)
 class StructureKnowledge:
     """The registry, its vocabularies, regions and thresholds (with their allowed ranges)."""
 
@@ -102,6 +113,7 @@ class StructureKnowledge:
     thresholds: Thresholds
     ranges: Mapping[str, tuple[float, float, str]]  # name -> (min, max, note)
     retired: Mapping[str, str] = dataclasses.field(default_factory=dict)  # id -> why, what replaced it
+    groups: tuple[RuleGroup, ...] = ()  # the passes gated by a precondition (``[[group]]``)
 
     def rule(self, ident: str) -> StructureRule | None:
         """The rule with id ``ident`` (any case), or None."""
@@ -166,7 +178,7 @@ def _strings(path: Path, key: str, v: Any) -> tuple[str, ...]:
 
 
 def _parse(doc: dict[str, Any], path: Path) -> StructureKnowledge:
-    unknown = sorted(set(doc) - {"vocabulary", "regions", "thresholds", "rule", "retired"})
+    unknown = sorted(set(doc) - {"vocabulary", "regions", "thresholds", "rule", "retired", "group"})
     if unknown:
         raise loader.fail(path, unknown[0], "unknown top-level key")
     stages = load_taxonomy().stage_category
@@ -188,7 +200,9 @@ def _parse(doc: dict[str, Any], path: Path) -> StructureKnowledge:
             raise loader.fail(
                 path, f"retired.{rid}", "a retired id is STR###/PHS###, no active rule's, with a reason"
             )
+    groups = _groups(doc.get("group", []), path, {r.name for r in rules})
     return StructureKnowledge(
+        groups=groups,
         rules=tuple(rules),
         retired=MappingProxyType(dict(retired)),
         vocabulary=MappingProxyType(vocab),
@@ -196,6 +210,33 @@ def _parse(doc: dict[str, Any], path: Path) -> StructureKnowledge:
         thresholds=Thresholds(values),
         ranges=MappingProxyType(ranges),
     )
+
+
+_GROUP_KEYS = {"name", "assumes", "precondition", "rules"}
+
+
+def _groups(raw: list[Any], path: Path, rule_names: set[str]) -> tuple[RuleGroup, ...]:
+    """The ``[[group]]`` tables: a name, what the group's rules assume, the precondition under which
+    they run (checked by the code that runs them), and the names of its rules (registered ones,
+    each in one group at most)."""
+    out: list[RuleGroup] = []
+    seen: set[str] = set()
+    for i, g in enumerate(raw):
+        where = f"group {g.get('name', i) if isinstance(g, dict) else i}"
+        if not isinstance(g, dict) or set(g) != _GROUP_KEYS:
+            raise loader.fail(path, where, f"a group has exactly the keys {sorted(_GROUP_KEYS)}")
+        texts = (g["name"], g["assumes"], g["precondition"])
+        if not all(isinstance(t, str) and t.strip() for t in texts):
+            raise loader.fail(path, where, "name, assumes and precondition are non-empty strings")
+        names = g["rules"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise loader.fail(path, f"{where}.rules", "a non-empty list of rule names")
+        bad = [n for n in names if n not in rule_names or n in seen]
+        if bad:
+            raise loader.fail(path, f"{where}.rules", f"{bad[0]!r} is no registered rule, or in two groups")
+        seen.update(names)
+        out.append(RuleGroup(g["name"], g["assumes"], g["precondition"], tuple(names)))
+    return tuple(out)
 
 
 def _vocabulary(doc: dict[str, Any], path: Path, stages: Mapping[str, str]) -> dict[str, tuple[Any, ...]]:

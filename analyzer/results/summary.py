@@ -97,6 +97,7 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
             **classification_shares(df["stage_source"], df["dur_ns"]),
             "by_rule": rule_times(df),
             "layer_rules": dict(sorted(analysis.layer_rules.items())),
+            "rule_groups": dict(analysis.rule_groups),
         },
         "steps": step_rows(analysis),
         "findings": analysis.findings,

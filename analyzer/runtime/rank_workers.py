@@ -132,6 +132,7 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
         "world_size": roofline.world_size(trace.inputs),
         "rules_sha256": analysis.rules_sha256,
         "layer_rules": analysis.layer_rules,
+        "rule_groups": analysis.rule_groups,
         "work_sizes": analysis.work_sizes,
     }
     return "part", {
@@ -174,5 +175,9 @@ def join_parts(results: Sequence[tuple[str, Any]], context: Context) -> Analysis
         annotations_found=sorted({e for m in metas for e in m["annotations_found"]}),
         rules_sha256=metas[0]["rules_sha256"],
         layer_rules=dict(sum((Counter(m["layer_rules"]) for m in metas), Counter())),
+        # a group ran on the joined run where it ran on any rank
+        rule_groups={
+            g: any(m["rule_groups"].get(g, False) for m in metas) for m in metas for g in m["rule_groups"]
+        },
         work_sizes={k: v for m in metas for k, v in m.get("work_sizes", {}).items()},
     )
