@@ -231,7 +231,7 @@ def test_causal_convention_counts_the_pairs_the_mask_keeps() -> None:
 
 def test_gemm_dimensions_have_one_reading() -> None:
     # the roles from shapes (layers), the LM head's rows (phases) and the roofline read one table
-    from analyzer.analyses.phases import _gemm_rows
+    from analyzer.analyses.phases.evidence import WORK_OPS as LM_HEAD_OPS
     from analyzer.analyses.walk.positions import gemm_shape
 
     assert gemm_shape("aten::addmm", [[128], [2, 512], [512, 128], [], []]) == (512, 128)
@@ -241,4 +241,4 @@ def test_gemm_dimensions_have_one_reading() -> None:
     )
     # a grouped product's weights are experts: no dense role
     assert gemm_shape("aten::_grouped_mm", [[16384, 2048], [128, 2048, 1536], [128], [], []]) is None
-    assert _gemm_rows("aten::linear", [[4, 512, 4096], [128256, 4096], []]) == 2048
+    assert LM_HEAD_OPS.rows("aten::linear", [[4, 512, 4096], [128256, 4096], []]) == 2048

@@ -1,0 +1,197 @@
+"""Steps found by the run's structure when no engine annotation applies: forwards, else idle gaps.
+
+Contract: :func:`_steps_from_structure` cuts one trace's timed kernels (in time order) at the first
+kernel of every forward (:func:`forward_starts`, moved back to a CUDA graph replay's first kernel),
+else at idle gaps, labels the steps (:func:`~analyzer.analyses.phases.labels.label_steps`) and writes
+each kernel's step, phase and tokens in place; it returns the steps' rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from analyzer.analyses.phases.labels import label_steps, unshaped_prefill_runs
+from analyzer.analyses.phases.registry import (
+    DEFAULT_THRESHOLDS,
+    FORWARD_STARTS,
+    GAP_STEPS,
+    GRAPH_LAUNCH_START,
+    HEAVY_PREFIX,
+    HEAVY_STAGES,
+    UNSHAPED_PREFILL_RUN,
+)
+from analyzer.analyses.phases.steps import _step_row
+from analyzer.knowledge.structure_rules import Thresholds
+from analyzer.knowledge.taxonomy import ATTENTION_KERNEL_STAGES
+from analyzer.tables.dictionaries import dict_isin
+
+
+def _stage_is(stages: Any, wanted: Sequence[str]) -> np.ndarray:
+    """Per position: the stage is one of ``wanted``; ``stages`` as strings, or as a dictionary
+    array (tested once per distinct stage)."""
+    if isinstance(stages, (pa.Array, pa.ChunkedArray)):
+        return dict_isin(stages, wanted)
+    return np.isin(np.asarray(stages), list(wanted))
+
+
+def forward_starts(stages: Any) -> np.ndarray:
+    """Positions (in time order) where a forward begins: its first embedding lookup; for a forward without
+    an embedding kernel (compiled into a fused kernel, replayed from a graph, run on the host), the
+    first norm / QKV GEMM / attention kernel after the previous forward's LM head. ``stages``: the
+    kernels' stages in time order (strings, or a dictionary array)."""
+    is_emb = _stage_is(stages, ("embedding",))
+    emb = np.flatnonzero(is_emb)
+    # embedding kernels with no GEMM, attention or norm between them start one forward: a gather
+    # and its scale, or the token lookup and a learned position lookup after the mask work (OPT)
+    work = np.concatenate([[0], np.cumsum(_stage_is(stages, (*HEAVY_STAGES, "norm")))])
+    joined = work[emb[1:]] == work[emb[:-1] + 1] if len(emb) else np.zeros(0, bool)
+    starts = emb[np.concatenate([[True], ~joined])].tolist() if len(emb) else []
+    attn = _stage_is(stages, ATTENTION_KERNEL_STAGES)
+    if not attn.any():
+        return np.asarray(starts, np.int64)
+    is_open = _stage_is(stages, ("norm", "qkv_gemm", "embedding", *ATTENTION_KERNEL_STAGES))
+    opens = np.flatnonzero(is_open)
+    lm = np.flatnonzero(_stage_is(stages, ("lm_head_gemm",)))
+    if not starts:
+        starts = [0]
+    for p in lm.tolist():
+        k = int(np.searchsorted(opens, p + 1))
+        if k < len(opens) and not is_emb[opens[k]]:
+            starts.append(int(opens[k]))
+    return np.unique(np.asarray(starts, np.int64))
+
+
+MAX_STAGING_FILLS = int(DEFAULT_THRESHOLDS.max_staging_fills)
+
+
+def _graph_launch_start(
+    starts: np.ndarray,
+    corr: np.ndarray,
+    graph: np.ndarray,
+    fill: np.ndarray,
+    th: Thresholds = DEFAULT_THRESHOLDS,
+) -> np.ndarray:
+    """A forward replayed from a CUDA/HIP graph begins with the graph's first kernel (position ids,
+    buffer fills ... come before the embedding), so move each start back to it; the eager fills
+    launched right before the replay reset its static input buffers, so they open the step too."""
+    out = []
+    for s in starts.tolist():
+        if graph[s]:
+            while s > 0 and graph[s - 1] and corr[s - 1] == corr[s]:
+                s -= 1
+            k = 0
+            while s > 0 and k < th.max_staging_fills and not graph[s - 1] and fill[s - 1]:
+                s -= 1
+                k += 1
+        out.append(s)
+    return np.unique(np.asarray(out, np.int64))
+
+
+def _gap_starts(start: np.ndarray, dur: np.ndarray, th: Thresholds = DEFAULT_THRESHOLDS) -> np.ndarray:
+    if len(start) == 0:
+        return np.empty(0, np.int64)
+    end = np.maximum.accumulate(start + dur)
+    gaps = start[1:] - end[:-1]
+    if len(gaps) == 0:
+        return np.array([0])
+    thresh = max(th.min_gap_ns, th.gap_factor * float(np.median(np.maximum(gaps, 0))))
+    cuts = np.flatnonzero(gaps > thresh) + 1
+    return np.concatenate([[0], cuts]).astype(np.int64)
+
+
+def _steps_from_structure(
+    idx: np.ndarray,
+    df: Any,
+    kernels: pa.Table,
+    shapes: dict[int, dict[str, np.ndarray]],
+    step: np.ndarray,
+    phase: np.ndarray,
+    tokens: np.ndarray,
+    tid: int,
+    warnings: list[str] | None = None,
+    th: Thresholds = DEFAULT_THRESHOLDS,
+) -> list[dict[str, Any]]:
+    """One trace's steps found by its structure (:func:`_cut_steps`) and labelled
+    (:func:`~analyzer.analyses.phases.labels.label_steps`); writes each kernel's step, phase and
+    tokens in place and returns the steps' rows."""
+    segments, found_by, source = _cut_steps(idx, df, th)
+    if not segments:
+        return []
+    labels = label_steps(segments, df, shapes.get(int(tid)), warnings, tid, th)
+    labels = [
+        dataclasses.replace(lab, evidence=(*f, *lab.evidence))
+        for lab, f in zip(labels, found_by, strict=True)
+    ]
+    doubt = unshaped_prefill_runs(labels)
+    for i in doubt:
+        labels[i] = dataclasses.replace(
+            labels[i],
+            phase="unknown",
+            rule=UNSHAPED_PREFILL_RUN,
+            evidence=(*labels[i].evidence, labels[i].rule),
+        )
+    if doubt and warnings is not None:
+        warnings.append(
+            f"trace {tid}: {len(doubt)} steps run a prefill's kernels right after another prefill step "
+            "and no shapes were recorded: under continuous batching or chunked prefill each may be a "
+            "prompt chunk alone or one beside decode tokens (mixed), so their phase is unknown; "
+            "capture with record_shapes=True to count each step's prefill and decode tokens"
+        )
+    rows = []
+    k_start = df["start"]
+    for s, seg in enumerate(segments):
+        step[seg] = s
+        phase[seg] = labels[s].phase
+        tokens[seg] = labels[s].tokens
+        lo = int(k_start[seg[0]])
+        if s + 1 < len(segments):
+            hi = int(k_start[segments[s + 1][0]])
+        else:
+            hi = int((k_start[seg] + df["dur"][seg]).max())
+        rows.append(_step_row(tid, df, seg, s, labels[s], lo, hi, source))
+    return rows
+
+
+def _cut_steps(
+    idx: np.ndarray, df: Any, th: Thresholds
+) -> tuple[list[np.ndarray], list[tuple[str, ...]], str]:
+    """One trace's timed kernels (positions, in time order) cut at the forwards' starts, else at idle
+    gaps; kernels before the first forward are a step of their own where they do heavy work. Returns
+    the steps, the ids of the rules that found each, and their source (``forward`` or ``gaps``)."""
+    stages = df["stage"][idx]
+    taken = df["stage_dict"].take(pa.array(idx))
+    found = forward_starts(taken)
+    starts = _graph_launch_start(found, df["corr"][idx], df["graph"][idx], df["fill"][idx], th)
+    moved = set(starts.tolist()) - set(found.tolist())  # starts a graph replay moved back
+    source, finder = "forward", FORWARD_STARTS
+    k_st = df["start"][idx]
+    k_du = df["dur"][idx]
+    prefix = -1
+    bare = not _stage_is(taken, ("embedding", "lm_head_gemm")).any()
+    gaps = _gap_starts(k_st, k_du, th) if len(starts) == 0 or (bare and len(starts) <= 1) else None
+    if gaps is not None and (len(starts) == 0 or len(gaps) > 1):
+        # no forward start to cut at (no embedding, no LM head: the layers alone): idle gaps cut
+        starts = gaps
+        source, finder = "gaps", GAP_STEPS
+    elif starts[0] > 0 and df["is_heavy"][idx[: starts[0]]].any():
+        # a forward before the first recognised one (its embedding ran elsewhere, e.g. on the
+        # host): the prefix is a step of its own rather than time outside every step
+        first_heavy = int(np.flatnonzero(df["is_heavy"][idx[: starts[0]]])[0])
+        lead = first_heavy
+        while lead > 0 and stages[lead - 1] not in ("memset", "memcpy"):
+            lead -= 1
+        starts = np.unique(np.concatenate([[lead], starts]))
+        prefix = lead
+    bounds = list(starts.tolist()) + [len(idx)]
+    found_by = [
+        (finder, HEAVY_PREFIX) if a == prefix else (finder, GRAPH_LAUNCH_START) if a in moved else (finder,)
+        for a, b in zip(bounds, bounds[1:], strict=False)
+        if b > a
+    ]
+    segments = [idx[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return segments, found_by, source
