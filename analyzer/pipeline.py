@@ -182,6 +182,7 @@ def phases_step(a: Analysis, ctx: Context) -> Analysis:
         ctx.structure,
         ctx.ruleset.phase_evidence(),
         a.launch_calls,
+        a.op_join,
     )
     return dataclasses.replace(
         a,

@@ -1,4 +1,4 @@
-"""Unit tests on hand-built values for the step heuristics of analyzer/analyses/phases.py.
+"""Unit tests on hand-built values for the step heuristics of analyzer/analyses/phases/.
 
 They pin what must stay true of each heuristic (a Llama-like SDPA run, the nesting rules of engine
 annotations), not its known failures: the generalization work may replace a heuristic together with

@@ -1,4 +1,4 @@
-"""PHS035 (analyzer/analyses/phases.py, recomputed_prefix): generation without a KV cache re-runs the
+"""PHS035 (analyzer/analyses/phases/shapes.py, recomputed_prefix): generation without a KV cache re-runs the
 whole sequence each step; those steps are decodes, on synthetic step shapes and on swept traces."""
 
 from __future__ import annotations

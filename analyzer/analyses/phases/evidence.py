@@ -174,14 +174,14 @@ def _is_fill(kernels: pa.Table) -> np.ndarray:
     return pc.fill_null(fill, False).to_numpy(zero_copy_only=False) | dict_isin(kernels["kind"], ["memset"])
 
 
-def _lm_head_rows(kernels: pa.Table, host_ops: pa.Table) -> np.ndarray:
+def _lm_head_rows(kernels: pa.Table, host_ops: pa.Table, join: launches.OpJoin | None = None) -> np.ndarray:
     """Per kernel: the rows an LM-head GEMM multiplies (its op's input rows, read by
     ``rules/work_ops.toml``), -1 elsewhere and where the shapes do not say."""
     out = np.full(kernels.num_rows, -1, np.int32)
     lm = np.flatnonzero(dict_isin(kernels["stage"], ["lm_head_gemm"]))
     if not len(lm) or host_ops.num_rows == 0:
         return out
-    found = launches.launching_op_rows(kernels, host_ops)
+    found = launches.joined(kernels, host_ops, join)
     if found is None:
         return out
     ops, pos = found

@@ -98,10 +98,12 @@ def _read_layout(lay: Any, dims: Any) -> tuple[int, int, int, int] | None:
     return None if got is None else (got.batch, got.q, got.kv, got.head)
 
 
-def _launchers_of(kernels: pa.Table, host_ops: pa.Table, which: np.ndarray) -> np.ndarray:
+def _launchers_of(
+    kernels: pa.Table, host_ops: pa.Table, which: np.ndarray, join: launches.OpJoin | None = None
+) -> np.ndarray:
     """The host-op rows that launched the kernels ``which`` marks (their innermost launching op)."""
     rows = np.flatnonzero(which)
-    found = launches.launching_op_rows(kernels, host_ops) if len(rows) else None
+    found = launches.joined(kernels, host_ops, join) if len(rows) else None
     if found is None:
         return np.empty(0, np.int64)
     ops, pos = found

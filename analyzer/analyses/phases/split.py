@@ -72,13 +72,15 @@ def label_phases(
     structure: StructureKnowledge | None = None,
     kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
     calls: pa.Table | None = None,
+    join: launches.OpJoin | None = None,
 ) -> Labelled:
     """Phase, step and tokens of every kernel, and the steps table. Each input's steps depend on
     that input alone, so inputs may be labelled apart and joined. ``attention_ops``: the layouts of
     ``rules/attention_ops.toml`` (loaded when not given); ``structure``: the registry with the run's
     thresholds (default: ``rules/structure.toml``); ``kernel_phases``: the kernel rules' phase facts
     (``RuleSet.phase_evidence``; a plain mapping: rule id -> ``prefill`` / ``decode`` families);
-    ``calls``: the launch calls, where taken out of ``host_ops`` (``launches.split_launch_calls``)."""
+    ``calls``: the launch calls, where taken out of ``host_ops`` (``launches.split_launch_calls``);
+    ``join``: the kernel -> launching-op join (made here when not given)."""
     anns, engines = step_annotations(annotations, patterns)
     th = structure.thresholds if structure is not None else DEFAULT_THRESHOLDS
     whole = not_inference(kernels, bool(engines))
@@ -96,7 +98,7 @@ def label_phases(
         fired[rule] = n
     else:
         phase, step, tokens, steps, warnings = split_phases(
-            kernels, host_ops, anns, attention_ops, th, kernel_phases, calls
+            kernels, host_ops, anns, attention_ops, th, kernel_phases, calls, join
         )
         regimed = int(steps["m_regime"].notna().sum()) if len(steps) else 0
         if regimed:
@@ -162,6 +164,7 @@ def split_phases(
     th: Thresholds = DEFAULT_THRESHOLDS,
     kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
     calls: pa.Table | None = None,
+    join: launches.OpJoin | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.DataFrame, list[str]]:
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
@@ -170,12 +173,13 @@ def split_phases(
     step = np.full(n, -1, np.int64)
     tokens = np.full(n, None, object)
     warnings: list[str] = []
-    df = _kernel_columns(kernels, host_ops, _as_evidence(kernel_phases), th, calls)
+    join = join if join is not None else launches.OpJoin.of(kernels, host_ops)
+    df = _kernel_columns(kernels, host_ops, _as_evidence(kernel_phases), th, calls, join)
     launch_ts, launched = df["launch"], df["launched"]
     shapes = attention_shapes(
         host_ops,
         (attention_ops if attention_ops is not None else load_attention_ops()).for_steps(),
-        _launchers_of(kernels, host_ops, df["is_attn"]),
+        _launchers_of(kernels, host_ops, df["is_attn"], join),
     )
     step_rows: list[dict[str, Any]] = []
     timed = np.flatnonzero(~df["agg"])
@@ -209,6 +213,7 @@ def _kernel_columns(
     facts: PhaseEvidence,
     th: Thresholds,
     calls: pa.Table | None,
+    join: launches.OpJoin | None = None,
 ) -> dict[str, Any]:
     """The per-kernel columns steps are found and labelled by: timing, stages, names, the phase
     evidence of :mod:`.evidence`, the decoder layer and the launch calls' times."""
@@ -228,7 +233,7 @@ def _kernel_columns(
         "corr": kernels["correlation"].to_numpy(zero_copy_only=False),
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
         "name": _name_codes(kernels),
-        "lm_rows": _lm_head_rows(kernels, host_ops),
+        "lm_rows": _lm_head_rows(kernels, host_ops, join),
         "graph": kernels["graph_launch"].fill_null(False).to_numpy(zero_copy_only=False).astype(bool),
         "evidence": _kernel_evidence(kernels, facts),
         "seqs": _grid_sequences(kernels, facts),
