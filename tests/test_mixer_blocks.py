@@ -149,3 +149,16 @@ def test_rule_groups_run_only_where_their_precondition_holds() -> None:
     # AND an int8 weight-only capture ran the quantized linears' rules
     q = analyze_stripped(str(LIBS / "int8-wo-llama-bf16/trace.json.gz"), False, (), None, None)
     assert q.rule_groups["quantized-linears"] is True
+
+
+def test_a_mixers_own_norm_is_its_last_norm_cluster() -> None:
+    from analyzer.analyses.mixers import _own_norm
+
+    # GIVEN a delta rule's core with its q / k L2 normalisation (lone rsqrts), then the gated RMSNorm
+    # (pow, mean, add, rsqrt) before the output projection at position 14
+    stage = ["qkv_gemm", "norm", "elementwise", "elementwise", "elementwise", "norm", "elementwise",
+             "elementwise", "elementwise", "elementwise", "norm", "norm", "elementwise", "norm", "o_gemm"]  # fmt: skip
+    # THEN the own norm starts at the pow (position 10), not at the core's first rsqrt
+    assert _own_norm(list(range(15)), 0, 14, stage, 3) == 10
+    # AND with no norm after the core's last GEMM there is none
+    assert _own_norm(list(range(15)), 13, 14, stage, 3) == 14

@@ -85,7 +85,7 @@ def mark_mixers(
         if span is None:
             continue
         norm_at, start, out = span
-        done += _label(rows, norm_at, start, out, stage, op_names, why, launch)
+        done += _label(rows, norm_at, start, out, stage, op_names, why, launch, int(th.norm_cluster_gap))
         end = out
     return done
 
@@ -155,6 +155,22 @@ def _span(
     return None
 
 
+def _own_norm(rows: list[int], last_gemm: int, out: int, stage: list[str], gap: int) -> int:
+    """Where the mixer's own norm starts: the first kernel of the last cluster of norm kernels (at
+    most ``gap`` positions apart) before the output projection and after the core's last GEMM (a
+    delta rule's q / k normalisation inside the core is an earlier cluster); ``out`` when none."""
+    last = next((i for i in range(out - 1, last_gemm, -1) if stage[rows[i]] == "norm"), None)
+    if last is None:
+        return out
+    first = last
+    for i in range(last - 1, max(last_gemm, last - 64), -1):
+        if stage[rows[i]] == "norm":
+            if first - i > gap:
+                break
+            first = i
+    return first
+
+
 def _label(
     rows: list[int],
     norm_at: int,
@@ -164,6 +180,7 @@ def _label(
     op_names: Sequence[str | None],
     why: Any,
     launch: np.ndarray | None,
+    gap: int = 3,
 ) -> int:
     last_gemm = max((i for i in range(start, out) if _gemm(rows[i], op_names)), default=start)
     done = 0
@@ -176,8 +193,8 @@ def _label(
             why[r] = MIXER_SPAN
             done += 1
 
-    # the mixer's own (gated) norm: from the first norm kernel after the core's last GEMM
-    own_norm = next((i for i in range(last_gemm + 1, out) if stage[rows[i]] == "norm"), out)
+    # the mixer's own (gated) norm: the last cluster of norm kernels before the output projection
+    own_norm = _own_norm(rows, last_gemm, out, stage, gap)
     if own_norm < out and own_norm - 1 > last_gemm and op_names[rows[own_norm - 1]] in CAST_OPS:
         own_norm -= 1  # a composed norm's leading cast (to fp32) is the norm's
     for i in range(start, out):

@@ -79,7 +79,9 @@ class AttentionLayout:
     cu_seqlens: int | None = None
     kv_tokens: int | None = None
     key_rank: int | None = None
-    step_shapes: bool = True  # read for the steps' phases and tokens (analyses/phases/); false: the roofline only
+    step_shapes: bool = (
+        True  # read for the steps' phases and tokens (analyses/phases/); false: the roofline only
+    )
     cases: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False)
 
     @property
