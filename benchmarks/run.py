@@ -1,4 +1,4 @@
-"""Speed and memory of ``llm-kernel-map analyze`` on scaled real traces, against DESIGN §7's targets.
+"""Speed and memory of ``llm-kernel-map analyze`` on scaled real traces, against docs/performance.md's targets.
 
 Usage::
 
@@ -24,7 +24,7 @@ and for the gzip copy of the same bytes: ``gunzip`` (decompressing it to nowhere
 (at least ``GZ_PAIRS`` of each: their difference is small next to the spread between runs). Results: a table on stdout, ``benchmarks/results/latest.json`` and
 ``benchmarks/results/latest.md``.
 
-Targets (DESIGN §7, 1 GB plain file): analyze time / orjson.loads time <= 1.0; analyze peak RSS /
+Targets (docs/performance.md, 1 GB plain file): analyze time / orjson.loads time <= 1.0; analyze peak RSS /
 file size <= 1.0; analyze(.gz) - analyze(plain) <= gunzip time.
 """
 
@@ -442,7 +442,9 @@ def measure_ranks(plain: Path, n: int, args: argparse.Namespace) -> dict:
     return row
 
 
-BIG_RSS_LIMIT = 2 * 10**9  # issue 38: a 10 GB trace of any shape in 2 GB (DESIGN §7 caps it at 3 GB)
+BIG_RSS_LIMIT = (
+    2 * 10**9
+)  # issue 38: a 10 GB trace of any shape in 2 GB (docs/performance.md caps it at 3 GB)
 
 
 def measure_big(plain: Path, args: argparse.Namespace) -> dict:

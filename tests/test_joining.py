@@ -1,4 +1,4 @@
-"""Inputs are joined into one run only when they can be one run (DESIGN §6); otherwise exit 2."""
+"""Inputs are joined into one run only when they can be one run (README.md 'Commands'); otherwise exit 2."""
 
 from __future__ import annotations
 

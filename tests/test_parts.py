@@ -57,7 +57,7 @@ def test_options_reach_the_workers() -> None:
 
 
 def test_captures_of_one_rank_from_two_sessions_are_refused_on_either_path() -> None:
-    # one GPU type and world size, but two models profiled apart: not one run (DESIGN §6)
+    # one GPU type and world size, but two models profiled apart: not one run (README.md 'Commands')
     paths = [str(H200_DENSE), str(H200_MOE)]
     for run in (lambda: serial(paths), lambda: analyze_run(paths, jobs=2)):
         with pytest.raises(InputError, match="different profiling sessions"):
@@ -75,7 +75,7 @@ def test_inputs_of_other_world_sizes_take_the_serial_path() -> None:
     # two ranks of world size 2 must be measured with 2, which its own worker could not know
     paths = [str(H200_DENSE), *TP2]
     assert rank_workers.analyze_parts(paths, Options(), jobs=2) is None
-    # ... and they are not one run at all (DESIGN §6): exit 2 on either path
+    # ... and they are not one run at all (README.md 'Commands'): exit 2 on either path
     for run in (lambda: serial(paths), lambda: analyze_run(paths, jobs=2)):
         with pytest.raises(InputError, match="different world sizes"):
             run()
@@ -85,7 +85,7 @@ def test_inputs_of_other_gpus_take_the_serial_path() -> None:
     amd = shared("mi300x-vllm-gptoss-decode-fullgraph")
     paths = [str(H200_DENSE), str(amd)]
     assert rank_workers.analyze_parts(paths, Options(), jobs=2) is None
-    # ... and they are not one run at all (DESIGN §6): exit 2 on either path
+    # ... and they are not one run at all (README.md 'Commands'): exit 2 on either path
     for run in (lambda: serial(paths), lambda: analyze_run(paths, jobs=2)):
         with pytest.raises(InputError, match="ran on different GPUs"):
             run()

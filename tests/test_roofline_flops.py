@@ -19,7 +19,7 @@ THEN
 * the bytes stay within the bounds of the bytes check: memory-bound ops within 15 % of DRAM read +
   write, and no op above 1.15 x its DRAM reads plus the bytes it stored.
 
-The counters count one multiply-add as 2 (a 4096^3 bf16 GEMM reads 2 x 4096^3, DESIGN §8), as the
+The counters count one multiply-add as 2 (a 4096^3 bf16 GEMM reads 2 x 4096^3, docs/roofline-validation.md), as the
 analyzer counts FLOPs. Regenerate the docs table: ``python tests/test_roofline_flops.py --write``.
 """
 

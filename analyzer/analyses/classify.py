@@ -56,7 +56,7 @@ from analyzer.tables.dictionaries import dict_from_codes, dict_isin, dict_string
 def classify_kernels(
     kernels: pa.Table, host_ops: pa.Table, ruleset: Any, op_hints: Mapping[str, str]
 ) -> pa.Table:
-    """Add the classification columns (DESIGN §2) to ``kernels``: ``ruleset`` the kernel rules,
+    """Add the classification columns (README.md 'Output columns') to ``kernels``: ``ruleset`` the kernel rules,
     ``op_hints`` host-op name -> stage for generic kernels (``rules/ops.toml``)."""
     return classify_and_check(kernels, host_ops, ruleset, op_hints)[0]
 

@@ -17,7 +17,7 @@ Contract (FORMATS §2):
   per axis; v1/v2 record only totals, so their grid is (groups, 1, 1) and block (wgr, 1, 1).
 * ``device`` is 0-based: the GPU's index among GPU agents when the trace says which agent is which
   (``GPU n`` agent ids, agent tables), else the rank of the recorded id among the distinct ids.
-  ``stream`` is the HSA queue id, mapped to small ints in sorted order (DESIGN §2).
+  ``stream`` is the HSA queue id, mapped to small ints in sorted order (README.md 'Output columns').
 * ``name`` is the kernel name as the trace spells it (only CSV-artifact wrapping quotes are removed,
   as in v1 ``results.db``); rocprofv3 JSON gives several spellings and the reader takes
   ``formatted_kernel_name``, the one rocprofv3 itself writes to its CSV and rocpd ``display_name``.

@@ -1,7 +1,7 @@
-"""The versioned result object (DESIGN §6): a JSON-ready dict built from an :class:`Analysis`.
+"""The versioned result object (README.md 'Commands'): a JSON-ready dict built from an :class:`Analysis`.
 
 Contract: pure function of the analysed tables; all times in integer ns, shares as fractions 0..1;
-keys of the DESIGN §6 skeleton are always present (empty when a capability has nothing to say).
+keys of the README.md 'Commands' skeleton are always present (empty when a capability has nothing to say).
 Every number here is recomputable from the kernels table: tests do exactly that. Kernels measured
 faster than a peak (bound ``invalid``) are counted and explained in every rate row, never rated; a
 multi-rank run counts a step (one step index across the ranks) once.
@@ -267,7 +267,7 @@ def unclassified(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
 
 
 def work_basis(analysis: Analysis, total: int) -> dict[str, Any]:
-    """What the FLOPs and bytes rest on (DESIGN §5): kernel time by ``flops_source``, the kernels
+    """What the FLOPs and bytes rest on (docs/roofline-validation.md): kernel time by ``flops_source``, the kernels
     without numbers by the reason (``uncounted``) with their largest stages, the sizes that counted
     kernels without shapes (per input), the causal convention, and the kernels ``--model`` would
     count (``model_would_count``: GEMM-role and expert kernels without shapes in a run where no

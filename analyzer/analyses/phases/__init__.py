@@ -1,6 +1,6 @@
 """Steps and phases: every kernel gets ``step`` (-1 outside every step), ``phase`` and ``tokens``.
 
-Contract (DESIGN §4), strongest source first:
+Contract (README.md 'How it works'), strongest source first:
 
 1. **Engine annotations** (vLLM ``execute_new_N_cached_M`` and ``execute_N_context_..._generation_...``,
    SGLang ``step[EXTEND|DECODE|MIXED ...]``, ATOM ``prefill[...]`` / ``decode[...]``, our own

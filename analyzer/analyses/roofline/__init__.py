@@ -1,4 +1,4 @@
-"""Roofline: FLOPs and bytes per kernel, achieved rates, and what bounds each kernel (DESIGN §5).
+"""Roofline: FLOPs and bytes per kernel, achieved rates, and what bounds each kernel (docs/roofline-validation.md).
 
 Contract (pure over the analysed tables, the GPU spec, the work tables and an optional model architecture):
 
