@@ -15,7 +15,7 @@ from analyzer.analyses.mixers import MIXER_SPAN, mark_mixers
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "fixtures" / "sweep"
-TH = SimpleNamespace(mixer_reach=400)
+TH = SimpleNamespace(mixer_reach=400, norm_cluster_gap=3)
 CONV = "aten::_conv_depthwise2d"
 DEPTHWISE = [[2, 64, 1, 16], [64, 1, 1, 4]]
 
