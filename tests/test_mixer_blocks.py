@@ -132,8 +132,8 @@ def test_rule_groups_run_only_where_their_precondition_holds() -> None:
 
     # GIVEN the registry's groups THEN each has a precondition the driver decides
     names = {g.name for g in KNOWLEDGE.groups}
-    assert names == {"quantized-linears", "expert-weights", "composed-attention", "sdpa-front-end",
-                     "token-mixers", "gated-attention"}  # fmt: skip
+    assert names == {"quantized-linears", "expert-weights", "mixture-of-experts", "composed-attention",
+                     "sdpa-front-end", "token-mixers", "gated-attention"}  # fmt: skip
     assert "decide_groups" in vars(_StructureRun)
     # GIVEN a dense bf16 capture with SDPA and an fla hybrid with gated attention WHEN analysed
     dense = analyze_stripped(str(ROOT / "fixtures/zoo/llama-sdpa-bf16/trace.json.gz"), False, (), None, None)
@@ -141,6 +141,11 @@ def test_rule_groups_run_only_where_their_precondition_holds() -> None:
     # THEN the dense one ran no quantized-linear, mixer or gate rules, the hybrid ran its mixers and gates
     assert dense.rule_groups["quantized-linears"] is False and dense.rule_groups["token-mixers"] is False
     assert dense.rule_groups["gated-attention"] is False
+    assert dense.rule_groups["mixture-of-experts"] is False  # greedy decoding: no top-k at all
+    moe = analyze_stripped(
+        str(ROOT / "fixtures/zoo/qwen3-moe-grouped-bf16/trace.json.gz"), False, (), None, None
+    )
+    assert moe.rule_groups["mixture-of-experts"] is True and moe.rule_groups["expert-weights"] is True
     math = analyze_stripped(
         str(ROOT / "fixtures/zoo/llama-sdpa-math-fp32/trace.json.gz"), False, (), None, None
     )
@@ -162,3 +167,16 @@ def test_a_mixers_own_norm_is_its_last_norm_cluster() -> None:
     assert _own_norm(list(range(15)), 0, 14, stage, 3) == 10
     # AND with no norm after the core's last GEMM there is none
     assert _own_norm(list(range(15)), 13, 14, stage, 3) == 14
+
+
+def test_a_group_naming_an_unknown_rule_is_bad_input(tmp_path: Path) -> None:
+    from analyzer.errors import InputError
+    from analyzer.knowledge.structure_rules import load_structure
+
+    # GIVEN the registry with a group that names no registered rule
+    text = (ROOT / "rules" / "structure.toml").read_text(encoding="utf-8")
+    bad = tmp_path / "structure.toml"
+    bad.write_text(text.replace('rules = ["mixer-span"]', 'rules = ["no-such-rule"]'), encoding="utf-8")
+    # THEN loading it fails with one clear error naming the key
+    with pytest.raises(InputError, match="group token-mixers.rules"):
+        load_structure(bad)

@@ -234,6 +234,7 @@ class _StructureRun:
             "quantized-linears": bool(self.int_cast.any())
             or launched("quantized_gemm_ops", "weight_only_gemm_ops", "float_out_gemm_ops"),
             "expert-weights": bool(self.topk.any()),
+            "mixture-of-experts": bool(self.topk.any()) or any(s.startswith("moe_") for s in seen),
             "composed-attention": bool(self.softmax.any()),
             "sdpa-front-end": bool(self.front.any()),
             "token-mixers": "linear_attention" in seen or launched("depthwise_conv_ops", "mixer_anchor_ops"),
@@ -266,7 +267,7 @@ class _StructureRun:
             mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
         grammar.walk_sequence(
             seg, stage, self.norm, op_names, launch, self.layer, self.topk, self.pow_rows, self.reduce_rows,
-            why, th, self.counts, self.gemm_kn,
+            why, th, self.counts, self.gemm_kn, ran.get("mixture-of-experts", True),
         )  # fmt: skip
         problem = selfcheck.structure_problem(seg, stage, self.layer, th)
         if problem:

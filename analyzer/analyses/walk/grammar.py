@@ -97,6 +97,7 @@ def walk_sequence(
     th: Thresholds = DEFAULT_THRESHOLDS,
     fired: Counter | None = None,
     gemm_kn: GemmShapes | None = None,
+    moe: bool = True,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels ``seq``.
     Per kernel row: ``stage`` (read and written), ``norm`` (normalised names), ``op_names`` /
@@ -106,10 +107,12 @@ def walk_sequence(
     the stage, updated for every kernel a rule here relabels). ``th``: the thresholds; ``fired``:
     rule code -> kernels, counted for the rules whose decision the stage column does not show (layers
     only, or a stage a later rule replaces); ``gemm_kn`` (optional): kernel row -> its GEMM op's
-    (K, N), read on demand for the few GEMMs whose role needs it."""
+    (K, N), read on demand for the few GEMMs whose role needs it; ``moe``: the mixture-of-experts
+    rules run (their group's precondition held: without a top-k candidate or a routing / expert stage
+    there is no router to find)."""
     why = defaultdict(int) if why is None else why  # (read for the marks of the passes before)
     ks = KernelSequence(seq, row_sequence(seq), stage, why, norm, op_names, launch, th, fired)
-    gemm, op_first, op_last = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq])
+    gemm, op_first, op_last = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], moe)
     ahead = _look_ahead(ks, gemm, op_first, op_last)
     region_of, layer_of, opened = _walk(ks, ahead, gemm_kn)
     _demote_embedding_projection(ks.rows, stage, region_of, layer_of, op_first, op_last, opened, why)
@@ -119,7 +122,7 @@ def walk_sequence(
 
 
 def _prepare(
-    ks: KernelSequence, topk_rows: np.ndarray, pow_at: np.ndarray, reduce_at: np.ndarray
+    ks: KernelSequence, topk_rows: np.ndarray, pow_at: np.ndarray, reduce_at: np.ndarray, moe: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rules that run before the walk: a lone ``pow`` is no norm (STR-lone-pow), the output
     rows an LM head gathers are not the embedding, MoE routers by their top-k (STR005). Returns the
@@ -143,7 +146,7 @@ def _prepare(
         ks.refresh()
     hard = ks.normish | ks.stages(ATTENTION, ("embedding",))
     experts = ks.stages(("moe_expert_gemm",))
-    if _mark_routers(
+    if moe and _mark_routers(
         rows, ks.st, stage, ks.names, ks.op_names, (op_first, op_last), hard, experts, topk_rows, why
     ):
         ks.refresh()
