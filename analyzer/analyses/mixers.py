@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.analyses.walk.positions import _cluster_bounds
 from analyzer.analyses.walk.registry import ATTENTION, KNOWLEDGE, REGION_RULE_CODES
 from analyzer.analyses.weight_gathers import BATCHED_GEMM_OPS
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
@@ -159,16 +160,9 @@ def _own_norm(rows: list[int], last_gemm: int, out: int, stage: list[str], gap: 
     """Where the mixer's own norm starts: the first kernel of the last cluster of norm kernels (at
     most ``gap`` positions apart) before the output projection and after the core's last GEMM (a
     delta rule's q / k normalisation inside the core is an earlier cluster); ``out`` when none."""
-    last = next((i for i in range(out - 1, last_gemm, -1) if stage[rows[i]] == "norm"), None)
-    if last is None:
-        return out
-    first = last
-    for i in range(last - 1, max(last_gemm, last - 64), -1):
-        if stage[rows[i]] == "norm":
-            if first - i > gap:
-                break
-            first = i
-    return first
+    norms = np.asarray([i for i in range(last_gemm + 1, out) if stage[rows[i]] == "norm"], np.int64)
+    firsts, _ = _cluster_bounds(norms, gap)
+    return firsts[-1] if firsts else out
 
 
 def _label(

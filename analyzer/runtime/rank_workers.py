@@ -175,9 +175,7 @@ def join_parts(results: Sequence[tuple[str, Any]], context: Context) -> Analysis
         annotations_found=sorted({e for m in metas for e in m["annotations_found"]}),
         rules_sha256=metas[0]["rules_sha256"],
         layer_rules=dict(sum((Counter(m["layer_rules"]) for m in metas), Counter())),
-        # a group ran on the joined run where it ran on any rank
-        rule_groups={
-            g: any(m["rule_groups"].get(g, False) for m in metas) for m in metas for g in m["rule_groups"]
-        },
+        # every rank reads the same registry: a group ran on the run where it ran on any rank
+        rule_groups={g: any(m["rule_groups"][g] for m in metas) for g in metas[0]["rule_groups"]},
         work_sizes={k: v for m in metas for k, v in m.get("work_sizes", {}).items()},
     )

@@ -78,6 +78,9 @@ _QUANT_CHAIN_OPS = frozenset(_V("quantize_chain_ops"))
 _QUANT_PARTS = frozenset(_V("quantize_parts"))
 
 
+_SOFTMAX_STAGES = ("sampling", "elementwise")  # a softmax the names left generic or gave the sampler
+
+
 def _softmax_name(name: str) -> bool:
     """A softmax kernel's name (the forward's: a backward pass is no attention)."""
     return any(w in name.lower() for w in _SOFTMAX_WORDS) and "backward" not in name
@@ -85,7 +88,7 @@ def _softmax_name(name: str) -> bool:
 
 def _is_softmax(stage: str, name: str) -> bool:
     """A softmax kernel the names left generic or gave to the sampler."""
-    return stage in ("sampling", "elementwise") and _softmax_name(name)
+    return stage in _SOFTMAX_STAGES and _softmax_name(name)
 
 
 def mark_activation_quantize(
@@ -243,7 +246,7 @@ def softmax_rows(norm_names: Any, op_column: pa.Array, stage: list[str]) -> np.n
     :func:`compose_attention` looks around."""
     out = dict_where(norm_names, _softmax_name)
     for r in np.flatnonzero(out).tolist():
-        out[r] = _is_softmax(stage[r], "softmax")  # the name matched: the stage decides
+        out[r] = stage[r] in _SOFTMAX_STAGES
     return out | dict_isin(op_column, list(_SOFTMAX_OPS))
 
 

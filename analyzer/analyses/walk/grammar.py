@@ -40,10 +40,9 @@ from analyzer.analyses.walk.model_code import (
     _shift_prologue_to_next_layer,
 )
 from analyzer.analyses.walk.moe import _mark_routers
-from analyzer.analyses.walk.positions import _gemm_ops, _next_where, _norm_like
+from analyzer.analyses.walk.positions import _gemm_ops, _is_add, _next_where, _norm_like
 from analyzer.analyses.walk.regions import _label_generic
 from analyzer.analyses.walk.registry import (
-    _ADD_OPS,
     _ID,
     _V,
     ATTENTION,
@@ -473,7 +472,7 @@ def _add_before_gemm(rows: list[int], q: int, gemm: np.ndarray, op_names: Sequen
     if q < len(rows) and gemm[q]:
         return True
     while q < len(rows) and not gemm[q]:
-        if op_names[rows[q]] in _ADD_OPS:
+        if _is_add(rows[q], op_names):
             return True
         q += 1
     return False
