@@ -126,7 +126,7 @@ def test_linear_attention_captures_reach_the_targets(case: str) -> None:
 
 
 def test_rule_groups_run_only_where_their_precondition_holds() -> None:
-    from analyzer.analyses.classify import _StructureRun
+    from analyzer.analyses.structure_run import StructureRun
     from analyzer.analyses.walk.registry import KNOWLEDGE
     from analyzer.cli.check_cmd import analyze_stripped
 
@@ -134,7 +134,7 @@ def test_rule_groups_run_only_where_their_precondition_holds() -> None:
     names = {g.name for g in KNOWLEDGE.groups}
     assert names == {"quantized-linears", "expert-weights", "mixture-of-experts", "composed-attention",
                      "sdpa-front-end", "token-mixers", "gated-attention"}  # fmt: skip
-    assert "decide_groups" in vars(_StructureRun)
+    assert "decide_groups" in vars(StructureRun)
     # GIVEN a dense bf16 capture with SDPA and an fla hybrid with gated attention WHEN analysed
     dense = analyze_stripped(str(ROOT / "fixtures/zoo/llama-sdpa-bf16/trace.json.gz"), False, (), None, None)
     fla = analyze_stripped(str(LIBS / "fla-qwen3-next-bf16/trace.json.gz"), False, (), None, None)

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import array
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,16 +31,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analyzer.analyses import (
-    attention_gates,
-    dequantize,
-    mixers,
-    providers,
-    shape_roles,
-    unexplained,
-    weight_gathers,
-)
-from analyzer.analyses.walk import eager_ops, grammar, moe, positions, registry, selfcheck
+from analyzer.analyses import mixers, providers, shape_roles, unexplained, weight_gathers
+from analyzer.analyses.structure_run import StructureRun
+from analyzer.analyses.walk import registry
 from analyzer.analyses.walk.registry import GENERIC
 from analyzer.knowledge import kernel_rules as rules_mod
 from analyzer.knowledge.op_hints import op_hint_ids
@@ -90,7 +82,7 @@ def classify_and_check(
     rule_ids, why = _rule_codes(cols["rule_id"], know)
     apply_op_hints(stage, op_names, op_hints, op_dims, why, _hint_codes(rule_ids), th)
     by_names = _stage_codes(stage, vocab)
-    run = _StructureRun.of(kernels, host_ops, cols, stage, why, op_names, op_dims, op_column, th, join)
+    run = StructureRun.of(kernels, host_ops, cols, stage, why, op_names, op_dims, op_column, th, join)
     run.front = in_attention_front_end(kernels, host_ops, by_names, vocab, join)
     run.decide_groups(know, op_column, vocab)
     if groups is not None:
@@ -109,9 +101,7 @@ def classify_and_check(
             run.layer[seg] = -1
             undecided.append(problem)
             run.counts[registry.SELF_CHECK] += len(seg)
-            if run.groups.get("token-mixers", True):
-                mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, run.launch)
-                run.count(mixers.MIXER_SPAN, mixed)
+            run.mixers_alone(seg)
     foreign = unexplained.foreign_ops_warning(
         why, op_names, run.layer, kernels["dur_ns"].to_numpy(zero_copy_only=False), th, run.counts
     )
@@ -159,146 +149,6 @@ def _device_segments(kernels: pa.Table) -> list[np.ndarray]:
     ordered = order[timed[order]]
     segment = tid[ordered].astype(np.int64) * 65536 + dev[ordered].astype(np.int64)
     return [seg for seg in np.split(ordered, np.flatnonzero(np.diff(segment)) + 1) if len(seg)]
-
-
-@dataclass
-class _StructureRun:
-    """What the structure rules read, per kernel row, found once for the run, and the driver that runs
-    them over one device's segment in order: the passes before the walk (activation quantization
-    STR049, weight dequantization STR053, expert-weight gathers STR050, composed attention and the
-    SDPA front end, token mixers STR052), the walk, its self-check, and after it the attention output
-    gates (STR054)."""
-
-    stage: list[str]
-    why: Any
-    op_names: list[str | None]
-    op_dims: dict[int, Any]
-    norm: list[str]
-    launch: np.ndarray
-    topk: np.ndarray
-    pow_rows: np.ndarray
-    reduce_rows: np.ndarray
-    softmax: np.ndarray
-    int_cast: np.ndarray
-    vec_scale: np.ndarray
-    gemm_kn: Callable[[int], tuple[int, int] | None] | None
-    th: Any
-    layer: np.ndarray
-    front: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    counts: Counter = field(default_factory=Counter)
-    groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
-
-    @classmethod
-    def of(
-        cls,
-        kernels: pa.Table,
-        host_ops: pa.Table,
-        cols: dict[str, Any],
-        stage: list[str],
-        why: Any,
-        op_names: list[str | None],
-        op_dims: dict[int, Any],
-        op_column: pa.DictionaryArray,
-        th: Any,
-        join: launches.OpJoin,
-    ) -> _StructureRun:
-        norm = pylist(cols["norm_name"])
-        int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column, join)
-        return cls(
-            stage, why, op_names, op_dims, norm,
-            kernels["launch_op_id"].to_numpy(zero_copy_only=False),
-            moe.topk_candidates(norm, op_column),
-            dict_isin(op_column, list(registry.POW_OPS)),
-            eager_ops.reduction_rows(cols["norm_name"], op_column),
-            eager_ops.softmax_rows(cols["norm_name"], op_column, stage),
-            int_cast, vec_scale, _gemm_shapes_on_demand(kernels, host_ops, op_names, join), th,
-            np.full(kernels.num_rows, -1, np.int64),
-        )  # fmt: skip
-
-    def count(self, rule: int, kernels: int) -> None:
-        if kernels:
-            self.counts[rule] += kernels
-
-    def decide_groups(
-        self, know: StructureKnowledge, op_column: pa.DictionaryArray, seen: Mapping[str, int]
-    ) -> None:
-        """Whether each rule group's precondition (``[[group]]`` in rules/structure.toml) holds on the
-        run: where it does not, its rules could change nothing, and they do not run. ``seen``: the
-        stages the names and op hints gave."""
-
-        def launched(*keys: str) -> bool:
-            ops = [op for k in keys for op in know.set_of(k)]
-            return bool(dict_isin(op_column, ops).any())
-
-        held = {
-            "quantized-linears": bool(self.int_cast.any())
-            or launched("quantized_gemm_ops", "weight_only_gemm_ops", "float_out_gemm_ops"),
-            "expert-weights": bool(self.topk.any()),
-            "mixture-of-experts": bool(self.topk.any()) or any(s.startswith("moe_") for s in seen),
-            "composed-attention": bool(self.softmax.any()),
-            "sdpa-front-end": bool(self.front.any()),
-            "token-mixers": "linear_attention" in seen or launched("depthwise_conv_ops", "mixer_anchor_ops"),
-            "gated-attention": launched("gate_activation_ops"),
-        }
-        self.groups = {g.name: held[g.name] for g in know.groups}
-
-    def structure(self, seg: np.ndarray) -> str | None:
-        """The structure rules over one device's kernels ``seg`` (in launch order); the self-check's
-        reason when the walk cannot be trusted (the caller then keeps the names' answers)."""
-        stage, why, op_names, op_dims, th, launch = self.stage, self.why, self.op_names, self.op_dims, self.th, self.launch  # fmt: skip
-        ran = self.groups  # (every group runs where the preconditions were not decided)
-        if ran.get("quantized-linears", True):
-            eager_ops.mark_activation_quantize(seg, stage, op_names, launch, why)
-            dequantize.mark_weight_dequantize(
-                seg, stage, op_names, launch, self.int_cast, self.vec_scale, why, th
-            )
-        if ran.get("expert-weights", True):
-            weight_gathers.mark_expert_weight_gathers(seg, stage, op_names, op_dims, self.topk, why, th)
-        if ran.get("composed-attention", True):
-            eager_ops.compose_attention(seg, stage, self.norm, op_names, launch, self.softmax, why)
-        if ran.get("sdpa-front-end", True):
-            for r in seg[self.front[seg]].tolist():  # after composing: it reaches back past the front end
-                stage[r] = registry.COMPOSED_ATTENTION
-                why[r] = SDPA_FRONT_END
-        # token mixers first: the walk takes their projections as they are (a mixer's block is not
-        # attention and an MLP)
-        mixed = 0
-        if ran.get("token-mixers", True):
-            mixed = mixers.mark_mixers(seg, stage, op_names, op_dims, why, th, launch)
-        grammar.walk_sequence(
-            seg, stage, self.norm, op_names, launch, self.layer, self.topk, self.pow_rows, self.reduce_rows,
-            why, th, self.counts, self.gemm_kn, ran.get("mixture-of-experts", True),
-        )  # fmt: skip
-        problem = selfcheck.structure_problem(seg, stage, self.layer, th)
-        if problem:
-            return problem
-        self.count(mixers.MIXER_SPAN, mixed)
-        if ran.get("gated-attention", True):
-            self.count(
-                attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, stage, op_names, why)
-            )
-        return None
-
-
-def _gemm_shapes_on_demand(
-    kernels: pa.Table, host_ops: pa.Table, op_names: list[str | None], join: launches.OpJoin | None = None
-) -> Callable[[int], tuple[int, int] | None] | None:
-    """Kernel row -> (K, N) of its launching GEMM op, read from the host ops when asked (the walk
-    asks for a few GEMMs: no per-kernel shape lists on a 10 GB trace); None without host ops."""
-    found = launches.joined(kernels, host_ops, join)
-    if found is None:
-        return None
-    ops, pos = found
-    op_row, dims = ops["row"], host_ops["input_dims"]
-
-    def kn(r: int) -> tuple[int, int] | None:
-        p = pos[r].as_py()
-        if p is None:
-            return None
-        d = dims[op_row[p].as_py()].as_py()
-        return positions.gemm_shape(op_names[r], [list(x) for x in d] if d else None)
-
-    return kn
 
 
 # --------------------------------------------------------------------------- self-check
@@ -359,7 +209,6 @@ def _apply_shape_roles(
     return shaped, None
 
 
-SDPA_FRONT_END = registry.KNOWLEDGE.code_of("sdpa-front-end")
 SHAPE_ROLES = registry.KNOWLEDGE.code_of("shape-roles")
 EMBEDDING_LOOKUP = registry.KNOWLEDGE.code_of("embedding-lookup")
 

@@ -6,8 +6,11 @@ Contract: :func:`walk_sequence` builds the device's :class:`KernelSequence` and 
 rules that prepare it (a lone ``pow``, output-row gathers, MoE routers), the look-ahead of every GEMM
 op (:class:`_Ahead`), the walk itself (:func:`_walk`: the region state machine, one decision per GEMM
 op in :func:`_gemm_op`), the fix-ups around the first layer and the LM head (:func:`_fix_ups`) and
-the region defaults with their refinements (:func:`_label_regions`). Every rule writes ``stage`` and
-the deciding rule's code into ``why``; the walk writes the layer numbers.
+the region defaults with their refinements (:func:`_label_regions`), in the registry's order
+(:data:`WALK_STEPS`, checked against ``rules/structure.toml`` by the tests). Every step returns its
+:class:`~analyzer.analyses.walk.decisions.Decisions` (a stage and the deciding rule's code per kernel
+row) and :meth:`KernelSequence.apply` applies them before the next step reads; the walk writes the
+layer numbers.
 
 Regions of a decoder layer: ``attn_in`` (after the input norm: QKV GEMMs, RoPE, KV store), ``attn``
 (attention), ``attn_out`` (after the O GEMM: residual add, post-attention norm), ``mlp_in`` (between
@@ -25,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.analyses.walk.decisions import Decisions
 from analyzer.analyses.walk.eager_ops import (
     _demote_lone_pow,
     _demote_output_row_gathers,
@@ -81,6 +85,29 @@ _ROUTING_LEADS = ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
 
 GemmShapes = Callable[[int], tuple[int, int] | None]
 
+#: The walk's steps, by the registry names of the rules each applies, in the order they run (the
+#: registry's order: ``tests/test_structure_registry.py`` checks it). The GEMM roles are one step:
+#: the region state machine decides each GEMM op by the first of its role rules that holds.
+WALK_STEPS = (
+    ("lone-pow",),
+    ("output-row-gather",),
+    ("moe-router",),
+    ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "role-moe-gate", "host-input-boundary",
+     "role-gate-up", "role-down", "role-expert", "role-lm-head", "second-head", "role-none",
+     "block-without-mlp", "down-by-shape", "moe-sampling-topk"),
+    ("embedding-projection",),
+    ("pre-layer-sampling",),
+    ("embedding-scale",),
+    ("position-ids",),
+    ("tail-neg",),
+    ("first-norm", "rotary-module", "moe-block", "moe-shared-gate", "moe-glu-product", "sandwich-norm",
+     "router-cast", "residual-add", "kv-update", "kv-update-before-gemm", "kv-update-by-name",
+     "attention-input-copies", "region-attn-in", "region-attn", "region-attn-out", "region-mlp-in",
+     "region-mlp-out", "region-moe", "region-tail"),
+    ("inner-norms", "qk-norm-input-copy"),
+    ("prologue-shift",),
+)  # fmt: skip
+
 
 def walk_sequence(
     seq: np.ndarray,
@@ -96,7 +123,7 @@ def walk_sequence(
     th: Thresholds = DEFAULT_THRESHOLDS,
     fired: Counter | None = None,
     gemm_kn: GemmShapes | None = None,
-    moe: bool = True,
+    runs: Callable[[str], bool] | None = None,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels ``seq``.
     Per kernel row: ``stage`` (read and written), ``norm`` (normalised names), ``op_names`` /
@@ -106,17 +133,21 @@ def walk_sequence(
     the stage, updated for every kernel a rule here relabels). ``th``: the thresholds; ``fired``:
     rule code -> kernels, counted for the rules whose decision the stage column does not show (layers
     only, or a stage a later rule replaces); ``gemm_kn`` (optional): kernel row -> its GEMM op's
-    (K, N), read on demand for the few GEMMs whose role needs it; ``moe``: the mixture-of-experts
-    rules run (their group's precondition held: without a top-k candidate or a routing / expert stage
-    there is no router to find)."""
+    (K, N), read on demand for the few GEMMs whose role needs it; ``runs`` (rule name -> whether it
+    runs: its group's precondition held; default: every rule runs): without a top-k candidate or a
+    routing / expert stage there is no router to find, without host ops no model code's host op,
+    without a KV write op or store kernel no KV-cache update."""
     why = defaultdict(int) if why is None else why  # (read for the marks of the passes before)
     ks = KernelSequence(seq, row_sequence(seq), stage, why, norm, op_names, launch, th, fired)
-    gemm, op_first, op_last = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], moe)
+    runs = runs if runs is not None else _every_rule
+    gemm, op_first, op_last = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], runs("moe-router"))
     ahead = _look_ahead(ks, gemm, op_first, op_last)
     region_of, layer_of, opened = _walk(ks, ahead, gemm_kn)
-    _demote_embedding_projection(ks.rows, stage, region_of, layer_of, op_first, op_last, opened, why)
-    marks = _fix_ups(ks, region_of)
-    _label_regions(ks, region_of, layer_of, op_first, marks)
+    d = ks.decide()
+    _demote_embedding_projection(ks.rows, d.stage, region_of, layer_of, op_first, op_last, opened, d.why)
+    ks.apply(d)
+    marks = _fix_ups(ks, region_of, runs)
+    _label_regions(ks, region_of, layer_of, op_first, marks, runs("kv-update"))
     layer[seq] = layer_of
 
 
@@ -126,9 +157,11 @@ def _prepare(
     """The rules that run before the walk: a lone ``pow`` is no norm (STR-lone-pow), the output
     rows an LM head gathers are not the embedding, MoE routers by their top-k (STR005). Returns the
     GEMM mask and the GEMM ops' first and last positions."""
-    rows, stage, why = ks.rows, ks.stage, ks.why
+    rows = ks.rows
+    d = ks.decide()
     # the region labels the lone pows next: the final stage names that rule
-    ks.count(LONE_POW, _demote_lone_pow(rows, stage, pow_at, reduce_at, why))
+    d.count(LONE_POW, _demote_lone_pow(rows, d.stage, pow_at, reduce_at, d.why))
+    ks.apply(d)
     ks.refresh()
     # norm-like: a norm stage, or a name with a norm's word (tested once per distinct name; no
     # per-kernel tuples: millions of them would dominate the memory of a 10 GB trace)
@@ -139,16 +172,18 @@ def _prepare(
     gemm = ks.stages(GEMM_STAGES)
     op_first, op_last = _gemm_ops(ks.seq, gemm, ks.names, ks.launch)
     found = ks.stages(("embedding",)), ks.stages(ATTENTION)
-    gathers = _demote_output_row_gathers(rows, stage, *found, op_first, ks.normish, why)
-    if gathers:
-        ks.count(OUTPUT_ROWS, gathers)  # the region labels them next: the final stage names that rule
-        ks.refresh()
+    d = ks.decide()
+    gathers = _demote_output_row_gathers(rows, d.stage, *found, op_first, ks.normish, d.why)
+    d.count(OUTPUT_ROWS, gathers)  # the region labels them next: the final stage names that rule
+    ks.apply(d, refresh=gathers > 0)
     hard = ks.normish | ks.stages(ATTENTION, ("embedding",))
     experts = ks.stages(("moe_expert_gemm",))
-    if moe and _mark_routers(
-        rows, ks.st, stage, ks.names, ks.op_names, (op_first, op_last), hard, experts, topk_rows, why
-    ):
-        ks.refresh()
+    if moe:
+        d = ks.decide()
+        found_router = _mark_routers(
+            rows, ks.st, d.stage, ks.names, ks.op_names, (op_first, op_last), hard, experts, topk_rows, d.why
+        )
+        ks.apply(d, refresh=found_router)
     return gemm, op_first, op_last
 
 
@@ -233,8 +268,10 @@ def _walk(
 ) -> tuple[list[str], list[int], list[int]]:
     """The region state machine along the positions: per position its region and layer number (-1
     before the first layer and after the LM head), and the GEMM ops that opened a forward."""
-    n, st, rows, stage, why = ks.n, ks.st, ks.rows, ks.stage, ks.why
+    n, st, rows, stage = ks.n, ks.st, ks.rows, ks.stage
     normish, boundary, op_index, op_last = ks.normish, ahead.boundary, ahead.op_index, ahead.op_last
+    d = ks.decide()
+    decided, coded = d.stage, d.why
     mem = _Memory()
     region, layer_no = "pre", -1
     norm_seen = False
@@ -256,14 +293,14 @@ def _walk(
         if k >= 0:
             b = int(op_last[k])
             role, rid, region, layer_no = _gemm_op(
-                ks, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
+                ks, d, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
             )
             fresh = fresh and bool(ahead.rotary_next[k])  # the rotary module's product opens nothing
             norm_seen = False
             for q in range(p, b + 1):
-                if stage[rows[q]] in GEMM_STAGES:
-                    stage[rows[q]] = role
-                    why[rows[q]] = rid
+                if stage[rows[q]] in GEMM_STAGES:  # (this op's kernels: no decision of this walk yet)
+                    decided[rows[q]] = role
+                    coded[rows[q]] = rid
                 region_of[q] = region
                 layer_of[q] = -1 if region in ("pre", "tail") else layer_no
             p = b + 1
@@ -275,8 +312,8 @@ def _walk(
         elif s in _MOE_ROUTING and region in ("attn_out", "mlp_in", "moe"):
             region = "moe"
         elif s == "sampling" and region == "moe":
-            stage[rows[p]] = "moe_topk"
-            why[rows[p]] = MOE_SAMPLING_TOPK
+            decided[rows[p]] = "moe_topk"
+            coded[rows[p]] = MOE_SAMPLING_TOPK
         elif s == "moe_expert_gemm":
             region = "moe_experts"
         elif normish[p]:
@@ -284,11 +321,13 @@ def _walk(
         region_of[p] = region
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
+    ks.apply(d)
     return region_of, layer_of, mem.opened
 
 
 def _gemm_op(
     ks: KernelSequence,
+    d: Decisions,
     ahead: _Ahead,
     k: int,
     region: str,
@@ -298,8 +337,9 @@ def _gemm_op(
     mem: _Memory,
     gemm_kn: GemmShapes | None,
 ) -> tuple[str, int, str, int]:
-    """(role, deciding rule's code, new region, layer number) of GEMM op ``k``; updates ``mem``."""
-    rows, stage, why = ks.rows, ks.stage, ks.why
+    """(role, deciding rule's code, new region, layer number) of GEMM op ``k``; updates ``mem``;
+    ``d``: the walk's decisions so far (an output projection is taken back from the head)."""
+    rows, why = ks.rows, ks.why
     p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
     if ahead.router[p]:  # found by _mark_routers
         role, region, rid = "moe_gate_gemm", "moe", MOE_ROUTER
@@ -316,9 +356,9 @@ def _gemm_op(
         # two GEMMs after the final norm with nothing between: an output projection, then the LM
         # head (OPT-350m's project_out): the last one is the head
         for q in range(int(ahead.op_first[k - 1]), int(ahead.op_last[k - 1]) + 1):
-            if stage[rows[q]] == "lm_head_gemm":
-                stage[rows[q]] = "gemm"
-                why[rows[q]] = SECOND_HEAD
+            if d.stage[rows[q]] == "lm_head_gemm":
+                d.stage[rows[q]] = "gemm"
+                d.why[rows[q]] = SECOND_HEAD
         role, rid = "lm_head_gemm", SECOND_HEAD
     elif (
         region == "mlp_in"
@@ -361,26 +401,52 @@ def _gemm_op(
     return role, rid, region, layer_no
 
 
-def _fix_ups(ks: KernelSequence, region_of: list[str]) -> list[int]:
+def _every_rule(_: str) -> bool:
+    return True
+
+
+def _fix_ups(ks: KernelSequence, region_of: list[str], runs: Callable[[str], bool]) -> list[int]:
     """Around the first layer and the LM head: sampling ops before the layers, the embedding's scale,
     position ids, an ``aten::neg`` after the LM head. Returns the positions they looked at (none
     relabels another's; stages the walk itself sets are GEMM roles and moe_topk: only these
     candidates need a look)."""
-    rows, stage, why = ks.rows, ks.stage, ks.why
+    rows, stage = ks.rows, ks.stage
     marked = ("sampling", "embedding", "rope")
     marks = [q for q in np.flatnonzero(ks.stages(marked)).tolist() if stage[rows[q]] in marked]
-    _demote_sampling_before_layers(rows, stage, region_of, marks, why)
-    _label_embedding_scale(rows, stage, ks.op_names, marks, why)
-    _label_position_ids(rows, stage, ks.op_names, marks, why)
-    for q in marks:
-        if stage[rows[q]] == "rope" and region_of[q] == "tail":
-            stage[rows[q]] = "sampling"  # an aten::neg after the LM head (logits processing) is no RoPE
-            why[rows[q]] = TAIL_NEG
+    ops = ks.op_names
+    steps: tuple[tuple[str, Callable[[Decisions], None]], ...] = (  # in the registry's order
+        (
+            "pre-layer-sampling",
+            lambda d: _demote_sampling_before_layers(rows, d.stage, region_of, marks, d.why),
+        ),
+        ("embedding-scale", lambda d: _label_embedding_scale(rows, d.stage, ops, marks, d.why)),
+        ("position-ids", lambda d: _label_position_ids(rows, d.stage, ops, marks, d.why)),
+        ("tail-neg", lambda d: _tail_neg(rows, d.stage, region_of, marks, d.why)),
+    )
+    for rule, step in steps:
+        if not runs(rule):
+            continue
+        d = ks.decide()
+        step(d)
+        ks.apply(d)
     return marks
 
 
+def _tail_neg(rows: list[int], stage: Any, region_of: list[str], marks: list[int], why: Any) -> None:
+    """An ``aten::neg`` after the LM head (logits processing) is no RoPE (STR022)."""
+    for q in marks:
+        if stage[rows[q]] == "rope" and region_of[q] == "tail":
+            stage[rows[q]] = "sampling"
+            why[rows[q]] = TAIL_NEG
+
+
 def _label_regions(
-    ks: KernelSequence, region_of: list[str], layer_of: list[int], op_first: np.ndarray, marks: list[int]
+    ks: KernelSequence,
+    region_of: list[str],
+    layer_of: list[int],
+    op_first: np.ndarray,
+    marks: list[int],
+    kv: bool = True,
 ) -> None:
     """The region defaults for the generic kernels, with the model's learned norm shape; the q / k
     norms inside the attention input; the prologue of the next layer moved to it."""
@@ -408,14 +474,28 @@ def _label_regions(
     candidates = was_generic.copy()
     candidates[marks] = True
     generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
+    d = ks.decide()
     _label_generic(
-        ks.seq, stage, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,
-        ks.why, ks.th, rows=rows,
-    )  # fmt: skip
-    attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
-    _label_inner_norms(
-        rows, stage, attn_in, ks.normish, was_generic, shape, ks.names, ks.why, ks.th, ks.op_names
+        ks.seq,
+        d,
+        ks.op_names,
+        region_of,
+        region_code,
+        generic_at,
+        ks.names,
+        ks.normish,
+        shape,
+        ks.th,
+        rows,
+        kv,
     )
+    ks.apply(d)
+    attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
+    d = ks.decide()
+    _label_inner_norms(
+        rows, d.stage, attn_in, ks.normish, was_generic, shape, ks.names, d.why, ks.th, ks.op_names
+    )
+    ks.apply(d)
     ks.count(PROLOGUE_SHIFT, _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts))
 
 

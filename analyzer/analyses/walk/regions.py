@@ -5,12 +5,12 @@ rotary and MoE rules.
 
 from __future__ import annotations
 
-import array
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from analyzer.analyses.walk.decisions import Decisions
 from analyzer.analyses.walk.eager_ops import _between_fused_norms, _has_norm_signal
 from analyzer.analyses.walk.kv_cache import (
     _CACHE_READ_OPS,
@@ -62,7 +62,7 @@ _REGION_STAGE = dict(KNOWLEDGE.regions)
 
 def _label_generic(
     seq: np.ndarray,
-    stage: list[str],
+    d: Decisions,
     op_names: Sequence[str | None],
     region_of: list[str],
     region_code: np.ndarray,
@@ -70,23 +70,19 @@ def _label_generic(
     norm: Sequence[str] = (),
     normish: np.ndarray | None = None,
     shape: dict[str, tuple[int, int]] | None = None,
-    why: Any = None,
     th: Thresholds = DEFAULT_THRESHOLDS,
     rows: Sequence[int] | None = None,  # seq as Python ints, where the caller holds them
+    kv: bool = True,
 ) -> None:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
-    are found at once). Each region's labelling changes only its own positions, so the generic
-    kernels of every region are the ones found before the first."""
-    why = {} if why is None else why
+    are found at once), recorded in ``d``. Each region's labelling changes only its own positions, so
+    the generic kernels of every region are the ones found before the first. A generic kernel no
+    specific rule took keeps the region's rule code, whether or not the region's default stage
+    reached it. ``kv``: the KV-cache update rules run (their group's precondition held)."""
+    stage, why = d.stage, d.why
     rows = seq.tolist() if rows is None else rows
     n = len(rows)
-    # with a typed array of codes, the region defaults' codes are set at once afterwards (below)
-    codes_at_once = isinstance(why, array.array) and len(generic_at) > 0
-    if codes_at_once:
-        codes = np.frombuffer(why, np.int16)
-        at = seq[np.asarray(generic_at, np.int64)]
-        before = codes[at].copy()
     gap = int(th.norm_cluster_gap)
     clusters = _cluster_bounds(np.flatnonzero(normish), gap) if shape and normish is not None else None
     starts = [0, *(np.flatnonzero(np.diff(region_code)) + 1).tolist()]
@@ -116,16 +112,10 @@ def _label_generic(
             run = _label_residual_add(rows, run, stage, op_names, why)
             if reg == "mlp_out":
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
-        if reg == "attn_in":
+        if reg == "attn_in" and kv:
             run = _label_attention_input(rows, run, p, q, stage, op_names, norm, why, th)
-        for i in run:
-            stage[rows[i]] = target
-        if not codes_at_once:
-            rule = _REGION_RULE.get(reg, MOE_BLOCK)
-            for i in run:
-                why[rows[i]] = rule
-    if codes_at_once:
-        _region_codes(codes, at, before, region_of, region_code, generic_at)
+        d.label([rows[i] for i in run], target, _REGION_RULE.get(reg, MOE_BLOCK))
+    _region_codes(d, seq, region_of, region_code, generic_at)
 
 
 def _label_sandwich(
@@ -250,23 +240,25 @@ def _label_attention_input(
 
 
 def _region_codes(
-    codes: np.ndarray,
-    at: np.ndarray,
-    before: np.ndarray,
-    region_of: list[str],
-    region_code: np.ndarray,
-    generic_at: list[int],
+    d: Decisions, seq: np.ndarray, region_of: list[str], region_code: np.ndarray, generic_at: list[int]
 ) -> None:
-    """A generic kernel no specific rule took got its region's stage: the region's rule says so (set
-    at once in the typed array of codes)."""
-    lut = np.full(int(region_code.max()) + 1 if len(region_code) else 1, -1, np.int16)
+    """A generic kernel no specific rule took is its region's: the region's rule code, though a
+    region default may not have reached it (before a residual add). Found at once per region."""
+    if not generic_at:
+        return
+    lut = np.full(int(region_code.max()) + 1, -1, np.int16)
     for reg in dict.fromkeys(region_of):
         rule = _REGION_RULE.get(reg)
         if rule is not None:
             lut[int(region_code[region_of.index(reg)])] = rule
-    rule_at = lut[region_code[np.asarray(generic_at, np.int64)]]
-    take = (codes[at] == before) & (rule_at >= 0)
-    codes[at[take]] = rule_at[take]
+    at = np.asarray(generic_at, np.int64)
+    rule_at = lut[region_code[at]]
+    rows_at = seq[at]
+    free = rule_at >= 0
+    if d.why.mine:
+        free &= ~np.isin(rows_at, np.fromiter(d.why.mine, np.int64, len(d.why.mine)))
+    for rule in np.unique(rule_at[free]).tolist():
+        d.label(rows_at[free & (rule_at == rule)], None, rule)
 
 
 # :func:`_write_kind` of each op that is not a named store, looked up once per kernel

@@ -1,7 +1,8 @@
 """The typed kernel sequence the walk's rules read: one device's kernels in launch order (positions
 ``0 .. n-1``) with what each rule may look at (kernel rows, stages, normalised names, launching ops and
-their ids) and what they write (the stage and the deciding rule's code per kernel row, the counts of
-the rules whose decision the stage column does not show). Built once per device segment by
+their ids) and what the rules' decisions change (the stage and the deciding rule's code per kernel
+row, the counts of the rules whose decision the stage column does not show), written only by
+:meth:`KernelSequence.apply`. Built once per device segment by
 :func:`analyzer.analyses.walk.grammar.walk_sequence`; the per-position stage codes are refreshed
 after a rule relabels kernels.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.analyses.walk.decisions import Decisions
 from analyzer.knowledge.structure_rules import Thresholds
 
 
@@ -49,6 +51,19 @@ class KernelSequence:
         self.st = list(map(self.stage.__getitem__, self.rows))
         self.kinds = {s: i for i, s in enumerate(dict.fromkeys(self.st))}
         self.code = np.fromiter(map(self.kinds.__getitem__, self.st), np.int32, len(self.rows))
+
+    def decide(self) -> Decisions:
+        """A fresh set of decisions for the next rule, read through to this sequence's stages."""
+        return Decisions(self.stage, self.why)
+
+    def apply(self, d: Decisions, refresh: bool = False) -> bool:
+        """Apply one rule's decisions (the driver's step, in the registry's order); ``refresh``:
+        read the stages again when it decided any. Returns whether it decided any."""
+        decided = bool(d)
+        d.apply(self.stage, self.why, self.fired)
+        if decided and refresh:
+            self.refresh()
+        return decided
 
     def stages(self, *sets: Any) -> np.ndarray:
         """Per position: its stage (as of the last :meth:`refresh`) is in one of ``sets``."""

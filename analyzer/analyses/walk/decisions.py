@@ -1,0 +1,103 @@
+"""What one structure rule decided, as a value the rule returns and one driver applies.
+
+Contract: a rule (a pass of the structure run, a step of the layer walk) reads the kernels and
+returns a :class:`Decisions`; it never writes the shared stage list or rule codes. While it works it
+reads the stages through its own decisions so far (:attr:`Decisions.stage`, :attr:`Decisions.why`:
+a kernel row's stage is the rule's own decision where it made one, the sequence's otherwise) and
+records a decision by writing through them, or a run of rows given one stage by one rule at once
+(:meth:`Decisions.label`). The driver (:mod:`analyzer.analyses.classify` for the passes,
+:func:`analyzer.analyses.walk.grammar.walk_sequence` for the walk's steps) applies each rule's
+decisions in the registry's order (:meth:`Decisions.apply`), so a later rule sees an earlier one's.
+"""
+
+from __future__ import annotations
+
+import array
+from collections import Counter
+from collections.abc import Iterable, MutableSequence, Sequence
+from typing import Any
+
+import numpy as np
+
+
+class _Overlay:
+    """Per kernel row: a rule's own decision where it made one, the value underneath otherwise.
+    Reads and writes by row index, as the rules read a stage list or a code array."""
+
+    __slots__ = ("base", "mine")
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self.mine: dict[int, Any] = {}
+
+    def __getitem__(self, r: int) -> Any:
+        mine = self.mine
+        return mine[r] if r in mine else self.base[r]
+
+    def __setitem__(self, r: int, value: Any) -> None:
+        self.mine[r] = value
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
+class Decisions:
+    """One rule's decisions over a stage list and its rule codes (``why``: per kernel row the code
+    of the rule that set the stage). ``stage`` / ``why``: read the kernel's value as this rule sees
+    it, write a decision. :meth:`label`: many rows, one stage, one rule code. :meth:`count`: kernels
+    a rule decided whose stage column will not show it (a layer number, a stage a later rule
+    replaces)."""
+
+    __slots__ = ("stage", "why", "runs", "counts")
+
+    def __init__(self, stage: MutableSequence[str], why: Any) -> None:
+        self.stage = _Overlay(stage)
+        self.why = _Overlay(why)
+        self.runs: list[tuple[Sequence[int], str | None, int]] = []
+        self.counts: Counter = Counter()
+
+    def label(self, rows: Sequence[int], stage: str | None, rule: int) -> None:
+        """Rows ``rows`` take ``stage`` (None: keep theirs), decided by ``rule``; applied after the
+        single decisions (the caller labels rows it made no single decision for)."""
+        if len(rows):
+            self.runs.append((rows, stage, rule))
+
+    def count(self, rule: int, kernels: int) -> None:
+        if kernels:
+            self.counts[rule] += kernels
+
+    def __bool__(self) -> bool:
+        return bool(self.stage.mine or self.why.mine or self.runs)
+
+    def apply(self, stage: MutableSequence[str], why: Any, counts: Counter | None = None) -> None:
+        """Write these decisions into ``stage`` and ``why`` (a typed array of codes is written at
+        once) and add the counts to ``counts`` (when the caller keeps them)."""
+        for r, s in self.stage.mine.items():
+            stage[r] = s
+        for rows, s, _ in self.runs:
+            if s is not None:
+                for r in rows:
+                    stage[r] = s
+        _write_codes(why, self.why.mine.items(), self.runs)
+        if counts is not None:
+            counts.update(self.counts)
+
+
+def _write_codes(
+    why: Any, single: Iterable[tuple[int, int]], runs: list[tuple[Sequence[int], str | None, int]]
+) -> None:
+    if isinstance(why, array.array):
+        codes = np.frombuffer(why, np.int16) if len(why) else None
+        if codes is not None:
+            pairs = list(single)
+            if pairs:
+                at, code = zip(*pairs, strict=True)
+                codes[np.asarray(at, np.int64)] = np.asarray(code, np.int16)
+            for rows, _, rule in runs:
+                codes[np.asarray(rows, np.int64)] = rule
+        return
+    for r, c in single:
+        why[r] = c
+    for rows, _, rule in runs:
+        for r in rows:
+            why[r] = rule
