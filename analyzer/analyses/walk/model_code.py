@@ -6,12 +6,14 @@ next layer.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from analyzer.analyses.walk.positions import _cluster_bounds
 from analyzer.analyses.walk.registry import (
     _COPY_OPS,
     _FUSED_NORM_WORDS,
@@ -176,28 +178,52 @@ def _host_input_boundaries(
 
 
 def _label_first_norm(
-    rows: list[int], run: list[int], lo: int, hi: int, stage: list[str], norm: Sequence[str], why: Any
+    rows: list[int],
+    run: list[int],
+    lo: int,
+    hi: int,
+    stage: list[str],
+    norm: Sequence[str],
+    op_names: Sequence[str | None],
+    why: Any,
+    th: Thresholds = DEFAULT_THRESHOLDS,
 ) -> None:
-    """Before the first layer: the generic kernels of the trailing norm (input norm of layer 0).
+    """Before the first layer: the generic kernels of each norm there (the input norm of layer 0,
+    and an embedding's own norm before it), each run of norm kernels (at most ``norm_cluster_gap``
+    apart) on its own.
 
-    A norm composed of ATen kernels (pow, mean, rsqrt, mul) opens with one cast to fp32; a fused
-    norm kernel has no prologue, so the generic kernel before it belongs to what came earlier.
+    A norm composed of ATen kernels (pow, mean, rsqrt, mul) opens with one cast to fp32 and its
+    generic kernels reach up to the next norm (``max_norm_tail`` of them at most) or, for the last
+    norm, up to layer 0's projections; a fused norm kernel has no prologue and no tail but its casts
+    back (Bloom's ALiBi slopes and mask after its embedding LayerNorm are not the norm's).
     """
     norms = [i for i in range(lo, hi) if stage[rows[i]] == "norm"]
     if not norms:
         return
-    first = norm[rows[norms[0]]] if norm else ""
-    start = norms[0]
-    if (
-        not any(w in first for w in _FUSED_NORM_WORDS)
-        and start - 1 >= lo
-        and stage[rows[start - 1]] in GENERIC
-    ):
-        start -= 1
+    firsts, lasts = _cluster_bounds(np.asarray(norms, np.int64), int(th.norm_cluster_gap))
+    spans = []
+    for k, (a, b) in enumerate(zip(firsts, lasts, strict=True)):
+        start = a
+        if not _fused(norm, rows[a]) and a - 1 >= lo and stage[rows[a - 1]] in GENERIC:
+            start -= 1
+        if _fused(norm, rows[b]):
+            end = b + 1
+            while end < hi and op_names[rows[end]] in _CAST_OPS and stage[rows[end]] in GENERIC:
+                end += 1
+        else:
+            end = hi if k == len(firsts) - 1 else min(b + 1 + int(th.max_norm_tail), firsts[k + 1])
+        spans.append((start, end))
+    starts = [a for a, _ in spans]
     for i in run:
-        if i >= start and stage[rows[i]] in GENERIC:
+        k = bisect.bisect_right(starts, i) - 1
+        if k >= 0 and i < spans[k][1] and stage[rows[i]] in GENERIC:
             stage[rows[i]] = "norm"
             why[rows[i]] = FIRST_NORM
+
+
+def _fused(norm: Sequence[str], r: int) -> bool:
+    """Kernel row ``r`` is a fused norm kernel, by its name's words."""
+    return bool(norm) and any(w in norm[r] for w in _FUSED_NORM_WORDS)
 
 
 def _label_rotary_module(

@@ -94,7 +94,7 @@ def _label_generic(
         reg = region_of[p]
         run = generic_at[cut[k] : cut[k + 1]]
         if run and reg == "pre":
-            _label_first_norm(rows, run, p, q, stage, norm, why)
+            _label_first_norm(rows, run, p, q, stage, norm, op_names, why, th)
             _label_rotary_module(rows, p, q, stage, op_names, why, th)
         if not run or reg not in _REGION_STAGE:
             continue
