@@ -315,9 +315,11 @@ def telling_warnings(r: dict[str, Any]) -> list[str]:
 
 
 #: the analysis's warnings that speak of its stages (issue 33 item 4 counts these): the walk dropped,
-#: no LLM structure, kernels placed by position under foreign ops (STR051), GEMM roles in dispute
+#: no LLM structure, kernels placed by position under foreign ops (STR051), GEMM roles in dispute,
+#: an activation inside an attention input (STR058)
 STAGE_WARNING = re.compile(
     r"layer structure not found|no LLM structure|placed by its position|GEMM roles from shapes"
+    r"|activation inside a layer's attention input"
 )
 
 

@@ -133,7 +133,8 @@ def test_rule_groups_run_only_where_their_precondition_holds() -> None:
     # GIVEN the registry's groups THEN each has a precondition the driver decides
     names = {g.name for g in KNOWLEDGE.groups}
     assert names == {"quantized-linears", "expert-weights", "mixture-of-experts", "composed-attention",
-                     "sdpa-front-end", "token-mixers", "gated-attention"}  # fmt: skip
+                     "sdpa-front-end", "token-mixers", "gated-attention", "sparse-attention",
+                     "model-code-host-ops", "kv-cache-writes"}  # fmt: skip
     assert "decide_groups" in vars(StructureRun)
     # GIVEN a dense bf16 capture with SDPA and an fla hybrid with gated attention WHEN analysed
     dense = analyze_stripped(str(ROOT / "fixtures/zoo/llama-sdpa-bf16/trace.json.gz"), False, (), None, None)
@@ -142,6 +143,8 @@ def test_rule_groups_run_only_where_their_precondition_holds() -> None:
     assert dense.rule_groups["quantized-linears"] is False and dense.rule_groups["token-mixers"] is False
     assert dense.rule_groups["gated-attention"] is False
     assert dense.rule_groups["mixture-of-experts"] is False  # greedy decoding: no top-k at all
+    assert dense.rule_groups["sparse-attention"] is False
+    assert dense.rule_groups["model-code-host-ops"] is True and dense.rule_groups["kv-cache-writes"] is True
     moe = analyze_stripped(
         str(ROOT / "fixtures/zoo/qwen3-moe-grouped-bf16/trace.json.gz"), False, (), None, None
     )

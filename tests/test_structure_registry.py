@@ -17,7 +17,8 @@ from analyzer.analyses.walk.registry import KNOWLEDGE
 def _steps() -> list[tuple[str, ...]]:
     """Every step of the structure pass in the order the code runs it: the embedding lookup (with
     the op hints, before the structure pass), the passes before the walk, the walk's steps, its
-    self-check, the passes after it, then the run-wide foreign-op check and the shape roles."""
+    self-check, the passes after it, then the run-wide checks of what the walk cannot explain and
+    the shape roles."""
     return [
         ("embedding-lookup",),
         *[(p.rule,) for p in PASSES_BEFORE_WALK],
@@ -25,6 +26,7 @@ def _steps() -> list[tuple[str, ...]]:
         ("structure-self-check",),
         *[(p.rule,) for p in PASSES_AFTER_WALK],
         ("foreign-op-in-region",),
+        ("activation-in-attention-input",),
         ("shape-roles",),
     ]
 

@@ -102,8 +102,10 @@ def classify_and_check(
             undecided.append(problem)
             run.counts[registry.SELF_CHECK] += len(seg)
             run.mixers_alone(seg)
-    foreign = unexplained.foreign_ops_warning(
-        why, op_names, run.layer, kernels["dur_ns"].to_numpy(zero_copy_only=False), th, run.counts
+    dur = kernels["dur_ns"].to_numpy(zero_copy_only=False)
+    foreign = unexplained.foreign_ops_warning(why, op_names, run.layer, dur, th, run.counts)
+    misplaced = unexplained.activation_in_attention_input_warning(
+        run.suspects, run.norm, run.layer, dur, th, run.counts
     )
     shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th, join)
     final = _stage_codes(stage, vocab)
@@ -126,7 +128,7 @@ def classify_and_check(
     out = _with_columns(
         kernels.set_column(kernels.schema.get_field_index("norm_name"), "norm_name", cols["norm_name"]), extra
     )
-    extra_warnings = [w for w in (foreign, disagree) if w]
+    extra_warnings = [w for w in (foreign, misplaced, disagree) if w]
     return out, [*_check_warnings(out, undecided), *extra_warnings]
 
 

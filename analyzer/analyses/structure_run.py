@@ -26,6 +26,7 @@ import pyarrow as pa
 from analyzer.analyses import attention_gates, dequantize, mixers, weight_gathers
 from analyzer.analyses.walk import eager_ops, grammar, moe, positions, registry, selfcheck
 from analyzer.analyses.walk.decisions import Decisions
+from analyzer.analyses.walk.registry import ATTENTION
 from analyzer.knowledge.structure_rules import StructureKnowledge
 from analyzer.tables import launches
 from analyzer.tables.dictionaries import dict_isin, pylist
@@ -56,6 +57,7 @@ class StructureRun:
     front: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     counts: Counter = field(default_factory=Counter)
     groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
+    suspects: list[int] = field(default_factory=list)  # kernel rows the layer grammar has no place for
 
     @classmethod
     def of(
@@ -108,6 +110,7 @@ class StructureRun:
             "sdpa-front-end": bool(self.front.any()),
             "token-mixers": "linear_attention" in seen or launched("depthwise_conv_ops", "mixer_anchor_ops"),
             "gated-attention": launched("gate_activation_ops"),
+            "sparse-attention": bool(self.topk.any()) and any(s in ATTENTION for s in seen),
             "model-code-host-ops": op_column.null_count < len(op_column),
             "kv-cache-writes": launched("kv_write_ops") or "kv_cache_store" in seen,
         }
@@ -129,17 +132,19 @@ class StructureRun:
         """The structure rules over one device's kernels ``seg`` (in launch order); the self-check's
         reason when the walk cannot be trusted (the caller then keeps the names' answers)."""
         held: Counter = Counter()  # the passes' counts, kept where the walk is kept
+        suspect: list[int] = []
         for step in PASSES_BEFORE_WALK:
             if self.runs(step.rule):
                 self.decide(step, seg).apply(self.stage, self.why, held)
         grammar.walk_sequence(
             seg, self.stage, self.norm, self.op_names, self.launch, self.layer, self.topk, self.pow_rows,
-            self.reduce_rows, self.why, self.th, self.counts, self.gemm_kn, self.runs,
+            self.reduce_rows, self.why, self.th, self.counts, self.gemm_kn, self.runs, suspect,
         )  # fmt: skip
         problem = selfcheck.structure_problem(seg, self.stage, self.layer, self.th)
         if problem:
             return problem
         self.counts.update(held)
+        self.suspects.extend(suspect)
         for step in PASSES_AFTER_WALK:
             if self.runs(step.rule):
                 self.decide(step, seg).apply(self.stage, self.why, self.counts)

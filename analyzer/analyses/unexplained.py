@@ -1,4 +1,5 @@
-"""Kernels the layer walk placed by position only, under host ops foreign to that place (STR051).
+"""Kernels the layer walk cannot explain: placed by position only, under host ops foreign to that
+place (STR051); an activation inside a layer's attention input (STR058).
 
 Contract: a pure check after the walk; it changes no stage. The region defaults (STR034-STR040) and
 the expert block's dispatch / combine (STR025) give a generic kernel the stage of the place it sits
@@ -12,6 +13,12 @@ kernels take at least ``foreign_share`` of the kernel time, the analysis warns, 
 and the ops: their stages are a guess. Only kernels launched by an ATen op are judged (a compiled
 region or a library's op can wrap work of any kind); kernels without a launching op (graph replays,
 traces without host ops) cannot be judged either.
+
+An activation kernel (its name or its op said so) between a layer's first QKV projection and its
+attention is in no place of the layer's grammar: the GEMMs around it are an MLP or a gate the walk
+read as projections (a gated norm's MLP, per-layer input embeddings). Where such kernels take at
+least ``attention_input_activation_share`` of the kernel time, the analysis warns, naming the layers
+and the kernels (STR058).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np
 from analyzer.analyses.walk.registry import KNOWLEDGE
 
 FOREIGN_OPS = KNOWLEDGE.code_of("foreign-op-in-region")
+ACTIVATION_IN_ATTENTION_INPUT = KNOWLEDGE.code_of("activation-in-attention-input")
 #: rule code of a position-only decision -> the host ops that do that place's work
 _PLACES = {
     KNOWLEDGE.code_of(name): frozenset(KNOWLEDGE.set_of(f"region_ops_{place}"))
@@ -87,6 +95,44 @@ def foreign_ops_warning(
         f"under host ops that do not do that place's work ({ops}; {where}): work the structure rules "
         "do not know (a token mixer, a router or indexer), so the stages there are a guess"
     )
+
+
+def activation_in_attention_input_warning(
+    rows: Sequence[int],
+    names: Sequence[str],
+    layer: np.ndarray,
+    dur: np.ndarray,
+    th: Any,
+    fired: Counter | None = None,
+) -> str | None:
+    """The warning for activations the walk found inside a layer's attention input (``rows``: their
+    kernel rows; ``names``: normalised kernel names per row), or None below the share."""
+    dur = np.nan_to_num(np.asarray(dur, dtype=np.float64))
+    total = float(dur.sum())
+    if not len(rows) or total <= 0:
+        return None
+    at = np.asarray(rows, np.int64)
+    share = float(dur[at].sum()) / total
+    if fired is not None:
+        fired[ACTIVATION_IN_ATTENTION_INPUT] += len(at)
+    if share < float(th.attention_input_activation_share):
+        return None
+    by_name: Counter = Counter()
+    for r in at.tolist():
+        by_name[_short(names[r])] += float(dur[r])
+    layers = sorted({int(x) for x in layer[at].tolist() if x >= 0})
+    where = _layers(layers) if layers else "outside the layers"
+    kernels = ", ".join(nm for nm, _ in by_name.most_common(3))
+    return (
+        f"{100 * share:.1f}% of kernel time ({len(at)} kernels) is an activation inside a layer's "
+        f"attention input, between its QKV projection and its attention ({where}; {kernels}): the "
+        "GEMMs around it are an MLP or a gate the layer grammar does not know, so their roles there "
+        "are a guess"
+    )
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 60 else name[:57] + "..."
 
 
 def _layers(ids: list[int]) -> str:

@@ -69,6 +69,7 @@ from analyzer.analyses.walk.registry import (
     SAMPLING_LIKE,
 )
 from analyzer.analyses.walk.sequence import KernelSequence
+from analyzer.analyses.walk.sparse_attention import _demote_attention_index_topk
 from analyzer.knowledge.structure_rules import Thresholds
 from analyzer.tables.positions import row_sequence
 
@@ -85,11 +86,17 @@ _ROUTING_LEADS = ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
 
 GemmShapes = Callable[[int], tuple[int, int] | None]
 
+
+def _every_rule(_: str) -> bool:
+    return True
+
+
 #: The walk's steps, by the registry names of the rules each applies, in the order they run (the
 #: registry's order: ``tests/test_structure_registry.py`` checks it). The GEMM roles are one step:
 #: the region state machine decides each GEMM op by the first of its role rules that holds.
 WALK_STEPS = (
     ("lone-pow",),
+    ("attention-index-topk",),
     ("output-row-gather",),
     ("moe-router",),
     ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "role-moe-gate", "host-input-boundary",
@@ -124,6 +131,7 @@ def walk_sequence(
     fired: Counter | None = None,
     gemm_kn: GemmShapes | None = None,
     runs: Callable[[str], bool] | None = None,
+    suspect: list[int] | None = None,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels ``seq``.
     Per kernel row: ``stage`` (read and written), ``norm`` (normalised names), ``op_names`` /
@@ -136,27 +144,34 @@ def walk_sequence(
     (K, N), read on demand for the few GEMMs whose role needs it; ``runs`` (rule name -> whether it
     runs: its group's precondition held; default: every rule runs): without a top-k candidate or a
     routing / expert stage there is no router to find, without host ops no model code's host op,
-    without a KV write op or store kernel no KV-cache update."""
+    without a KV write op or store kernel no KV-cache update. ``suspect`` (optional): filled with the
+    kernel rows the layer grammar has no place for (an activation inside an attention input,
+    STR058)."""
     why = defaultdict(int) if why is None else why  # (read for the marks of the passes before)
     ks = KernelSequence(seq, row_sequence(seq), stage, why, norm, op_names, launch, th, fired)
     runs = runs if runs is not None else _every_rule
-    gemm, op_first, op_last = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], runs("moe-router"))
+    gemm, op_first, op_last, picked = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], runs)
     ahead = _look_ahead(ks, gemm, op_first, op_last)
     region_of, layer_of, opened = _walk(ks, ahead, gemm_kn)
     d = ks.decide()
     _demote_embedding_projection(ks.rows, d.stage, region_of, layer_of, op_first, op_last, opened, d.why)
     ks.apply(d)
     marks = _fix_ups(ks, region_of, runs)
-    _label_regions(ks, region_of, layer_of, op_first, marks, runs("kv-update"))
+    _label_regions(ks, region_of, layer_of, op_first, marks, runs("kv-update"), picked, suspect)
     layer[seq] = layer_of
 
 
 def _prepare(
-    ks: KernelSequence, topk_rows: np.ndarray, pow_at: np.ndarray, reduce_at: np.ndarray, moe: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The rules that run before the walk: a lone ``pow`` is no norm (STR-lone-pow), the output
-    rows an LM head gathers are not the embedding, MoE routers by their top-k (STR005). Returns the
-    GEMM mask and the GEMM ops' first and last positions."""
+    ks: KernelSequence,
+    topk_rows: np.ndarray,
+    pow_at: np.ndarray,
+    reduce_at: np.ndarray,
+    runs: Callable[[str], bool] = _every_rule,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """The rules that run before the walk: a lone ``pow`` is no norm (STR004), a sparse attention's
+    key top-k is no sampler's (STR057), the output rows an LM head gathers are not the embedding
+    (STR047), MoE routers by their top-k (STR005). Returns the GEMM mask, the GEMM ops' first
+    and last positions and the positions of a sparse attention's key selection."""
     rows = ks.rows
     d = ks.decide()
     # the region labels the lone pows next: the final stage names that rule
@@ -171,6 +186,15 @@ def _prepare(
     del names
     gemm = ks.stages(GEMM_STAGES)
     op_first, op_last = _gemm_ops(ks.seq, gemm, ks.names, ks.launch)
+    picked: list[int] = []
+    if runs("attention-index-topk"):
+        d = ks.decide()
+        lookup, attention = ks.stages(("embedding",)), ks.stages(ATTENTION)
+        picked = _demote_attention_index_topk(
+            rows, d.stage, topk_rows[ks.seq] & ks.stages(SAMPLING_LIKE), attention, gemm | ks.normish | lookup,
+            d.why,
+        )  # fmt: skip
+        ks.apply(d, refresh=bool(picked))
     found = ks.stages(("embedding",)), ks.stages(ATTENTION)
     d = ks.decide()
     gathers = _demote_output_row_gathers(rows, d.stage, *found, op_first, ks.normish, d.why)
@@ -178,13 +202,13 @@ def _prepare(
     ks.apply(d, refresh=gathers > 0)
     hard = ks.normish | ks.stages(ATTENTION, ("embedding",))
     experts = ks.stages(("moe_expert_gemm",))
-    if moe:
+    if runs("moe-router"):
         d = ks.decide()
         found_router = _mark_routers(
             rows, ks.st, d.stage, ks.names, ks.op_names, (op_first, op_last), hard, experts, topk_rows, d.why
         )
         ks.apply(d, refresh=found_router)
-    return gemm, op_first, op_last
+    return gemm, op_first, op_last, picked
 
 
 @dataclass
@@ -401,10 +425,6 @@ def _gemm_op(
     return role, rid, region, layer_no
 
 
-def _every_rule(_: str) -> bool:
-    return True
-
-
 def _fix_ups(ks: KernelSequence, region_of: list[str], runs: Callable[[str], bool]) -> list[int]:
     """Around the first layer and the LM head: sampling ops before the layers, the embedding's scale,
     position ids, an ``aten::neg`` after the LM head. Returns the positions they looked at (none
@@ -447,9 +467,12 @@ def _label_regions(
     op_first: np.ndarray,
     marks: list[int],
     kv: bool = True,
+    keep: Sequence[int] = (),
+    suspect: list[int] | None = None,
 ) -> None:
-    """The region defaults for the generic kernels, with the model's learned norm shape; the q / k
-    norms inside the attention input; the prologue of the next layer moved to it."""
+    """The region defaults for the generic kernels (but those at the positions ``keep``: a rule's
+    own, STR057), with the model's learned norm shape; the q / k norms inside the attention input;
+    the prologue of the next layer moved to it."""
     rows, stage, n = ks.rows, ks.stage, ks.n
     was_generic = ks.stages(GENERIC)
     # where each run of QKV GEMMs begins (a run begins where a GEMM op does); the labelling below
@@ -473,6 +496,7 @@ def _label_regions(
     # some generic ones: an embedding's scale)
     candidates = was_generic.copy()
     candidates[marks] = True
+    candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
     generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
     d = ks.decide()
     _label_generic(
@@ -491,6 +515,8 @@ def _label_regions(
     )
     ks.apply(d)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
+    if suspect is not None:  # an activation in an attention input has no place there (STR058)
+        suspect.extend(rows[q] for q in np.flatnonzero(attn_in & ks.stages(("activation",))).tolist())
     d = ks.decide()
     _label_inner_norms(
         rows, d.stage, attn_in, ks.normish, was_generic, shape, ks.names, d.why, ks.th, ks.op_names
