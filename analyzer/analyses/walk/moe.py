@@ -151,9 +151,15 @@ def _label_moe_block(
     op_names: Sequence[str | None],
     why: Any,
 ) -> None:
-    """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm."""
+    """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm. A
+    sort or scan the names call sampling before the last expert GEMM sorts the tokens by expert
+    (AFMoE's argsort, a histogram's cumulative sum): dispatch too."""
     gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
     last = gemms[-1] if gemms else lo - 1
+    for i in range(lo, last):
+        if stage[rows[i]] == "sampling":
+            stage[rows[i]] = "moe_sort"
+            why[rows[i]] = MOE_BLOCK
     # the residual add is the last add before the next norm (an earlier one combines the routed
     # and shared experts' outputs); an activation after the last expert GEMM (Qwen2-MoE's sigmoid of
     # the shared-expert gate) weighs the combination
