@@ -32,9 +32,11 @@ def table():
 
 def test_truth_table_covers_every_region_capture_writes(table) -> None:
     truth = pytest.importorskip("analyzer.capture.truth", reason="capture needs torch")
-    # two places are not ranges capture writes: outside_forward, and attention_inline (an
-    # attention_module range that entered no attention-interface function)
-    assert set(truth.REGIONS) | {"outside_forward", "attention_inline"} == set(table.regions)
+    # three places are not ranges capture writes: outside_forward, attention_inline (an
+    # attention_module range that entered no attention-interface function) and attention_gate (a
+    # gate_up_proj range inside an attention module)
+    places = {"outside_forward", "attention_inline", "attention_gate"}
+    assert set(truth.REGIONS) | places == set(table.regions)
 
 
 def test_attention_module_without_an_attention_range_is_inline_attention(table) -> None:
@@ -63,6 +65,35 @@ def test_attention_module_without_an_attention_range_is_inline_attention(table) 
     assert regions == {1: "attention_inline", 2: "attention_module"}
     accepted = dict(zip(got["correlation"], got["accepted"], strict=True))
     assert "flash_attention" in accepted[1] and "flash_attention" not in accepted[2]
+
+
+def test_a_gate_projection_inside_an_attention_module_is_the_attentions(table) -> None:
+    def ev(name, ts, dur, cat="user_annotation", corr=None, tid=1):
+        e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+        if corr is not None:
+            e["args"] = {"correlation": corr}
+        return e
+
+    # GIVEN a gate_proj inside an attention module, and an MLP's gate_proj after it
+    events = [
+        ev("lkm::truth region=attention_module", 0, 20),
+        ev("lkm::truth region=attention", 12, 3),
+        ev("lkm::truth region=gate_up_proj", 2, 4),
+        ev("aten::mm", 2.5, 3, "cpu_op"),
+        ev("cudaLaunchKernel", 3, 1, "cuda_runtime", 1),
+        ev("lkm::truth region=gate_up_proj", 30, 4),
+        ev("aten::mm", 30.5, 3, "cpu_op"),
+        ev("cudaLaunchKernel", 31, 1, "cuda_runtime", 2),
+        ev("nvjet_gemm", 40, 1, "kernel", 1, tid=7),
+        ev("nvjet_gemm", 50, 1, "kernel", 2, tid=7),
+    ]
+    got = extract_truth({"traceEvents": events}, table).to_pydict()
+    regions = dict(zip(got["correlation"], got["region"], strict=True))
+    # THEN the first is the attention's gate (an input projection), the second the MLP's
+    assert regions == {1: "attention_gate", 2: "gate_up_proj"}
+    accepted = dict(zip(got["correlation"], got["accepted"], strict=True))
+    assert "qkv_gemm" in accepted[1] and "gate_up_gemm" not in accepted[1]
+    assert accepted[2] == ["gate_up_gemm"]
 
 
 def test_truth_table_routes_gemm_and_kinds(table) -> None:

@@ -79,6 +79,7 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
     base = base if isinstance(base, int) and base > 0 else 0
     ranges, steps, ops, launches, gpu = _truth_events(doc)
     _mark_inline_attention(ranges)
+    _mark_attention_gates(ranges)
     _mark_steps_with_ranges(steps, ranges)
     region_of, step_of, op_of = _innermost_at_launch(launches, ranges, steps, ops)
     has_truth = bool(ranges)
@@ -166,6 +167,20 @@ def _mark_inline_attention(ranges: _Intervals) -> None:
                 k = bisect.bisect_left(inner, s)
                 if not (k < len(inner) and inner[k] <= end):
                     rs[i] = (s, end, "attention_inline")
+
+
+def _mark_attention_gates(ranges: _Intervals) -> None:
+    """A ``gate_up_proj`` range inside an attention module is no MLP's: it is the attention's own gate
+    projection (AFMoE's, HRM's ``self_attn.gate_proj``, whose sigmoid gates the attention output),
+    the place ``attention_gate``."""
+    for rs in ranges.values():
+        modules = sorted((s, end) for s, end, region in rs if region in ("attention_module", "attention_inline"))
+        starts = [s for s, _ in modules]
+        for i, (s, end, region) in enumerate(rs):
+            if region == "gate_up_proj":
+                k = bisect.bisect_right(starts, s) - 1
+                if k >= 0 and modules[k][1] >= end:
+                    rs[i] = (s, end, "attention_gate")
 
 
 def _mark_steps_with_ranges(steps: _Intervals, ranges: _Intervals) -> None:
