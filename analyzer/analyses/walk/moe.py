@@ -34,6 +34,9 @@ MOE_GLU_PRODUCT = _ID("moe-glu-product")
 _ROUTING_TAIL_OPS = _V("routing_tail_ops")
 
 
+_CAST_OPS = _V("cast_ops")
+
+
 _ROUTING_PARTS = _V("routing_parts")
 
 
@@ -151,9 +154,10 @@ def _label_moe_block(
     op_names: Sequence[str | None],
     why: Any,
 ) -> None:
-    """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm. A
-    sort or scan the names call sampling before the last expert GEMM sorts the tokens by expert
-    (AFMoE's argsort, a histogram's cumulative sum): dispatch too."""
+    """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm (a
+    post-norm block: norm, then the residual add). A sort or scan the names call sampling before the
+    last expert GEMM sorts the tokens by expert (AFMoE's argsort, a histogram's cumulative sum):
+    dispatch too."""
     gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
     last = gemms[-1] if gemms else lo - 1
     for i in range(lo, last):
@@ -170,6 +174,15 @@ def _label_moe_block(
         if last < i < (first_norm if first_norm is not None else -1) and _is_add(rows[i], op_names)
     ]
     add = adds[-1] if adds else None
+    # post-norm (OLMo's, FlexOlmo's): no add before the norm; the norm of the experts' output (from
+    # its leading cast) comes first, then the residual add
+    post_norm = post_add = None
+    if add is None and first_norm is not None:
+        post_add = next((i for i in run if i > first_norm and _is_add(rows[i], op_names)), None)
+        if post_add is not None:
+            post_norm = first_norm
+            if first_norm - 1 > last and op_names[rows[first_norm - 1]] in _CAST_OPS:
+                post_norm -= 1
     gate = False
     for i in range(last + 1, first_norm if first_norm is not None else hi):
         if stage[rows[i]] == "activation":
@@ -189,6 +202,8 @@ def _label_moe_block(
             continue
         if i < last:
             stage[rows[i]] = "moe_sort"
+        elif post_norm is not None and post_add is not None and i >= post_norm:
+            stage[rows[i]] = "residual_add" if i == post_add else "norm"
         elif add is None or i < add:
             stage[rows[i]] = "moe_accumulate"
         elif i == add:
