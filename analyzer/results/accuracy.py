@@ -174,7 +174,9 @@ def _mark_attention_gates(ranges: _Intervals) -> None:
     projection (AFMoE's, HRM's ``self_attn.gate_proj``, whose sigmoid gates the attention output),
     the place ``attention_gate``."""
     for rs in ranges.values():
-        modules = sorted((s, end) for s, end, region in rs if region in ("attention_module", "attention_inline"))
+        modules = sorted(
+            (s, end) for s, end, region in rs if region in ("attention_module", "attention_inline")
+        )
         starts = [s for s, _ in modules]
         for i, (s, end, region) in enumerate(rs):
             if region == "gate_up_proj":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import array
 from collections import Counter
-from collections.abc import Iterable, MutableSequence, Sequence
+from collections.abc import MutableSequence, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,25 +78,22 @@ class Decisions:
             if s is not None:
                 for r in rows:
                     stage[r] = s
-        _write_codes(why, self.why.mine.items(), self.runs)
+        _write_codes(why, self.why.mine, self.runs)
         if counts is not None:
             counts.update(self.counts)
 
 
-def _write_codes(
-    why: Any, single: Iterable[tuple[int, int]], runs: list[tuple[Sequence[int], str | None, int]]
-) -> None:
+def _write_codes(why: Any, single: dict[int, int], runs: list[tuple[Sequence[int], str | None, int]]) -> None:
     if isinstance(why, array.array):
         codes = np.frombuffer(why, np.int16) if len(why) else None
         if codes is not None:
-            pairs = list(single)
-            if pairs:
-                at, code = zip(*pairs, strict=True)
-                codes[np.asarray(at, np.int64)] = np.asarray(code, np.int16)
+            if single:
+                n = len(single)
+                codes[np.fromiter(single, np.int64, n)] = np.fromiter(single.values(), np.int16, n)
             for rows, _, rule in runs:
                 codes[np.asarray(rows, np.int64)] = rule
         return
-    for r, c in single:
+    for r, c in single.items():
         why[r] = c
     for rows, _, rule in runs:
         for r in rows:

@@ -295,7 +295,7 @@ def _walk(
     n, st, rows, stage = ks.n, ks.st, ks.rows, ks.stage
     normish, boundary, op_index, op_last = ks.normish, ahead.boundary, ahead.op_index, ahead.op_last
     d = ks.decide()
-    decided, coded = d.stage, d.why
+    decided, coded = d.stage.mine, d.why.mine  # (one per GEMM kernel: plain dict writes)
     mem = _Memory()
     region, layer_no = "pre", -1
     norm_seen = False
