@@ -198,6 +198,18 @@ def test_query_layouts_decide_decode_verify_and_prefill() -> None:
     assert phase_from_shape(1, 2, -1) == "prefill"  # no key length: not a continuation
 
 
+def test_a_sink_column_in_composed_scores_is_no_cached_context() -> None:
+    # GIVEN a composed attention's softmax over [scores | one sink column] (gpt-oss): a 16-token
+    # prefill shows 17 columns, its decodes 18, 19 ...
+    # THEN the prefill is a prefill, not a verify of 16 candidates over a one-token context
+    assert phase_from_shape(2, 16, 17, 16, scores=True) == "prefill"
+    assert phase_from_shape(2, 1, 18, 16, scores=True) == "decode"
+    # AND a verify of 4 candidates over 12 cached keys (plus the sink) is still a verify
+    assert phase_from_shape(1, 4, 17, 16, scores=True) == "decode"
+    # AND keys read from the keys themselves (not the scores) keep the one-token-context reading
+    assert phase_from_shape(2, 16, 17, 16) == "decode"
+
+
 def test_light_kernels_do_not_decide_when_heavy_ones_exist() -> None:
     # GIVEN steps whose heavy kernels agree but one step also ran a long light kernel
     segments, df = signature_frame([[10.0, 500.0]] + [[10.0, 1.0]] * 4)

@@ -54,7 +54,7 @@ from analyzer.analyses.phases.steps import StepLabel
 from analyzer.knowledge.structure_rules import Thresholds
 
 # a step's first attention op: (batch, query length, key length, model key), None without shapes
-_Hit = tuple[int, int, int, tuple[int, int]]
+_Hit = tuple[int, int, int, tuple[int, int], bool]
 
 
 @dataclasses.dataclass
@@ -127,12 +127,16 @@ def _by_shapes(
     """The phase each step's attention shapes say (None: no shapes), packed steps by
     :func:`phase_of_packed`, the others by :func:`phase_from_shape`."""
     phases: list[str | None] = [
-        None if h is None else phase_of_packed(h[1], h[2], r) if pk else phase_from_shape(*h[:3], verify_max)
+        None
+        if h is None
+        else phase_of_packed(h[1], h[2], r)
+        if pk
+        else phase_from_shape(*h[:3], verify_max, h[4])
         for h, r, pk in zip(hits, rows_out, packed, strict=True)
     ]
     # which rule decided each phase, and the rules whose evidence it used
     rules: list[str] = [
-        "" if h is None else PACKED_PHASE if pk else _shape_rule(h[1], h[2], verify_max)
+        "" if h is None else PACKED_PHASE if pk else _shape_rule(h[1], h[2], verify_max, h[4])
         for h, pk in zip(hits, packed, strict=True)
     ]
     evidence: list[list[str]] = [[PACKED_STEP] if pk else [] for pk in packed]

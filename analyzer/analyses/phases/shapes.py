@@ -35,7 +35,9 @@ def attention_shapes(
 ) -> dict[int, dict[str, np.ndarray]]:
     """Per trace, the attention host ops of ``table`` with recorded input shapes, in start order:
     ``start``, ``ext`` (external id, -1: none), ``batch`` (-1: packed), ``q`` (query length),
-    ``kv`` (key length, -1: unknown), ``layout`` (the layout's id) and ``head`` (head size, -1: unknown).
+    ``kv`` (key length, -1: unknown), ``layout`` (the layout's id), ``head`` (head size, -1: unknown)
+    and ``scores`` (a composed layout: ``kv`` is the scores' last dimension, which a sink column
+    concatenated before the softmax widens by one).
 
     Each op is read by its own layout (``rules/attention_ops.toml``): the backends put the query
     length in different dimensions. An op of a ``composed`` layout (a plain matmul) counts only
@@ -73,6 +75,7 @@ def attention_shapes(
         return {}
     vals = np.array([r if r is not None else (0, 0, 0, 0) for r in read], np.int64)[inverse]
     lay_id = np.array([lay.id if lay else "" for lay in group_layouts], object)[inverse]
+    scores = np.array([bool(lay and lay.composed) for lay in group_layouts], bool)[inverse]
     ext = sel["external_id"].fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     out = {}
     for t in np.unique(trace[ok]).tolist():
@@ -86,6 +89,7 @@ def attention_shapes(
             "kv": vals[m, 2],
             "layout": lay_id[m],
             "head": vals[m, 3],
+            "scores": scores[m],
         }
     return out
 
@@ -114,8 +118,9 @@ def _launchers_of(
 
 def _step_shapes(
     seg: np.ndarray, df: Any, shapes: dict[str, np.ndarray] | None
-) -> tuple[int, int, int, tuple[int, int]] | None:
-    """(batch, query length, key length, model key) of one step's first attention op, else None.
+) -> tuple[int, int, int, tuple[int, int], bool] | None:
+    """(batch, query length, key length, model key, whether the key length is the scores') of one
+    step's first attention op, else None.
 
     The ops are the step's by host time (their start within the launch calls of the step's
     kernels), so ops that launch no kernel themselves (the SDPA front end above its backend, the
@@ -138,7 +143,8 @@ def _step_shapes(
     first = int(pos[0])
     same = int((shapes["layout"][pos] == shapes["layout"][first]).sum())
     key = (same, int(shapes["head"][first]))
-    return int(shapes["batch"][first]), int(shapes["q"][first]), int(shapes["kv"][first]), key
+    scores = bool(shapes["scores"][first]) if "scores" in shapes else False
+    return int(shapes["batch"][first]), int(shapes["q"][first]), int(shapes["kv"][first]), key, scores
 
 
 # a decode step scores this many query tokens per sequence at most (one, or a speculation's
@@ -146,22 +152,27 @@ def _step_shapes(
 MAX_VERIFY_TOKENS = int(DEFAULT_THRESHOLDS.max_verify_tokens)
 
 
-def phase_from_shape(batch: int, q: int, kv: int, max_verify: int = MAX_VERIFY_TOKENS) -> str:
+def phase_from_shape(
+    batch: int, q: int, kv: int, max_verify: int = MAX_VERIFY_TOKENS, scores: bool = False
+) -> str:
     """Phase of a step from its attention op's query length ``q`` and key length ``kv`` (-1: unknown):
     one query token per sequence is decode; a few tokens appended to a longer cached context are
-    a speculation being verified (decode); a query as long as its keys, or a long chunk, is prefill."""
+    a speculation being verified (decode); a query as long as its keys, or a long chunk, is prefill.
+    ``scores``: ``kv`` is the scores' width, which one sink column per head widens (gpt-oss
+    concatenates its sinks before the softmax): a query with one key more than its tokens there is
+    a prefill over its own keys, not a verify over a one-token context."""
     if q == 1:
         return "decode"
-    if 0 < q < kv and q <= max_verify:
+    if 0 < q < kv - scores and q <= max_verify:
         return "decode"
     return "prefill"
 
 
-def _shape_rule(q: int, kv: int, max_verify: int) -> str:
+def _shape_rule(q: int, kv: int, max_verify: int, scores: bool = False) -> str:
     """The id of the rule :func:`phase_from_shape` decided by."""
     if q == 1:
         return SHAPE_ONE_TOKEN
-    if 0 < q < kv and q <= max_verify:
+    if 0 < q < kv - scores and q <= max_verify:
         return SHAPE_VERIFY
     return SHAPE_PREFILL
 
