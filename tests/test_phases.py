@@ -243,3 +243,32 @@ def test_a_softmax_outside_attention_gives_no_step_shapes() -> None:
     got = attention_shapes(host, load_attention_ops(), np.array([1]))
     # THEN only it gives the step's shapes: batch 2, 48 queries, 48 keys
     assert got[0]["batch"].tolist() == [2] and got[0]["q"].tolist() == [48] and got[0]["kv"].tolist() == [48]
+
+
+def test_a_softmax_over_merged_batch_and_heads_gives_step_shapes() -> None:
+    # GIVEN an eager attention that merges batch and heads (XGLM: bmm over (B * H, L, D)): its
+    # softmax over (32, 16, 16) in the prefill and (32, 1, 17) in a decode step
+    import pyarrow as pa
+
+    from analyzer.analyses.phases import attention_shapes, phase_from_shape
+    from analyzer.knowledge.attention_ops import load_attention_ops
+    from analyzer.model import HOST_OP_SCHEMA
+
+    rows = {
+        "trace_id": [0, 0], "rank": [0, 0], "name": ["aten::_softmax", "aten::_softmax"],
+        "start_ns": [100, 200], "dur_ns": [10, 10], "external_id": [1, 2],
+        "input_dims": [[[32, 16, 16], [], []], [[32, 1, 17], [], []]],
+        "input_types": [["float"], ["float"]], "category": ["cpu_op", "cpu_op"], "tid": [1, 1],
+        "correlation": [None, None], "shape_id": [None, None],
+    }  # fmt: skip
+    host = pa.Table.from_pydict(rows, HOST_OP_SCHEMA)
+    got = attention_shapes(host, load_attention_ops(), np.array([0, 1]))[0]
+    # THEN both are read: 16 queries over 16 keys, then one over 17, one row per sequence's head
+    assert got["q"].tolist() == [16, 1] and got["kv"].tolist() == [16, 17]
+    assert got["batch"].tolist() == [32, 32]
+    assert [
+        phase_from_shape(b, q, kv) for b, q, kv in zip(got["batch"], got["q"], got["kv"], strict=True)
+    ] == [
+        "prefill",
+        "decode",
+    ]
