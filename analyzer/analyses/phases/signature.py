@@ -17,6 +17,7 @@ import numpy as np
 from analyzer.analyses.phases.registry import (
     DEFAULT_THRESHOLDS,
     SIGNATURE_ALL_HEAVY,
+    SIGNATURE_KERNELS,
     SIGNATURE_NOVEL,
     SIGNATURE_WORK,
     SINGLE_STEP,
@@ -43,12 +44,20 @@ def _label_from_signature(
     base = float(np.percentile(w, 25))
     by_work = (w > th.prefill_work_ratio * base) if base > 0 else np.zeros(len(w), bool)
     prefill = by_work.copy()
+    by_names = np.zeros(len(w), bool)
     if "name" in df:
-        prefill |= (_novel_share(segments, df) > th.novel_share) & (w >= base)
+        by_names = (_novel_share(segments, df) > th.novel_share) & (w >= base)
+    # a step that launches many more kernels than the run's typical step ran another algorithm over
+    # many tokens (a token mixer's chunked scan, experts a loop visits for many tokens)
+    counts = np.asarray([len(s) for s in segments], float)
+    total = np.asarray([float(df["dur"][s].sum()) for s in segments])
+    by_count = (counts > th.prefill_kernel_ratio * float(np.median(counts))) & (total > np.median(total))
+    prefill |= by_names | by_count
     if prefill.all():
         return ["unknown"] * len(w), [SIGNATURE_ALL_HEAVY] * len(w)
     rules = [
-        SIGNATURE_NOVEL if p and not bw else SIGNATURE_WORK for p, bw in zip(prefill, by_work, strict=True)
+        SIGNATURE_WORK if bw else SIGNATURE_NOVEL if bn else SIGNATURE_KERNELS if bc else SIGNATURE_WORK
+        for bw, bn, bc in zip(by_work, by_names, by_count, strict=True)
     ]
     return ["prefill" if p else "decode" for p in prefill], rules
 
