@@ -90,7 +90,7 @@ def test_an_eager_decode_counts_its_tokens_from_the_decode_kernels_grid():
     from analyzer.readers.case import read_case
     from tests.conftest import ROOT
 
-    derived, _ = read_case(ROOT / "tests/cases/derived-eager-decode-grids.json")
+    derived, _ = read_case(ROOT / "tests/cases/derived-eager-decode-grids.json.xz")
     steps = analyze_trace(derived).steps
     # THEN the grid gives the step's tokens: 16, as the engine's annotation said
     truth = analyze_trace(load_inputs([str(shared(DECODE_BY_KERNELS[0][0]))])).steps

@@ -21,7 +21,7 @@ from analyzer.readers.case import read_case
 from analyzer.results.cases import case_outcome, score_case
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = sorted((ROOT / "tests" / "cases").glob("*.json"))
+CASES = sorted((ROOT / "tests" / "cases").glob("*.json.xz"))
 REGISTRY = load_structure()
 
 
@@ -65,7 +65,7 @@ def test_every_rule_has_a_case_where_it_fires_and_one_where_it_must_not(outcomes
 def test_cases_name_their_source():
     for path in CASES:
         _, meta = read_case(path)
-        assert meta["name"] == path.stem and meta["description"]
+        assert meta["name"] == path.name.removesuffix(".json.xz") and meta["description"]
         assert meta["source"].get("trace")
 
 
@@ -111,7 +111,7 @@ def test_every_rule_is_looked_up_by_the_code():
 
 def test_a_threshold_override_changes_the_answer():
     # GIVEN a speculative run whose target verifies two candidates per step
-    trace, _ = read_case(ROOT / "tests" / "cases" / "llama-assisted-verify.json")
+    trace, _ = read_case(ROOT / "tests" / "cases" / "llama-assisted-verify.json.xz")
     before = analyze_trace(trace).steps
     # WHEN a decode step may score at most one token per sequence
     after = analyze_trace(trace, Options(settings={"structure.max_verify_tokens": "1"})).steps
@@ -138,6 +138,23 @@ def test_a_file_that_is_no_case_is_bad_input(tmp_path):
     bad.write_text('{"format": "other"}')
     with pytest.raises(InputError, match="not a structure-rule case"):
         read_case(bad)
+
+
+def test_a_case_round_trips_plain_and_compressed(tmp_path):
+    from analyzer.readers.case import case_document, write_case
+
+    # GIVEN a committed case WHEN written again, plain and xz-compressed, and read back
+    trace, meta = read_case(CASES[0])
+    doc = case_document(trace, **meta)
+    for name in ("a.json", "a.json.xz"):
+        write_case(doc, tmp_path / name)
+        again, rest = read_case(tmp_path / name)
+        # THEN the tables and the expectations are the same
+        assert again.kernels.equals(trace.kernels) and rest == meta
+    # AND a corrupt compressed file is bad input, not a traceback
+    (tmp_path / "b.json.xz").write_bytes(b"not xz")
+    with pytest.raises(InputError, match="cannot read case"):
+        read_case(tmp_path / "b.json.xz")
 
 
 def test_a_retired_rule_is_explained_as_retired(capsys):

@@ -77,7 +77,7 @@ def test_gates_where_rope_and_norms_sit_are_announced_with_their_layers() -> Non
     from analyzer.readers.case import read_case
 
     # GIVEN the Llama case with its multiplies launched as a recurrence's softplus gates
-    trace, _ = read_case(ROOT / "tests" / "cases" / "derived-foreign-gates.json")
+    trace, _ = read_case(ROOT / "tests" / "cases" / "derived-foreign-gates.json.xz")
     # WHEN analysed THEN the warning names the op and the layers
     said = [w for w in analyze_trace(trace, Options()).warnings if "placed by its position" in w]
     assert said and "aten::softplus" in said[0] and "layers 0, 1" in said[0]

@@ -22,7 +22,13 @@ import click
 )
 @click.option("--name", default="", help="The case's name (default: the output file's stem).")
 @click.option("--description", default="", help="One line: the quirk the case captures.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The case file (.json).")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The case file (.json, or .json.xz: xz-compressed).",
+)
 def command(
     trace: str,
     step: str | None,

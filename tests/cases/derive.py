@@ -193,17 +193,17 @@ def main() -> int:
     for name, base, change, description in DERIVED:
         if only and name not in only:
             continue
-        trace, meta = read_case(HERE / f"{base}.json")
+        trace, meta = read_case(HERE / f"{base}.json.xz")
         derived = change(trace)
         derived.validate()
         doc = pinned_case(
             derived,
             name=name,
             description=description,
-            source={"case": f"{base}.json", "change": change.__name__, "trace": meta["source"]["trace"]},
+            source={"case": f"{base}.json.xz", "change": change.__name__, "trace": meta["source"]["trace"]},
         )
-        write_case(doc, HERE / f"{name}.json")
-        print(f"wrote {name}.json: rules firing {', '.join(doc['fires'])}", file=sys.stderr)
+        write_case(doc, HERE / f"{name}.json.xz")
+        print(f"wrote {name}.json.xz: rules firing {', '.join(doc['fires'])}", file=sys.stderr)
     return 0
 
 

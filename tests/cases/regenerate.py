@@ -43,7 +43,7 @@ def _readable(trace: Path, tmp: Path) -> str:
 
 
 def _cut(case: dict[str, Any], trace: str) -> None:
-    cmd = [sys.executable, "-m", "analyzer", "cut", trace, "-o", f"tests/cases/{case['name']}.json"]
+    cmd = [sys.executable, "-m", "analyzer", "cut", trace, "-o", f"tests/cases/{case['name']}.json.xz"]
     cmd += ["--name", case["name"], "--description", case["description"]]
     if "step" in case:
         cmd += ["--step", case["step"]]
@@ -51,9 +51,11 @@ def _cut(case: dict[str, Any], trace: str) -> None:
         cmd.append("--keep-annotations")
     subprocess.run(cmd, cwd=ROOT, check=True)
     if trace != case["trace"]:  # name the committed trace, not the temporary file (the digest is its JSON's)
-        out = ROOT / "tests" / "cases" / f"{case['name']}.json"
-        text = out.read_text(encoding="utf-8")
-        out.write_text(text.replace(json.dumps(trace), json.dumps(case["trace"]), 1), encoding="utf-8")
+        out = ROOT / "tests" / "cases" / f"{case['name']}.json.xz"
+        text = lzma.decompress(out.read_bytes()).decode("utf-8")
+        out.write_bytes(
+            lzma.compress(text.replace(json.dumps(trace), json.dumps(case["trace"]), 1).encode("utf-8"))
+        )
 
 
 if __name__ == "__main__":
