@@ -316,10 +316,10 @@ def telling_warnings(r: dict[str, Any]) -> list[str]:
 
 #: the analysis's warnings that speak of its stages (issue 33 item 4 counts these): the walk dropped,
 #: no LLM structure, kernels placed by position under foreign ops (STR051), GEMM roles in dispute,
-#: an activation inside an attention input (STR058)
+#: an activation inside an attention input (STR058), GEMMs without a role inside the layers (STR059)
 STAGE_WARNING = re.compile(
     r"layer structure not found|no LLM structure|placed by its position|GEMM roles from shapes"
-    r"|activation inside a layer's attention input"
+    r"|activation inside a layer's attention input|GEMMs inside the layers that no role rule explains"
 )
 
 

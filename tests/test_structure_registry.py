@@ -27,6 +27,7 @@ def _steps() -> list[tuple[str, ...]]:
         *[(p.rule,) for p in PASSES_AFTER_WALK],
         ("foreign-op-in-region",),
         ("activation-in-attention-input",),
+        ("gemm-without-role-in-layer",),
         ("shape-roles",),
     ]
 

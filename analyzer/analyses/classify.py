@@ -109,6 +109,10 @@ def classify_and_check(
     )
     shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th, join)
     final = _stage_codes(stage, vocab)
+    roleless = unexplained.roleless_gemm_warning(
+        (final == vocab["gemm"]) & (run.layer >= 0) if "gemm" in vocab else np.zeros(0, bool),
+        run.norm, run.layer, dur, th, run.counts,
+    )  # fmt: skip
     source = _stage_sources(by_names, final, vocab, shaped)
     codes = np.frombuffer(why, np.int16).copy()
     codes[shaped] = SHAPE_ROLES
@@ -128,7 +132,7 @@ def classify_and_check(
     out = _with_columns(
         kernels.set_column(kernels.schema.get_field_index("norm_name"), "norm_name", cols["norm_name"]), extra
     )
-    extra_warnings = [w for w in (foreign, misplaced, disagree) if w]
+    extra_warnings = [w for w in (foreign, misplaced, roleless, disagree) if w]
     return out, [*_check_warnings(out, undecided), *extra_warnings]
 
 

@@ -1,5 +1,6 @@
 """Kernels the layer walk cannot explain: placed by position only, under host ops foreign to that
-place (STR051); an activation inside a layer's attention input (STR058).
+place (STR051); an activation inside a layer's attention input (STR058); GEMMs inside the layers
+that no role rule explains (STR059).
 
 Contract: a pure check after the walk; it changes no stage. The region defaults (STR034-STR040) and
 the expert block's dispatch / combine (STR025) give a generic kernel the stage of the place it sits
@@ -18,7 +19,9 @@ An activation kernel (its name or its op said so) between a layer's first QKV pr
 attention is in no place of the layer's grammar: the GEMMs around it are an MLP or a gate the walk
 read as projections (a gated norm's MLP, per-layer input embeddings). Where such kernels take at
 least ``attention_input_activation_share`` of the kernel time, the analysis warns, naming the layers
-and the kernels (STR058).
+and the kernels (STR058). So does a GEMM the walk placed inside a layer but gave no role (``gemm``),
+for at least ``roleless_gemm_share`` (STR059): the grammar met a block it does not know (a token
+mixer without an anchor kernel, Lightning attention's torch path).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from analyzer.analyses.walk.registry import KNOWLEDGE
 
 FOREIGN_OPS = KNOWLEDGE.code_of("foreign-op-in-region")
 ACTIVATION_IN_ATTENTION_INPUT = KNOWLEDGE.code_of("activation-in-attention-input")
+ROLELESS_GEMM = KNOWLEDGE.code_of("gemm-without-role-in-layer")
 #: rule code of a position-only decision -> the host ops that do that place's work
 _PLACES = {
     KNOWLEDGE.code_of(name): frozenset(KNOWLEDGE.set_of(f"region_ops_{place}"))
@@ -107,15 +111,54 @@ def activation_in_attention_input_warning(
 ) -> str | None:
     """The warning for activations the walk found inside a layer's attention input (``rows``: their
     kernel rows; ``names``: normalised kernel names per row), or None below the share."""
+    return _unexplained(
+        np.asarray(rows, np.int64), names, layer, dur, th.attention_input_activation_share, fired,
+        ACTIVATION_IN_ATTENTION_INPUT,
+        "is an activation inside a layer's attention input, between its QKV projection and its attention",
+        "the GEMMs around it are an MLP or a gate the layer grammar does not know, so their roles there "
+        "are a guess",
+    )  # fmt: skip
+
+
+def roleless_gemm_warning(
+    roleless: np.ndarray,
+    names: Sequence[str],
+    layer: np.ndarray,
+    dur: np.ndarray,
+    th: Any,
+    fired: Counter | None = None,
+) -> str | None:
+    """The warning for GEMMs inside the layers that no role rule explains (``roleless``, per kernel
+    row: stage ``gemm`` with a layer number), or None below the share."""
+    return _unexplained(
+        np.flatnonzero(roleless), names, layer, dur, th.roleless_gemm_share, fired, ROLELESS_GEMM,
+        "is GEMMs inside the layers that no role rule explains",
+        "the layer grammar does not know this block (a token mixer no anchor marks, another kind of "
+        "block), so the stages around them are a guess",
+    )  # fmt: skip
+
+
+def _unexplained(
+    at: np.ndarray,
+    names: Sequence[str],
+    layer: np.ndarray,
+    dur: np.ndarray,
+    threshold: float,
+    fired: Counter | None,
+    rule: int,
+    what: str,
+    why: str,
+) -> str | None:
+    """The warning for kernel rows ``at`` the walk cannot explain, naming their layers and kernels,
+    or None below ``threshold`` of the kernel time."""
     dur = np.nan_to_num(np.asarray(dur, dtype=np.float64))
     total = float(dur.sum())
-    if not len(rows) or total <= 0:
+    if not len(at) or total <= 0:
         return None
-    at = np.asarray(rows, np.int64)
     share = float(dur[at].sum()) / total
     if fired is not None:
-        fired[ACTIVATION_IN_ATTENTION_INPUT] += len(at)
-    if share < float(th.attention_input_activation_share):
+        fired[rule] += len(at)
+    if share < float(threshold):
         return None
     by_name: Counter = Counter()
     for r in at.tolist():
@@ -123,12 +166,7 @@ def activation_in_attention_input_warning(
     layers = sorted({int(x) for x in layer[at].tolist() if x >= 0})
     where = _layers(layers) if layers else "outside the layers"
     kernels = ", ".join(nm for nm, _ in by_name.most_common(3))
-    return (
-        f"{100 * share:.1f}% of kernel time ({len(at)} kernels) is an activation inside a layer's "
-        f"attention input, between its QKV projection and its attention ({where}; {kernels}): the "
-        "GEMMs around it are an MLP or a gate the layer grammar does not know, so their roles there "
-        "are a guess"
-    )
+    return f"{100 * share:.1f}% of kernel time ({len(at)} kernels) {what} ({where}; {kernels}): {why}"
 
 
 def _short(name: str) -> str:

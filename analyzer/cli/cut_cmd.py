@@ -55,10 +55,10 @@ def command(
     from analyzer.results.cases import cut_case, parse_steps
     from analyzer.runtime.driver import load_inputs
 
-    if not output.endswith(".json"):
+    if not output.endswith((".json", ".json.xz")):
         from analyzer.errors import UsageError
 
-        raise UsageError(f"{output}: a case is a .json file")
+        raise UsageError(f"{output}: a case is a .json (or xz-compressed .json.xz) file")
     steps = parse_steps(step) if step else None
     loaded = load_inputs([trace])
     doc = cut_case(

@@ -568,6 +568,9 @@ def _role(
     if region == "pre" and follow in ATTENTION and opens_forward:
         # the first projection of a post-norm block (OLMo-2: no norm before layer 0's q_proj)
         return "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
+    if region == "moe_experts":
+        # a norm ended the expert block: what the next GEMM opens is not known, but no expert's
+        return "gemm", "mlp_out", layer_no, ROLE_NONE
     return "gemm", region, layer_no, ROLE_NONE
 
 
