@@ -259,6 +259,7 @@ def report_page(summary: dict[str, Any], kernels: pa.Table, cdn: bool = False) -
     page = Page("llm-kernel-map report")
     _header(page, summary)
     _phases(page, summary)
+    _brief(page, summary)
     _stages(page, summary)
     _ranks(page, summary)
     page.section("timeline", "Timeline")
@@ -349,6 +350,36 @@ def _phases(page: Page, s: dict[str, Any]) -> None:
             "</div>",
         )
     page.add("</div>")
+
+
+def _brief(page: Page, s: dict[str, Any]) -> None:
+    """The prefill-vs-decode brief: every value with its evidence, or why it is unknown."""
+    brief = s.get("brief") or {}
+    if not brief:
+        return
+    from analyzer.report.brief_text import brief_rows
+
+    page.section("brief", "Brief: what to know before tuning a prefill or decode kernel")
+    page.add('<p class="note">Each value with the evidence it rests on; a value the trace cannot tell is '
+             "<b>unknown</b>, with the reason.</p>")  # fmt: skip
+    page.add(table(["section", "what", "value", "evidence"], list(brief_rows(brief))))
+    h = brief.get("headroom") or {}
+    if h.get("rows") or h.get("uncounted"):
+        page.add(f"<h3>Headroom: time saved if every kernel reached {esc(fmt_pct(h.get('roof_target')))} "
+                 "of its roof, ranked</h3>")  # fmt: skip
+        if h.get("unknown"):
+            page.add(f'<p class="note">unknown, because {esc(h["unknown"])}</p>')
+        rows = [[r["rank"], r["phase"], r["stage"], fmt_ns(r["time_ns"]), fmt_pct(r["pct_of_peak"]),
+                 fmt_ns(r["saved_ns"])] for r in h.get("rows", [])[:15]]  # fmt: skip
+        page.add(table(["#", "phase", "stage", "time", "of roof", "saved"], rows, num=[0, 3, 4, 5]))
+        un = h.get("uncounted") or []
+        if un:
+            page.add("<h3>Kernels without a rate (not in the ranking)</h3>")
+            rows = [
+                [r["phase"], r["stage"], fmt_ns(r["time_ns"]), r["kernels"], ", ".join(r["reasons"])]
+                for r in un[:15]
+            ]
+            page.add(table(["phase", "stage", "time", "kernels", "why"], rows, num=[2, 3]))
 
 
 def _stages(page: Page, s: dict[str, Any]) -> None:
