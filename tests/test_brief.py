@@ -235,3 +235,28 @@ def test_html_report_has_the_brief_escaped(tmp_path: Path) -> None:
     html = out.read_text()
     assert 'id="brief"' in html
     assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+# --------------------------------------------------------------------------- F001's token regime
+
+
+def test_both_phase_findings_state_each_phase_token_regime() -> None:
+    # GIVEN the bundled H200 dense run, whose lm_head configuration serves both phases
+    from tests.conftest import H200_DENSE
+
+    a = analyze_run([str(H200_DENSE)])
+    s = build_summary(a)
+    found = [f for f in s["findings"] if f["id"] == "F001"]
+    assert found
+    df = a.frame
+    steps = pd.DataFrame(s["steps"]).set_index("step")
+    for f in found:
+        # WHEN the tokens per step of each phase are read independently: the steps its kernels ran in
+        g = df[df["group_key"].isin(f["group_keys"])]
+        want = {}
+        for phase in ("prefill", "decode"):
+            ran = sorted(set(g.loc[g["phase"] == phase, "step"].astype(int)))
+            want[phase] = float(np.median(steps.loc[ran, "tokens"].dropna())) if ran else None
+        # THEN its title names both
+        text = f"{want['prefill']:,.0f} tokens in prefill, {want['decode']:,.0f} in decode"
+        assert text in f["title"], (f["title"], text)
