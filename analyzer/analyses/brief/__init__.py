@@ -202,7 +202,8 @@ def _walk_layers(frame: pd.DataFrame, target: pd.DataFrame) -> tuple[int | None,
     """Decoder layers per step as the layer walk numbered them: the value most steps show."""
     if "layer" not in frame or not len(frame):
         return None, "the layer walk numbered no layers"
-    sub = frame[(frame["layer"] >= 0) & (frame["step"] >= 0)]
+    cols = frame[["rank", "step", "layer"]]  # three columns, not a copy of the whole frame
+    sub = cols[(cols["layer"] >= 0).to_numpy() & (cols["step"] >= 0).to_numpy()]
     if len(target) and "step" in target:
         sub = sub[sub["step"].isin(target["step"].to_numpy())]
     if not len(sub):

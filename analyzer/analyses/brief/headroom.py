@@ -28,36 +28,46 @@ def headroom(frame: pd.DataFrame, gpu: Any, target: float = ROOF_TARGET) -> dict
     pct = frame["pct_of_peak"].to_numpy(np.float64, na_value=np.nan)
     dur = frame["dur_ns"].to_numpy(np.float64)
     rated = np.isfinite(pct)
-    ratio = np.clip(np.where(rated, pct, 0.0) / target, 0.0, 1.0)
-    saved = np.where(rated, dur * (1.0 - ratio), 0.0)
-    keys = pd.DataFrame(
+    # one group code per kernel (phase x stage from the categoricals' codes): sums by bincount,
+    # one array per kernel at a time, no per-kernel strings
+    phase_c = pd.Categorical(frame["phase"])
+    stage_c = pd.Categorical(frame["stage"])
+    ns = max(len(stage_c.categories), 1)
+    code = phase_c.codes.astype(np.int64) * ns + stage_c.codes.astype(np.int64)
+    code = np.where((phase_c.codes < 0) | (stage_c.codes < 0), -1, code)
+    n = len(phase_c.categories) * ns
+    ok = code >= 0
+
+    def total(w: np.ndarray) -> np.ndarray:
+        return np.bincount(code[ok], weights=w[ok], minlength=n)
+
+    time = total(dur)
+    rated_time = total(np.where(rated, dur, 0.0))
+    saved = total(np.where(rated, dur * (1.0 - np.clip(np.where(rated, pct, 0.0) / target, 0.0, 1.0)), 0.0))
+    pct_t = total(np.where(rated, pct * dur, 0.0))
+    rated_n = total(rated.astype(np.float64))
+    counts = frame["count"].to_numpy(np.float64) if "count" in frame else np.ones(len(frame))
+    kernels = total(counts)
+    g = pd.DataFrame(
         {
-            "phase": frame["phase"].astype(str).to_numpy(),
-            "stage": frame["stage"].astype(str).to_numpy(),
-            "dur": dur,
-            "rated_dur": np.where(rated, dur, 0.0),
+            "time": time,
+            "rated_time": rated_time,
             "saved": saved,
-            "rated": rated.astype(np.int64),
-            "count": frame["count"].to_numpy(np.int64) if "count" in frame else np.ones(len(frame), np.int64),
-            "pct_t": np.where(rated, pct * dur, 0.0),
-        }
+            "rated": rated_n,
+            "kernels": kernels,
+            "pct_t": pct_t,
+        },
+        index=pd.MultiIndex.from_product([list(phase_c.categories), list(stage_c.categories)]),
     )
-    g = keys.groupby(["phase", "stage"], sort=True).agg(
-        time=("dur", "sum"),
-        rated_time=("rated_dur", "sum"),
-        saved=("saved", "sum"),
-        rated=("rated", "sum"),
-        kernels=("count", "sum"),
-        pct_t=("pct_t", "sum"),
-    )
+    g = g[g["time"] > 0]
     rows = []
     for (phase, stage), r in g.iterrows():
         if r["rated"] == 0:
             continue
         rows.append(
             {
-                "phase": phase,
-                "stage": stage,
+                "phase": str(phase),
+                "stage": str(stage),
                 "time_ns": int(r["time"]),
                 "rated_time_ns": int(r["rated_time"]),
                 "rated_kernels": int(r["rated"]),
@@ -70,20 +80,20 @@ def headroom(frame: pd.DataFrame, gpu: Any, target: float = ROOF_TARGET) -> dict
     for i, r in enumerate(rows, 1):
         r["rank"] = i
     base["rows"] = rows
-    not_rated = keys[~rated]
-    if len(not_rated):
-        unc = frame["uncounted"] if "uncounted" in frame else pd.Series(None, index=frame.index, dtype=object)
-        bound = frame["bound"] if "bound" in frame else pd.Series(None, index=frame.index, dtype=object)
-        fallback = np.where(bound.astype(object).to_numpy()[~rated] == "invalid", "invalid", "no_gpu")
-        why = pd.Series(unc.astype(object).to_numpy()[~rated]).fillna(pd.Series(fallback))
-        nr = not_rated.assign(why=why.to_numpy())
+    if (~rated).any():
+        idx = np.flatnonzero(~rated & ok)
+        unc = frame["uncounted"].to_numpy(object)[idx] if "uncounted" in frame else np.full(len(idx), None)
+        bound = frame["bound"].to_numpy(object)[idx] if "bound" in frame else np.full(len(idx), None)
+        why = np.where(pd.isna(unc), np.where(bound == "invalid", "invalid", "no_gpu"), unc)
+        nr = pd.DataFrame({"code": code[idx], "dur": dur[idx], "count": counts[idx], "why": why})
         out = []
-        for (phase, stage), sub in nr.groupby(["phase", "stage"], sort=True):
+        phases, stages = list(phase_c.categories), list(stage_c.categories)
+        for c, sub in nr.groupby("code", sort=True):
             reasons = sub.groupby("why")["dur"].sum().sort_values(ascending=False)
             out.append(
                 {
-                    "phase": phase,
-                    "stage": stage,
+                    "phase": str(phases[int(c) // ns]),
+                    "stage": str(stages[int(c) % ns]),
                     "time_ns": int(sub["dur"].sum()),
                     "kernels": int(sub["count"].sum()),
                     "reasons": [str(x) for x in reasons.index[:4]],
