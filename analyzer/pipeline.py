@@ -50,7 +50,6 @@ from analyzer.knowledge.work_ops import WorkOps, load_work_ops
 from analyzer.model import Trace
 from analyzer.options import Options
 from analyzer.tables import launches
-from analyzer.tables.dictionaries import pylist
 from analyzer.tables.frames import to_frame
 
 
@@ -129,6 +128,9 @@ class Analysis:
     rule_groups: dict[str, bool] = dataclasses.field(default_factory=dict)
     # per input (trace id as text): the sizes that counted kernels without shapes (roofline)
     work_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # per input (trace id) whose shapes the roofline looked at: the sizes they show (ModelDims or
+    # None), handed to the brief's facts so that they are found once; emptied by that step
+    found_sizes: dict[int, Any] = dataclasses.field(default_factory=dict)
     # per input (trace id as text): what its host ops tell the brief (analyses.brief.facts)
     brief_facts: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the prefill-vs-decode brief (analyses.brief), made by the last run step
@@ -224,6 +226,7 @@ def roofline_step(a: Analysis, ctx: Context) -> Analysis:
         gpu=got.gpu,
         model=ctx.model if ctx.model is not None else a.model,
         work_sizes={**a.work_sizes, **got.sizes},
+        found_sizes={**a.found_sizes, **got.found},
         warnings=[*a.warnings, *got.warnings],
     )
 
@@ -233,21 +236,20 @@ def brief_facts_step(a: Analysis, ctx: Context) -> Analysis:
     k = a.kernels
     if k.num_rows == 0 or a.trace.host_ops.num_rows == 0:
         return a
-    stage = pylist(k["stage"])
     traces = np.unique(k["trace_id"].to_numpy(zero_copy_only=False)).tolist()
     got = {
         str(t): brief.input_facts(
             k,
             a.trace.host_ops,
-            stage,
             ctx.attention_ops,
             ctx.work_ops,
             None if len(traces) == 1 else int(t),
             a.op_join,
+            **({"found": a.found_sizes[int(t)]} if int(t) in a.found_sizes else {}),
         )
         for t in traces
     }
-    return dataclasses.replace(a, brief_facts={**a.brief_facts, **got})
+    return dataclasses.replace(a, brief_facts={**a.brief_facts, **got}, found_sizes={})
 
 
 def run_warnings_step(a: Analysis, ctx: Context) -> Analysis:

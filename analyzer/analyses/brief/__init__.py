@@ -20,6 +20,7 @@ quantized GEMMs), ``kv_cache`` (layout, GQA group, bytes per token), ``hardware`
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ import pandas as pd
 from analyzer.analyses.brief.facts import KV_STORE, input_facts
 from analyzer.knowledge import hardware
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES, PHASES
+from analyzer.tables.frames import SLICE_ROWS, category_codes, floats, grouped_sums
 
 __all__ = ["build_brief", "input_facts", "known", "unknown"]
 
@@ -76,12 +78,13 @@ def build_brief(
     layers = _walk_layers(frame, target)
     dims = _dims(one, layers, arch, draft_steps=len(draft))
     value_head = dims.pop("value_head_dim", None)
-    if not frame["stage"].isin(_MOE_STAGES).any():
+    kinds = _StageFacts.of(frame)
+    if not kinds.present & set(_MOE_STAGES):
         dense = known(None, "a dense model: no expert GEMM, router or top-k kernel ran")
         dims.update(experts=dense, top_k=dense, expert_ffn=dense)
-    dtypes = _dtypes(one, frame)
+    dtypes = _dtypes(one, kinds)
     return {
-        "phases": _phases(frame, st),
+        "phases": _phases(kinds, st),
         "tokens": _tokens(target),
         "model": {
             "per_rank": dims,
@@ -91,13 +94,52 @@ def build_brief(
             "check": _model_check(one, arch, world_size),
         },
         "dtypes": dtypes,
-        "kv_cache": _kv_cache(one, frame, {**dims, "value_head_dim": value_head}, dtypes),
+        "kv_cache": _kv_cache(one, kinds, {**dims, "value_head_dim": value_head}, dtypes),
         "hardware": _hardware(gpu),
         "speculative": _speculative(st, target, draft),
         "latency": _latency(target),
         "headroom": headroom.headroom(frame, gpu, settings.get("roof_target", headroom.ROOF_TARGET)),
         "settings": dict(settings),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class _StageFacts:
+    """What the brief reads of the kernels' stages, summed once over the frame's category codes:
+    the stages that ran, kernel time per phase, per stage its most common roof dtype (ties: the
+    first by name), and the kernel names of the KV-cache and attention stages."""
+
+    present: set[str]
+    phase_time: dict[str, int]
+    roof_dtype: dict[str, str]
+    cache_names: list[str]
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame) -> _StageFacts:
+        if not len(frame):
+            return cls(set(), {}, {}, [])
+        n = len(frame)
+        stage, stages = category_codes(frame["stage"])
+        phase, phases = category_codes(frame["phase"])
+        dur = frame["dur_ns"].to_numpy()
+        ran = grouped_sums(n, [(stage, len(stages))], {"n": None})["n"]
+        present = {str(stages[j]) for j in np.flatnonzero(ran > 0)}
+        per_phase = grouped_sums(n, [(phase, len(phases))], {"t": lambda sl: dur[sl]})["t"]
+        phase_time = {str(p): int(t) for p, t in zip(phases, per_phase, strict=True) if t}
+        roof: dict[str, str] = {}
+        if "roof_dtype" in frame:
+            rd, rds = category_codes(frame["roof_dtype"])
+            c = grouped_sums(n, [(stage, len(stages)), (rd, len(rds))], {"n": None})["n"]
+            for j in np.flatnonzero(c.sum(axis=1) > 0):
+                best = max(range(len(rds)), key=lambda k: (c[j, k], -k))
+                roof[str(stages[j])] = str(rds[best])
+        names: list[str] = []
+        want = np.array([s in (KV_STORE, *ATTENTION_KERNEL_STAGES) for s in stages] + [False])
+        if "norm_name" in frame and want.any():
+            nm, nms = category_codes(frame["norm_name"])
+            c = grouped_sums(n, [(nm, len(nms))], {"n": None}, mask=lambda sl: want[stage[sl]])["n"]
+            names = [str(nms[k]) for k in np.flatnonzero(c > 0)]
+        return cls(present, phase_time, roof, names)
 
 
 # --------------------------------------------------------------------------- steps
@@ -119,12 +161,11 @@ def _step_evidence(st: pd.DataFrame) -> str:
     return "phase rule " + ", ".join(parts) if parts else "steps without a phase rule"
 
 
-def _phases(frame: pd.DataFrame, st: pd.DataFrame) -> dict[str, Any]:
-    total = int(frame["dur_ns"].sum()) if len(frame) else 0
-    per = frame.groupby("phase", observed=True)["dur_ns"].sum() if len(frame) else pd.Series(dtype=float)
+def _phases(kinds: _StageFacts, st: pd.DataFrame) -> dict[str, Any]:
+    total = sum(kinds.phase_time.values())
     out: dict[str, Any] = {}
     for p in PHASES:
-        t = int(per.get(p, 0))
+        t = int(kinds.phase_time.get(p, 0))
         if not t:
             continue
         sub = st[st["phase"] == p] if len(st) else st
@@ -199,18 +240,37 @@ def _first_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _walk_layers(frame: pd.DataFrame, target: pd.DataFrame) -> tuple[int | None, str]:
-    """Decoder layers per step as the layer walk numbered them: the value most steps show."""
+    """Decoder layers per step as the layer walk numbered them: the value most steps show (ties:
+    the larger). The distinct (rank, step, layer) of a slice of kernels at a time, as one integer
+    each: no copy of the frame's columns, no per-kernel object."""
     if "layer" not in frame or not len(frame):
         return None, "the layer walk numbered no layers"
-    cols = frame[["rank", "step", "layer"]]  # three columns, not a copy of the whole frame
-    sub = cols[(cols["layer"] >= 0).to_numpy() & (cols["step"] >= 0).to_numpy()]
-    if len(target) and "step" in target:
-        sub = sub[sub["step"].isin(target["step"].to_numpy())]
-    if not len(sub):
+    layer, step, rank = floats(frame["layer"]), frame["step"].to_numpy(), frame["rank"].to_numpy()
+    top_layer, top_step = np.nanmax(layer, initial=-1), int(step.max(initial=-1))
+    if top_layer < 0 or top_step < 0:
         return None, "the layer walk numbered no layers inside a step"
-    per = sub.groupby(["rank", "step"], observed=True)["layer"].nunique()
-    counts = per.value_counts()
-    n, k = int(counts.index[0]), int(counts.iloc[0])
+    wanted = np.ones(top_step + 1, bool)
+    if len(target) and "step" in target:
+        wanted[:] = False
+        ids = target["step"].to_numpy(np.int64)
+        wanted[ids[(ids >= 0) & (ids <= top_step)]] = True
+    low = int(rank.min())
+    n_layer, n_step = int(top_layer) + 1, top_step + 1
+    seen = []
+    for lo in range(0, len(frame), SLICE_ROWS):
+        sl = slice(lo, lo + SLICE_ROWS)
+        s, la = step[sl], layer[sl]
+        ok = (la >= 0) & (s >= 0)
+        ok[ok] = wanted[s[ok]]
+        key = (rank[sl][ok].astype(np.int64) - low) * n_step + s[ok]
+        seen.append(np.unique(key * n_layer + la[ok].astype(np.int64)))
+    cells = np.unique(np.concatenate(seen)) if seen else np.empty(0, np.int64)
+    if not len(cells):
+        return None, "the layer walk numbered no layers inside a step"
+    per = np.unique(cells // n_layer, return_counts=True)[1]  # layers per (rank, step)
+    values, steps = np.unique(per, return_counts=True)
+    best = int(np.flatnonzero(steps == steps.max())[-1])
+    n, k = int(values[best]), int(steps[best])
     return n, f"the layer walk numbered {n} decoder layers in {k} of {len(per)} steps"
 
 
@@ -395,14 +455,12 @@ def _norm(raw: str | None) -> str | None:
     return hardware.normalize_dtype(raw) or raw if raw else None
 
 
-def _dtypes(facts: Mapping[str, Any], frame: pd.DataFrame) -> dict[str, Any]:
+def _dtypes(facts: Mapping[str, Any], kinds: _StageFacts) -> dict[str, Any]:
     """Per GEMM family, attention stage and the KV-cache store: the dtypes its launching ops
     recorded (activation, weight / key), the op names, and whether the GEMM is quantized; else the
     dtype its kernels' roofs were measured in (a kernel name that spells it, or the model's)."""
     ops = facts.get("ops", {})
-    stages = [
-        s for s in (*ALL_GEMM_STAGES, *ATTENTION_KERNEL_STAGES, KV_STORE) if (frame["stage"] == s).any()
-    ]
+    stages = [s for s in (*ALL_GEMM_STAGES, *ATTENTION_KERNEL_STAGES, KV_STORE) if s in kinds.present]
     out: dict[str, Any] = {}
     for s in stages:
         rows = ops.get(s, [])
@@ -432,9 +490,8 @@ def _dtypes(facts: Mapping[str, Any], frame: pd.DataFrame) -> dict[str, Any]:
                 f"recorded input types of {', '.join(names[:4])} ({share:.0%} of its {sum(r['kernels'] for r in rows)} kernels with ops)",
             )
             continue
-        rd = frame.loc[frame["stage"] == s, "roof_dtype"].dropna() if "roof_dtype" in frame else pd.Series()
-        if len(rd):
-            v = str(rd.astype(str).value_counts().index[0])
+        v = kinds.roof_dtype.get(s)
+        if v is not None:
             out[s] = known(
                 {"compute": v},
                 "the dtype its kernels' roofs use (a kernel name that spells it, or the model's)",
@@ -446,15 +503,12 @@ def _dtypes(facts: Mapping[str, Any], frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def _kv_cache(
-    facts: Mapping[str, Any], frame: pd.DataFrame, dims: Mapping[str, Any], dtypes: Mapping[str, Any]
+    facts: Mapping[str, Any], kinds: _StageFacts, dims: Mapping[str, Any], dtypes: Mapping[str, Any]
 ) -> dict[str, Any]:
     writes = facts.get("ops", {}).get(KV_STORE, [])
-    names = (
-        frame.loc[frame["stage"].isin([KV_STORE, *ATTENTION_KERNEL_STAGES]), "norm_name"].dropna().astype(str)
-    )
-    paged_names = sorted({n for n in names.unique() if any(w in n.lower() for w in _PAGED_WORDS)})
-    paged_stage = bool((frame["stage"] == "paged_attention").any())
-    mla = bool((frame["stage"] == "mla_attention").any())
+    paged_names = sorted({n for n in kinds.cache_names if any(w in n.lower() for w in _PAGED_WORDS)})
+    paged_stage = "paged_attention" in kinds.present
+    mla = "mla_attention" in kinds.present
     layout: dict[str, Any]
     block = unknown("no paged cache's block shape is recorded")
     hd = dims.get("head_dim", {}).get("value")

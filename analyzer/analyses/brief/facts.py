@@ -2,10 +2,12 @@
 
 Contract: :func:`input_facts` is a pure function of one input's kernels (with their final stages),
 its host ops and the kernel -> launching-op join. It returns plain JSON values (they travel from a
-rank worker in its meta) and reads each distinct op shape once, never a kernel at a time:
+rank worker in its meta) and reads each distinct op shape once, never a kernel at a time (the
+kernels' stages are read as the column's dictionary codes, no per-kernel string):
 
 * ``sizes``: the model's sizes the recorded shapes show (:func:`analyzer.analyses.shape_roles.found_sizes`,
-  HF config key names), null without an embedding lookup with shapes;
+  HF config key names; those the roofline already found are handed in, not found again), null
+  without an embedding lookup with shapes;
 * ``qkv``: the distinct (K, N) weight shapes of the QKV projections with their op counts (a K and a V
   projection narrower than the Q projection are the KV heads a GQA model keeps in its cache);
 * ``ops``: per stage of interest (GEMM roles, attention, the KV-cache store), the launching ops by
@@ -26,27 +28,34 @@ from analyzer.analyses import shape_roles
 from analyzer.knowledge.attention_ops import AttentionOps
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
 from analyzer.knowledge.work_ops import WorkOps
+from analyzer.tables.dictionaries import dict_strings, objects
 from analyzer.tables.launches import OpJoin, distinct_op_shapes, joined
 
 KV_STORE = "kv_cache_store"
 STAGES = (*ALL_GEMM_STAGES, *ATTENTION_KERNEL_STAGES, KV_STORE)
 
 
+_FIND = object()  # input_facts' ``found`` when the sizes are to be found here
+
+
 def input_facts(
     kernels: pa.Table,
     host_ops: pa.Table,
-    stage: list[str],
     attention: AttentionOps,
     work: WorkOps,
     trace: int | None = None,
     join: OpJoin | None = None,
+    found: shape_roles.ModelDims | None | object = _FIND,
 ) -> dict[str, Any]:
-    """The facts of input ``trace`` (None: the tables hold one input)."""
+    """The facts of input ``trace`` (None: the tables hold one input); ``found``: the sizes an
+    earlier step found in its shapes (None: none), left out to find them here."""
     out: dict[str, Any] = {"sizes": None, "qkv": [], "ops": {}}
     if host_ops.num_rows == 0 or "input_dims" not in host_ops.column_names:
         return out
-    found = shape_roles.found_sizes(kernels, host_ops, stage, attention, work, trace, join)
-    if found is not None:
+    if found is _FIND:
+        stage = objects(kernels["stage"])  # one shared str per stage, not one per kernel
+        found = shape_roles.found_sizes(kernels, host_ops, stage, attention, work, trace, join)
+    if isinstance(found, shape_roles.ModelDims):
         out["sizes"] = {
             **found.as_dict(),
             "value_head_dim": found.value_head_dim,
@@ -56,8 +65,7 @@ def input_facts(
     if got is None:
         return out
     ops, pos = got
-    codes = {s: i for i, s in enumerate(STAGES)}
-    code = np.fromiter((codes.get(s, -1) for s in stage), np.int64, len(stage))
+    code = _stage_codes(kernels["stage"])
     mask = code >= 0
     if trace is not None:
         mask &= kernels["trace_id"].to_numpy(zero_copy_only=False) == trace
@@ -108,6 +116,15 @@ def input_facts(
         out["ops"].setdefault(st, []).append(row)
     out["qkv"] = [[k, n, c] for (k, n), c in sorted(qkv.items())]
     return out
+
+
+def _stage_codes(column: Any) -> np.ndarray:
+    """Each kernel's index into :data:`STAGES` (-1: another stage), from the column's dictionary:
+    one lookup per distinct stage."""
+    codes = dict_strings(column)
+    index = {s: i for i, s in enumerate(STAGES)}
+    table = np.array([index.get(s, -1) for s in codes.dictionary.to_pylist()] + [-1], np.int64)
+    return table[codes.indices.fill_null(len(table) - 1).to_numpy(zero_copy_only=False)]
 
 
 _NOT_DTYPES = ("", "Scalar", "ScalarList", "TensorList", "GenericList", "Device", "None")

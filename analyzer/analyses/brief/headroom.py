@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.tables.frames import category_codes, floats, grouped_sums
+
 ROOF_TARGET = 0.8  # --set brief.roof_target=
 
 
@@ -25,80 +27,106 @@ def headroom(frame: pd.DataFrame, gpu: Any, target: float = ROOF_TARGET) -> dict
         return base
     if not gpu or not gpu.get("name"):
         base["unknown"] = (gpu or {}).get("reason") or "no known GPU: no roofs"
-    pct = frame["pct_of_peak"].to_numpy(np.float64, na_value=np.nan)
-    dur = frame["dur_ns"].to_numpy(np.float64)
-    rated = np.isfinite(pct)
-    # one group code per kernel (phase x stage from the categoricals' codes): sums by bincount,
-    # one array per kernel at a time, no per-kernel strings
-    phase_c = pd.Categorical(frame["phase"])
-    stage_c = pd.Categorical(frame["stage"])
-    ns = max(len(stage_c.categories), 1)
-    code = phase_c.codes.astype(np.int64) * ns + stage_c.codes.astype(np.int64)
-    code = np.where((phase_c.codes < 0) | (stage_c.codes < 0), -1, code)
-    n = len(phase_c.categories) * ns
-    ok = code >= 0
+    pct = floats(frame["pct_of_peak"])
+    dur = frame["dur_ns"].to_numpy()
+    count = frame["count"].to_numpy() if "count" in frame else None
+    phase, phases = category_codes(frame["phase"])
+    stage, stages = category_codes(frame["stage"])
+    keys = [(phase, len(phases)), (stage, len(stages))]
 
-    def total(w: np.ndarray) -> np.ndarray:
-        return np.bincount(code[ok], weights=w[ok], minlength=n)
+    def rated(sl: slice) -> np.ndarray:
+        return np.isfinite(pct[sl])
 
-    time = total(dur)
-    rated_time = total(np.where(rated, dur, 0.0))
-    saved = total(np.where(rated, dur * (1.0 - np.clip(np.where(rated, pct, 0.0) / target, 0.0, 1.0)), 0.0))
-    pct_t = total(np.where(rated, pct * dur, 0.0))
-    rated_n = total(rated.astype(np.float64))
-    counts = frame["count"].to_numpy(np.float64) if "count" in frame else np.ones(len(frame))
-    kernels = total(counts)
-    g = pd.DataFrame(
+    def saved(sl: slice) -> np.ndarray:
+        p = pct[sl]
+        share = np.clip(np.where(np.isfinite(p), p, 0.0) / target, 0.0, 1.0)
+        return np.where(np.isfinite(p), dur[sl] * (1.0 - share), 0.0)
+
+    # sums per phase x stage from the categoricals' codes, a slice of rows at a time: no per-kernel strings
+    g = grouped_sums(
+        len(dur),
+        keys,
         {
-            "time": time,
-            "rated_time": rated_time,
+            "time": lambda sl: dur[sl],
+            "rated_time": lambda sl: np.where(rated(sl), dur[sl], 0),
             "saved": saved,
-            "rated": rated_n,
-            "kernels": kernels,
-            "pct_t": pct_t,
+            "pct_t": lambda sl: np.where(rated(sl), pct[sl] * dur[sl], 0.0),
+            "rated": rated,
         },
-        index=pd.MultiIndex.from_product([list(phase_c.categories), list(stage_c.categories)]),
     )
-    g = g[g["time"] > 0]
     rows = []
-    for (phase, stage), r in g.iterrows():
-        if r["rated"] == 0:
-            continue
+    for i, j in zip(*np.nonzero((g["time"] > 0) & (g["rated"] > 0)), strict=True):
+        time, rated_time = g["time"][i, j], g["rated_time"][i, j]
         rows.append(
             {
-                "phase": str(phase),
-                "stage": str(stage),
-                "time_ns": int(r["time"]),
-                "rated_time_ns": int(r["rated_time"]),
-                "rated_kernels": int(r["rated"]),
-                "pct_of_peak": float(r["pct_t"] / r["rated_time"]) if r["rated_time"] else None,
-                "saved_ns": int(round(r["saved"])),
-                "saved_share": float(r["saved"] / r["time"]) if r["time"] else 0.0,
+                "phase": str(phases[i]),
+                "stage": str(stages[j]),
+                "time_ns": int(time),
+                "rated_time_ns": int(rated_time),
+                "rated_kernels": int(g["rated"][i, j]),
+                "pct_of_peak": float(g["pct_t"][i, j] / rated_time) if rated_time else None,
+                "saved_ns": int(round(g["saved"][i, j])),
+                "saved_share": float(g["saved"][i, j] / time) if time else 0.0,
             }
         )
     rows.sort(key=lambda x: (-x["saved_ns"], x["phase"], x["stage"]))
     for i, r in enumerate(rows, 1):
         r["rank"] = i
     base["rows"] = rows
-    if (~rated).any():
-        idx = np.flatnonzero(~rated & ok)
-        unc = frame["uncounted"].to_numpy(object)[idx] if "uncounted" in frame else np.full(len(idx), None)
-        bound = frame["bound"].to_numpy(object)[idx] if "bound" in frame else np.full(len(idx), None)
-        why = np.where(pd.isna(unc), np.where(bound == "invalid", "invalid", "no_gpu"), unc)
-        nr = pd.DataFrame({"code": code[idx], "dur": dur[idx], "count": counts[idx], "why": why})
-        out = []
-        phases, stages = list(phase_c.categories), list(stage_c.categories)
-        for c, sub in nr.groupby("code", sort=True):
-            reasons = sub.groupby("why")["dur"].sum().sort_values(ascending=False)
-            out.append(
-                {
-                    "phase": str(phases[int(c) // ns]),
-                    "stage": str(stages[int(c) % ns]),
-                    "time_ns": int(sub["dur"].sum()),
-                    "kernels": int(sub["count"].sum()),
-                    "reasons": [str(x) for x in reasons.index[:4]],
-                }
-            )
-        out.sort(key=lambda x: (-x["time_ns"], x["phase"], x["stage"]))
-        base["uncounted"] = out
+    base["uncounted"] = _uncounted(frame, keys, phases, stages, pct, dur, count)
     return base
+
+
+def _uncounted(
+    frame: pd.DataFrame,
+    keys: list[tuple[np.ndarray, int]],
+    phases: list[Any],
+    stages: list[Any],
+    pct: np.ndarray,
+    dur: np.ndarray,
+    count: np.ndarray | None,
+) -> list[dict[str, Any]]:
+    """The kernels without a rate per phase x stage: their time, count and reasons (the roofline's
+    ``uncounted``; else ``invalid`` for an invalid rate, ``no_gpu`` without roofs)."""
+    if "uncounted" in frame:
+        why, reasons = category_codes(frame["uncounted"])
+    else:
+        why, reasons = np.full(len(frame), -1, np.int8), []
+    invalid, no_gpu = len(reasons), len(reasons) + 1
+    bound_invalid = None
+    if "bound" in frame:
+        bound, bounds = category_codes(frame["bound"])
+        bound_invalid = bounds.index("invalid") if "invalid" in bounds else None
+
+    def reason(sl: slice) -> np.ndarray:
+        w = why[sl].astype(np.int64)
+        other = np.where(bound[sl] == bound_invalid, invalid, no_gpu) if bound_invalid is not None else no_gpu
+        return np.where(w >= 0, w, other)
+
+    names = [*map(str, reasons), "invalid", "no_gpu"]
+    g = grouped_sums(
+        len(dur),
+        [*keys, (reason, len(names))],
+        {
+            "time": lambda sl: dur[sl],
+            "kernels": (lambda sl: count[sl]) if count is not None else None,
+            "rows": None,
+        },
+        mask=lambda sl: ~np.isfinite(pct[sl]),
+    )
+    out = []
+    per = g["time"].sum(axis=2)
+    for i, j in zip(*np.nonzero(g["rows"].sum(axis=2) > 0), strict=True):
+        t, n = g["time"][i, j], g["rows"][i, j]
+        order = sorted((k for k in range(len(names)) if n[k] > 0), key=lambda k: (-t[k], names[k]))
+        out.append(
+            {
+                "phase": str(phases[i]),
+                "stage": str(stages[j]),
+                "time_ns": int(per[i, j]),
+                "kernels": int(g["kernels"][i, j].sum()),
+                "reasons": [names[k] for k in order[:4]],
+            }
+        )
+    out.sort(key=lambda x: (-x["time_ns"], x["phase"], x["stage"]))
+    return out
