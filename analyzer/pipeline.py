@@ -257,8 +257,16 @@ def run_warnings_step(a: Analysis, ctx: Context) -> Analysis:
     return dataclasses.replace(a, warnings=[*a.warnings, *more])
 
 
+def _same_kernels(a: Analysis, **changes: Any) -> Analysis:
+    """``a`` with ``changes`` made to fields other than the kernels: the frame built from them is
+    handed on, not built again by the next reader."""
+    out = dataclasses.replace(a, **changes)
+    out._frame = a._frame
+    return out
+
+
 def findings_step(a: Analysis, ctx: Context) -> Analysis:
-    return dataclasses.replace(a, findings=findings.find(a.frame, a.steps, ctx.finding_settings))
+    return _same_kernels(a, findings=findings.find(a.frame, a.steps, ctx.finding_settings))
 
 
 def brief_step(a: Analysis, ctx: Context) -> Analysis:
@@ -271,7 +279,7 @@ def brief_step(a: Analysis, ctx: Context) -> Analysis:
         roofline.world_size(a.trace.inputs) if a.trace.inputs else 1,
         ctx.brief_settings,
     )
-    return dataclasses.replace(a, brief=made)
+    return _same_kernels(a, brief=made)
 
 
 INPUT_STEPS: tuple[Step, ...] = (classify_step, phases_step, roofline_step, brief_facts_step)

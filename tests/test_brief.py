@@ -260,3 +260,145 @@ def test_both_phase_findings_state_each_phase_token_regime() -> None:
         # THEN its title names both
         text = f"{want['prefill']:,.0f} tokens in prefill, {want['decode']:,.0f} in decode"
         assert text in f["title"], (f["title"], text)
+
+
+# --------------------------------------------------------------------------- continuous-batching interference
+
+CB_CASES = [c for c in CASES if "-cb-" in c]
+
+
+def _raw_step_times(case: str, stage_of: dict[tuple[int, int], str]) -> list[dict[str, Any]]:
+    """Per ``lkm::step`` annotation of the trace JSON itself: its phase, its prefill and decode token
+    counts (``prefill_tokens=`` / ``decode_tokens=``, else ``tokens=``, else q x bs of its phase: a
+    ragged batch states its total) and the kernel time
+    per stage of the GPU activities launched inside it on its thread (by correlation id); the stage
+    of an activity is the analyzer's, found by (correlation, order within it)."""
+    import gzip
+
+    events = json.loads(gzip.open(ZOO / case / "trace.json.gz").read())["traceEvents"]
+    steps = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("lkm::step ")]
+    launches = [
+        e
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    ]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    by_corr: dict[int, list[dict[str, Any]]] = {}
+    for e in sorted(gpu, key=lambda e: e["ts"]):
+        by_corr.setdefault(int(e["args"]["correlation"]), []).append(e)
+    out = []
+    for a in steps:
+        f = _annotation_fields(a["name"])
+        if f.get("model") == "draft":
+            continue
+        n = int(f.get("tokens", int(f["q"]) * int(f["bs"])))
+        pre = int(f.get("prefill_tokens", n if f["phase"] == "prefill" else 0))
+        dec = int(f.get("decode_tokens", n if f["phase"] == "decode" else 0))
+        per: dict[str, float] = {}
+        for ln in launches:
+            if (ln["pid"], ln["tid"]) != (a["pid"], a["tid"]) or not a["ts"] <= ln["ts"] <= a["ts"] + a[
+                "dur"
+            ]:
+                continue
+            corr = int(ln["args"]["correlation"])
+            for i, g in enumerate(by_corr.get(corr, [])):
+                st = stage_of[(corr, i)]
+                per[st] = per.get(st, 0.0) + round(g["dur"] * 1000)
+        out.append({"phase": f["phase"], "prefill": pre, "decode": dec, "time": per})
+    return out
+
+
+def _stages_by_correlation(kernels: Any) -> dict[tuple[int, int], str]:
+    k = kernels.select(["correlation", "start_ns", "stage"]).to_pandas()
+    k = k.sort_values(["correlation", "start_ns"], kind="stable")
+    k["i"] = k.groupby("correlation").cumcount()
+    return {(int(c), int(i)): str(s) for c, i, s in zip(k["correlation"], k["i"], k["stage"], strict=True)}
+
+
+@pytest.mark.parametrize("case", CB_CASES)
+def test_interference_is_the_annotated_steps_time_per_token(case: str) -> None:
+    # GIVEN a continuous-batching capture: its raw step annotations and the kernels launched in each
+    a = analyze_run([str(ZOO / case / "trace.json.gz")])
+    raw = _raw_step_times(case, _stages_by_correlation(a.kernels))
+    assert raw and all(s["time"] for s in raw)
+    # WHEN the brief compares mixed steps against pure ones
+    inter = build_summary(a)["brief"]["interference"]
+    # THEN per side, in total and per stage: the sum of the kind's kernel time over the sum of its tokens
+    for side, pure in (("decode", "decode"), ("prefill", "prefill")):
+        mixed = [s for s in raw if s["phase"] == "mixed"]
+        alone = [s for s in raw if s["phase"] == pure]
+        item = inter[side]
+        if not mixed or not alone:
+            assert item["value"] is None and item["unknown"], (case, side)
+            continue
+        v = item["value"]
+        assert (v["mixed_steps"], v["pure_steps"]) == (len(mixed), len(alone))
+        m_tok, p_tok = sum(s[side] for s in mixed), sum(s[side] for s in alone)
+        assert (v["mixed_tokens"], v["pure_tokens"]) == (m_tok, p_tok)
+
+        def per_token(steps: list[dict[str, Any]], tokens: int, stage: str | None) -> float:
+            return sum(t for s in steps for st, t in s["time"].items() if stage in (None, st)) / tokens
+
+        assert v["total"]["mixed_ns_per_token"] == pytest.approx(per_token(mixed, m_tok, None), rel=1e-9)
+        assert v["total"]["pure_ns_per_token"] == pytest.approx(per_token(alone, p_tok, None), rel=1e-9)
+        stages = {st for s in mixed + alone for st in s["time"]}
+        assert {r["stage"] for r in v["stages"]} == stages
+        for r in v["stages"]:
+            want_m, want_p = per_token(mixed, m_tok, r["stage"]), per_token(alone, p_tok, r["stage"])
+            assert r["mixed_ns_per_token"] == pytest.approx(want_m, rel=1e-9), (case, side, r)
+            assert r["pure_ns_per_token"] == pytest.approx(want_p, rel=1e-9), (case, side, r)
+            assert r["ratio"] == (pytest.approx(want_m / want_p, rel=1e-9) if want_p else None)
+
+
+def test_interference_is_unknown_without_mixed_steps() -> None:
+    # GIVEN a static-batch capture (no step mixes prefill and decode tokens)
+    case = next(c for c in CASES if _meta(c)["mode"] == "static-cache")
+    assert not any("phase=mixed" in s for s in _meta(case)["steps"])
+    inter = _summary(case)["brief"]["interference"]
+    # THEN neither side is guessed
+    for side in ("decode", "prefill"):
+        assert inter[side]["value"] is None and "no mixed steps" in inter[side]["unknown"]
+
+
+def test_interference_leaves_out_steps_without_token_counts() -> None:
+    from analyzer.analyses.brief.interference import interference
+
+    # GIVEN three steps (mixed, pure decode, pure prefill) of kernels of two stages, and the decode
+    # step's token count unknown
+    rng = np.random.default_rng(0)
+    step = np.repeat([0, 1, 2], 4).astype(np.int32)
+    frame = pd.DataFrame(
+        {
+            "trace_id": np.zeros(12, np.int16),
+            "rank": np.zeros(12, np.int16),
+            "step": step,
+            "stage": pd.Categorical(np.tile(["a", "b"], 6)),
+            "dur_ns": rng.integers(1, 1000, 12),
+        }
+    )
+    steps = pd.DataFrame(
+        {
+            "trace_id": [0, 0, 0],
+            "rank": [0, 0, 0],
+            "step": [0, 1, 2],
+            "phase": ["mixed", "decode", "prefill"],
+            "prefill_tokens": [30, 0, 64],
+            "decode_tokens": [2, None, 0],
+        }
+    )
+    got = interference(frame, steps, lambda st: "test")
+    # THEN the decode side has no pure step with a count: unknown, saying why
+    assert got["decode"]["value"] is None and "token counts" in got["decode"]["unknown"]
+    # and the prefill side is step 0's time over 30 tokens against step 2's over 64
+    v = got["prefill"]["value"]
+    per = frame.groupby("step")["dur_ns"].sum()
+    assert v["total"]["mixed_ns_per_token"] == per[0] / 30
+    assert v["total"]["pure_ns_per_token"] == per[2] / 64
+    assert v["steps_without_tokens"] == 0 and (v["mixed_steps"], v["pure_steps"]) == (1, 1)
+
+
+def test_analyze_brief_prints_the_interference_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(ZOO / CB_CASES[0] / "trace.json.gz"), "--brief"]) == 0
+    out = capsys.readouterr().out
+    assert "continuous batching" in out and "per decode token: mixed vs pure" in out
+    assert "mixed / pure" in out

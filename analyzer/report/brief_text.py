@@ -116,6 +116,42 @@ def brief_rows(brief: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
                 "",
             )
 
+    inter = brief.get("interference", {})
+    for side in ("decode", "prefill"):
+        if side in inter:
+            yield ("continuous batching", f"per {side} token: mixed vs pure", *_cell(inter[side], _mixed))
+
+
+def _ratio(r: dict[str, Any]) -> str:
+    return f"x{r['ratio']:.2f}" if r.get("ratio") is not None else "no pure time"
+
+
+def _mixed(v: dict[str, Any]) -> str:
+    t = v["total"]
+    return (
+        f"{fmt_ns(t['mixed_ns_per_token'])} vs {fmt_ns(t['pure_ns_per_token'])} ({_ratio(t)}; "
+        f"{v['mixed_steps']} mixed / {v['pure_steps']} pure steps, "
+        f"{v['mixed_tokens']:,} / {v['pure_tokens']:,} tokens)"
+    )
+
+
+def interference_rows(inter: dict[str, Any], top: int = 10) -> list[list[str]]:
+    """(token kind, stage, mixed per token, pure per token, ratio) of the known sides, the stages
+    with the most mixed-step time first, each side's total first."""
+    rows = []
+    for side in ("decode", "prefill"):
+        v = (inter.get(side) or {}).get("value")
+        if not v:
+            continue
+        for r in [{"stage": "all stages", **v["total"]}, *v["stages"][:top]]:
+            rows.append(
+                [side, r["stage"], fmt_ns(r["mixed_ns_per_token"]), fmt_ns(r["pure_ns_per_token"]), _ratio(r)]
+            )
+    return rows
+
+
+INTERFERENCE_HEADER = ["per token of", "stage", "mixed steps", "pure steps", "mixed / pure"]
+
 
 def _dtype(v: dict[str, Any]) -> str:
     if "written" in v:
@@ -160,6 +196,10 @@ def render_brief(summary: dict[str, Any], out: TextIO) -> None:
             out.write(f"{sec}\n")
             section = sec
         out.write(f"  {what:<28} {value}" + (f"  [{why}]" if why else "") + "\n")
+    rows = interference_rows(brief.get("interference") or {})
+    if rows:
+        out.write("continuous batching: kernel time per token, mixed steps vs pure steps, by stage\n")
+        write_table(out, INTERFERENCE_HEADER, rows)
     _headroom(brief.get("headroom") or {}, out)
 
 

@@ -357,12 +357,18 @@ def _brief(page: Page, s: dict[str, Any]) -> None:
     brief = s.get("brief") or {}
     if not brief:
         return
-    from analyzer.report.brief_text import brief_rows
+    from analyzer.report.brief_text import INTERFERENCE_HEADER, brief_rows, interference_rows
 
     page.section("brief", "Brief: what to know before tuning a prefill or decode kernel")
     page.add('<p class="note">Each value with the evidence it rests on; a value the trace cannot tell is '
              "<b>unknown</b>, with the reason.</p>")  # fmt: skip
     page.add(table(["section", "what", "value", "evidence"], list(brief_rows(brief))))
+    rows = interference_rows(brief.get("interference") or {}, top=15)
+    if rows:
+        page.add("<h3>Continuous batching: kernel time per token, mixed steps vs pure steps, by stage</h3>")
+        page.add('<p class="note">A mixed step counts whole against each kind of token (its kernels '
+                 "serve both at once).</p>")  # fmt: skip
+        page.add(table(INTERFERENCE_HEADER, rows, num=[2, 3, 4]))
     h = brief.get("headroom") or {}
     if h.get("rows") or h.get("uncounted"):
         page.add(f"<h3>Headroom: time saved if every kernel reached {esc(fmt_pct(h.get('roof_target')))} "

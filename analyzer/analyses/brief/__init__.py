@@ -69,7 +69,7 @@ def build_brief(
     settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The brief of one analysed run (module contract)."""
-    from analyzer.analyses.brief import headroom
+    from analyzer.analyses.brief import headroom, interference
 
     settings = settings or {}
     st = steps if steps is not None else pd.DataFrame()
@@ -98,6 +98,7 @@ def build_brief(
         "hardware": _hardware(gpu),
         "speculative": _speculative(st, target, draft),
         "latency": _latency(target),
+        "interference": interference.interference(frame, target, _token_evidence),
         "headroom": headroom.headroom(frame, gpu, settings.get("roof_target", headroom.ROOF_TARGET)),
         "settings": dict(settings),
     }

@@ -83,7 +83,9 @@ def input_facts(
     types = host_ops["input_types"].take(pa.array(op_rows[first])).to_pylist()
     kernels_per = np.bincount(inverse, minlength=len(first))
     # ops, not kernels, per group: a split-K GEMM launches two kernels for one op
-    uniq_ops = np.unique(np.stack([inverse, op_rows]), axis=1)[0] if len(op_rows) else inverse
+    # one int per (group, op): a 1-D unique (np.unique(axis=1) sorts rows as bytes, far slower)
+    pair = inverse.astype(np.int64) * (int(op_rows.max()) + 1) + op_rows if len(op_rows) else op_rows
+    uniq_ops = np.unique(pair) // (int(op_rows.max()) + 1) if len(op_rows) else inverse
     ops_per = np.bincount(uniq_ops, minlength=len(first))
     merged: dict[tuple[str, str, str | None, str | None, str | None, bool], list[int]] = {}
     qkv: dict[tuple[int, int], int] = {}
