@@ -716,6 +716,16 @@ def compare_page(r: dict[str, Any], summaries: Sequence[dict[str, Any]], cdn: bo
                        [[c["stage"], *map(fmt_ns, c["time_ns"]), *["+".join(pr) or "-" for pr in c["providers"]],
                          *ratios(c["ratio"])] for c in stages],
                        num=[*range(1, 1 + len(keys)), *range(1 + 2 * len(keys), 1 + 3 * len(keys))]))  # fmt: skip
+        roles = [c for c in (r.get("roles") or {}).get("rows", []) if c["phase"] == ph]
+        if roles:
+            from analyzer.report.text import role_cells, role_stages
+
+            page.add(
+                f"<h3>{esc(ph)}: kernels matched by layer role (each input's share of its own roof)</h3>"
+            )
+            page.add(table(["role", *keys, *ratio_heads, "stages"],
+                           [[c["role"], *role_cells(c), *ratios(c["ratio"]), role_stages(c)] for c in roles],
+                           num=range(1, 1 + 2 * len(keys) - 1)))  # fmt: skip
     for i, s in zip(ins, summaries, strict=True):
         _input_details(page, i["key"], i["label"], s)
     warnings = [

@@ -14,8 +14,9 @@ Sections: ``phases`` (time shares), ``tokens`` (per step: prefill, decode, verif
 aggregated M of mixed steps), ``model`` (dimensions per rank and, with several ranks, for the
 whole model; ``--model`` disagreements), ``dtypes`` (per GEMM family, attention, KV writes;
 quantized GEMMs), ``kv_cache`` (layout, GQA group, bytes per token), ``hardware``, ``speculative``,
-``latency`` (prefill step times, decode step p50 / p99 per batch), ``interference`` and
-``headroom`` (:mod:`.headroom`).
+``latency`` (prefill step times, decode step p50 / p99 per batch), ``interference``
+(:mod:`.interference`), ``roles`` (kernel time per phase x layer role, what ``--compare`` matches:
+:mod:`.roles`) and ``headroom`` (:mod:`.headroom`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def build_brief(
     settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The brief of one analysed run (module contract)."""
-    from analyzer.analyses.brief import headroom, interference
+    from analyzer.analyses.brief import headroom, interference, roles
 
     settings = settings or {}
     st = steps if steps is not None else pd.DataFrame()
@@ -99,6 +100,7 @@ def build_brief(
         "speculative": _speculative(st, target, draft),
         "latency": _latency(target),
         "interference": interference.interference(frame, target, _token_evidence),
+        "roles": roles.layer_roles(frame),
         "headroom": headroom.headroom(frame, gpu, settings.get("roof_target", headroom.ROOF_TARGET)),
         "settings": dict(settings),
     }
