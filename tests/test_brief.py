@@ -395,6 +395,9 @@ def test_interference_leaves_out_steps_without_token_counts() -> None:
     assert v["total"]["mixed_ns_per_token"] == per[0] / 30
     assert v["total"]["pure_ns_per_token"] == per[2] / 64
     assert v["steps_without_tokens"] == 0 and (v["mixed_steps"], v["pure_steps"]) == (1, 1)
+    # AND without its pure prefill step, the prefill side is unknown too, saying so
+    got = interference(frame[frame["step"] < 2], steps.iloc[:2], lambda st: "test")
+    assert got["prefill"]["value"] is None and "no pure prefill steps" in got["prefill"]["unknown"]
 
 
 def test_analyze_brief_prints_the_interference_table(capsys: pytest.CaptureFixture[str]) -> None:

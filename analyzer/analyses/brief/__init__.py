@@ -109,10 +109,11 @@ def build_brief(
 @dataclasses.dataclass(frozen=True)
 class _StageFacts:
     """What the brief reads of the kernels' stages, summed once over the frame's category codes:
-    the stages that ran, kernel time per phase, per stage its most common roof dtype (ties: the
+    the stages that ran, the kernel time in all and per phase, per stage its most common roof dtype (ties: the
     first by name), and the kernel names of the KV-cache and attention stages."""
 
     present: set[str]
+    total_ns: int
     phase_time: dict[str, int]
     roof_dtype: dict[str, str]
     cache_names: list[str]
@@ -120,7 +121,7 @@ class _StageFacts:
     @classmethod
     def of(cls, frame: pd.DataFrame) -> _StageFacts:
         if not len(frame):
-            return cls(set(), {}, {}, [])
+            return cls(set(), 0, {}, {}, [])
         n = len(frame)
         stage, stages = category_codes(frame["stage"])
         phase, phases = category_codes(frame["phase"])
@@ -142,7 +143,7 @@ class _StageFacts:
             nm, nms = category_codes(frame["norm_name"])
             c = grouped_sums(n, [(nm, len(nms))], {"n": None}, mask=lambda sl: want[stage[sl]])["n"]
             names = [str(nms[k]) for k in np.flatnonzero(c > 0)]
-        return cls(present, phase_time, roof, names)
+        return cls(present, int(dur.sum()), phase_time, roof, names)
 
 
 # --------------------------------------------------------------------------- steps
@@ -165,7 +166,7 @@ def _step_evidence(st: pd.DataFrame) -> str:
 
 
 def _phases(kinds: _StageFacts, st: pd.DataFrame) -> dict[str, Any]:
-    total = sum(kinds.phase_time.values())
+    total = kinds.total_ns
     out: dict[str, Any] = {}
     for p in PHASES:
         t = int(kinds.phase_time.get(p, 0))
