@@ -28,12 +28,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analyzer.analyses import classify, findings, phases, roofline
+from analyzer.analyses import brief, classify, findings, phases, roofline
 from analyzer.errors import UsageError, option
-from analyzer.knowledge import architectures, hardware, kernel_rules
+from analyzer.knowledge import architectures, brief_settings, hardware, kernel_rules
 from analyzer.knowledge.annotations import load_annotation_patterns
 from analyzer.knowledge.attention_ops import AttentionOps, load_attention_ops
 from analyzer.knowledge.finding_settings import load_finding_settings
@@ -68,6 +69,7 @@ class Context:
     gpu: tuple[hardware.GpuSpec, str] | None  # the ``--gpu`` override and its name; None: detect it
     gpu_table: Mapping[str, hardware.GpuSpec]  # rules/hardware.toml: the GPUs detection chooses from
     model: architectures.ModelArch | None
+    brief_settings: Mapping[str, float] = dataclasses.field(default_factory=dict)  # --set brief.NAME=
 
 
 def resolve_context(options: Options | None = None) -> Context:
@@ -91,13 +93,18 @@ def resolve_context(options: Options | None = None) -> Context:
         attention_ops=load_attention_ops(),
         work_ops=load_work_ops(),
         finding_settings=load_finding_settings(
-            {k: v for k, v in options.settings.items() if not k.startswith(SETTING_PREFIX)}
+            {
+                k: v
+                for k, v in options.settings.items()
+                if not k.startswith(SETTING_PREFIX) and not k.startswith(brief_settings.PREFIX)
+            }
         ),
         structure=with_overrides(load_structure(), options.settings),
         provider_facts=load_provider_facts(),
         gpu=gpu,
         gpu_table=hardware.default_table(),
         model=model,
+        brief_settings=brief_settings.parse(options.settings),
     )
 
 
@@ -121,6 +128,13 @@ class Analysis:
     rule_groups: dict[str, bool] = dataclasses.field(default_factory=dict)
     # per input (trace id as text): the sizes that counted kernels without shapes (roofline)
     work_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # per input (trace id) whose shapes the roofline looked at: the sizes they show (ModelDims or
+    # None), handed to the brief's facts so that they are found once; emptied by that step
+    found_sizes: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # per input (trace id as text): what its host ops tell the brief (analyses.brief.facts)
+    brief_facts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the prefill-vs-decode brief (analyses.brief), made by the last run step
+    brief: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the launch calls taken out of the host ops (launches.split_launch_calls) until the phases are split
     launch_calls: pa.Table | None = None
     # the kernel -> launching-op join, made once by the classification, read by the phase split and
@@ -212,8 +226,30 @@ def roofline_step(a: Analysis, ctx: Context) -> Analysis:
         gpu=got.gpu,
         model=ctx.model if ctx.model is not None else a.model,
         work_sizes={**a.work_sizes, **got.sizes},
+        found_sizes={**a.found_sizes, **got.found},
         warnings=[*a.warnings, *got.warnings],
     )
+
+
+def brief_facts_step(a: Analysis, ctx: Context) -> Analysis:
+    """What the host ops tell the brief, read while the input still holds them."""
+    k = a.kernels
+    if k.num_rows == 0 or a.trace.host_ops.num_rows == 0:
+        return a
+    traces = np.unique(k["trace_id"].to_numpy(zero_copy_only=False)).tolist()
+    got = {
+        str(t): brief.input_facts(
+            k,
+            a.trace.host_ops,
+            ctx.attention_ops,
+            ctx.work_ops,
+            None if len(traces) == 1 else int(t),
+            a.op_join,
+            **({"found": a.found_sizes[int(t)]} if int(t) in a.found_sizes else {}),
+        )
+        for t in traces
+    }
+    return dataclasses.replace(a, brief_facts={**a.brief_facts, **got}, found_sizes={})
 
 
 def run_warnings_step(a: Analysis, ctx: Context) -> Analysis:
@@ -221,12 +257,33 @@ def run_warnings_step(a: Analysis, ctx: Context) -> Analysis:
     return dataclasses.replace(a, warnings=[*a.warnings, *more])
 
 
+def _same_kernels(a: Analysis, **changes: Any) -> Analysis:
+    """``a`` with ``changes`` made to fields other than the kernels: the frame built from them is
+    handed on, not built again by the next reader."""
+    out = dataclasses.replace(a, **changes)
+    out._frame = a._frame
+    return out
+
+
 def findings_step(a: Analysis, ctx: Context) -> Analysis:
-    return dataclasses.replace(a, findings=findings.find(a.frame, a.steps, ctx.finding_settings))
+    return _same_kernels(a, findings=findings.find(a.frame, a.steps, ctx.finding_settings))
 
 
-INPUT_STEPS: tuple[Step, ...] = (classify_step, phases_step, roofline_step)
-RUN_STEPS: tuple[Step, ...] = (run_warnings_step, findings_step)
+def brief_step(a: Analysis, ctx: Context) -> Analysis:
+    made = brief.build_brief(
+        a.frame,
+        a.steps,
+        a.brief_facts,
+        a.gpu,
+        ctx.model,
+        roofline.world_size(a.trace.inputs) if a.trace.inputs else 1,
+        ctx.brief_settings,
+    )
+    return _same_kernels(a, brief=made)
+
+
+INPUT_STEPS: tuple[Step, ...] = (classify_step, phases_step, roofline_step, brief_facts_step)
+RUN_STEPS: tuple[Step, ...] = (run_warnings_step, findings_step, brief_step)
 
 
 # --------------------------------------------------------------------------- sequencing

@@ -187,3 +187,86 @@ def test_nsys_totals_beside_a_trace_compare_without_zero_walls() -> None:
     row_a = next(line for line in res.stdout.splitlines() if line.strip().startswith("A "))
     assert row_a.split()[1:4] == ["—", "—", "—"]
     assert "A: top kernels" in res.stdout and "B: findings" in res.stdout
+
+
+# --------------------------------------------------------------------------- matched by layer role
+
+ROLE_GEMM = ("qkv_gemm", "o_gemm", "gate_up_gemm", "down_gemm")
+ROLE_ATTENTION = ("flash_attention", "paged_attention", "mla_attention", "attention_reduce")
+
+
+def _roles_by_hand(kernels: Any) -> Any:
+    """Each layer kernel of a GEMM, attention or norm stage with its role, found here in pandas: the
+    GEMM's stage, ``attention``, or a norm before / after its layer instance's first attention kernel."""
+    k = kernels.select(
+        ["trace_id", "rank", "step", "layer", "stage", "phase", "start_ns", "dur_ns", "pct_of_peak"]
+    )
+    df = k.to_pandas()
+    df["stage"], df["phase"] = df["stage"].astype(str), df["phase"].astype(str)
+    df = df[df["layer"].notna() & (df["layer"] >= 0)]
+    inst = ["trace_id", "rank", "step", "layer"]
+    first = df[df["stage"].isin(ROLE_ATTENTION[:3])].groupby(inst)["start_ns"].min().rename("att")
+    df = df.join(first, on=inst)
+    df = df[df["stage"].isin((*ROLE_GEMM, *ROLE_ATTENTION, "norm"))].copy()
+    df["role"] = df["stage"].where(~df["stage"].isin(ROLE_ATTENTION), "attention")
+    norm = df["stage"] == "norm"
+    df.loc[norm, "role"] = (df.loc[norm, "start_ns"] < df.loc[norm, "att"]).map(
+        {True: "norm before attention", False: "norm after attention"}
+    )
+    df.loc[norm & df["att"].isna(), "role"] = "norm in a layer without attention"
+    return df
+
+
+def test_role_matched_compare_pairs_every_attention_gemm_and_norm_kernel_of_a_layer() -> None:
+    # GIVEN the same SGLang decode step on MI300X and B300, each analysed on its own
+    root = shared(PAIR)
+    paths = sorted(root.glob("MI300/*.json.gz")) + sorted(root.glob("B300/*.json.gz"))
+    runs = [analyze_paths([str(p)]) for p in paths]
+    # WHEN compared (twice: the matching is deterministic)
+    r = compare_summaries([build_summary(a) for a in runs])
+    again = compare_summaries([build_summary(a) for a in runs])
+    assert json.dumps(r["roles"], sort_keys=True) == json.dumps(again["roles"], sort_keys=True)
+    rows = {(x["phase"], x["role"]): x for x in r["roles"]["rows"]}
+    # THEN every attention, GEMM and norm kernel of a layer, on either GPU, lands in a paired row
+    hand = [_roles_by_hand(a.kernels) for a in runs]
+    for side, df in enumerate(hand):
+        assert (
+            len(df) and df["role"].str.startswith("norm before").any() and (df["role"] == "attention").any()
+        )
+        for (phase, role), _ in df.groupby(["phase", "role"]):
+            row = rows[(phase, role)]
+            assert row["paired"], (side, phase, role, row)
+    # AND each side's time in those rows is its own kernels' (roles outside layers too: the whole frame)
+    for side, a in enumerate(runs):
+        every = a.kernels.select(["phase", "stage", "dur_ns"]).to_pandas()
+        for (phase, role), row in rows.items():
+            if role in ROLE_GEMM:
+                want = every[(every["phase"] == phase) & (every["stage"] == role)]["dur_ns"].sum()
+                assert row["time_ns"][side] == want, (side, phase, role)
+            elif role == "attention":
+                want = every[(every["phase"] == phase) & every["stage"].isin(ROLE_ATTENTION)]["dur_ns"].sum()
+                assert row["time_ns"][side] == want, (side, phase, role)
+        norms = hand[side][hand[side]["stage"] == "norm"]
+        for (phase, role), g in norms.groupby(["phase", "role"]):
+            assert rows[(phase, role)]["time_ns"][side] == g["dur_ns"].sum()
+            rated = g[g["pct_of_peak"].notna()]
+            got = rows[(phase, role)]["pct_of_peak"][side]
+            if len(rated):
+                want = (rated["pct_of_peak"] * rated["dur_ns"]).sum() / rated["dur_ns"].sum()
+                assert got == pytest.approx(want, rel=1e-9)
+            else:
+                assert got is None
+    # AND the ratio is B's time over A's
+    for row in rows.values():
+        if row["paired"]:
+            assert row["ratio"][1] == pytest.approx(row["time_ns"][1] / row["time_ns"][0])
+
+
+def test_compare_text_prints_the_role_table() -> None:
+    root = shared(PAIR)
+    paths = sorted(root.glob("MI300/*.json.gz")) + sorted(root.glob("B300/*.json.gz"))
+    r = compare_summaries([build_summary(analyze_paths([str(p)])) for p in paths])
+    out = io.StringIO()
+    text.render_compare(r, out)
+    assert "decode: time by layer role" in out.getvalue()
+    assert "norm before attention" in out.getvalue() and "attention_reduce" in out.getvalue()

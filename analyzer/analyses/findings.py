@@ -159,26 +159,43 @@ def same_kernel_both_phases(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, 
         stage = str(g["stage"].iloc[0])
         ev["stage"] = stage
         name = str(g["norm_name"].iloc[0])
+        ev["token_regime"] = regime = _token_regime(tp, td, stage)
         if stretched:
             ratio = f"{tok_ratio:,.0f}x the tokens" if tok_ratio else f"{dur_ratio:,.0f}x the time per launch"
+            ratio = f"{ratio} in prefill; {regime}"
             sugg = _same_kernel_advice(stage, float(d["graph_launch"].mean()) if len(d) else 0.0)
             if _sizes_its_grid(stage):
                 # the advice itself says one kernel for both phases is normal: a warning would
                 # contradict it, so it is information (with the fusion advice it carries)
                 sev = "info"
                 title = (
-                    f"one {stage} kernel serves prefill and decode ({ratio} in prefill; normal for a "
+                    f"one {stage} kernel serves prefill and decode ({ratio}; normal for a "
                     f"kernel that sizes its grid to the problem): {_short(name)}"
                 )
             else:
                 sev = "critical" if ev["share_of_run"] >= c["critical_share"] else "warning"
-                title = f"one {stage} configuration serves prefill and decode ({ratio} in prefill): {_short(name)}"
+                title = f"one {stage} configuration serves prefill and decode ({ratio}): {_short(name)}"
         else:
             sev = "info"
-            title = f"one {stage} configuration serves both phases on a similar problem size (benign): {_short(name)}"
+            title = (
+                f"one {stage} configuration serves both phases on a similar problem size (benign; {regime}): "
+                f"{_short(name)}"
+            )
             sugg = f"No action: the {stage} kernel does the same work in both phases."
         out.append(_finding(c, "same_kernel_both_phases", sev, "both", title, [gk], ev, sugg, cost))
     return out
+
+
+def _token_regime(prefill: float | None, decode: float | None, stage: str) -> str:
+    """The tokens per step each phase hands the kernel (the median over its steps), and what
+    serving both with one configuration means: ``2,048 tokens in prefill, 4 in decode: one tile
+    serves both``; a phase whose steps carry no token count says so."""
+
+    def n(v: float | None) -> str:
+        return f"{v:,.0f} tokens" if v is not None else "tokens unknown"
+
+    one = "one tile serves both" if stage in ALL_GEMM_STAGES else "one configuration serves both"
+    return f"{n(prefill)} in prefill, {n(decode).removesuffix(' tokens')} in decode: {one}"
 
 
 def _sizes_its_grid(stage: str) -> bool:

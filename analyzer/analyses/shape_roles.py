@@ -259,7 +259,9 @@ def found_sizes(
     forwards = table[2] if table else 0
     heads, kv_heads, head, value_head, n_attn = _attention_sizes(kernels, host_ops, attention, trace, join)
     layers = n_attn // forwards if forwards and n_attn and n_attn % forwards == 0 else None
-    experts, expert_inter, top_k = _expert_sizes(kernels, host_ops, stage, work, base.hidden, trace, join)
+    experts, expert_inter, top_k = _expert_sizes(
+        kernels, host_ops, stage, work, base.hidden, trace, join, shapes
+    )
     lm_out = _lm_head_out(kernels, host_ops, stage, base.hidden, trace, shapes)
     return dataclasses.replace(
         base,
@@ -354,10 +356,12 @@ def _expert_sizes(
     hidden: int,
     trace: int | None,
     join: OpJoin | None = None,
+    shapes: GemmShapes | None = None,
 ) -> tuple[int | None, int | None, int | None]:
     """(experts, one expert's width, top-k): the grouped expert GEMMs' weights (experts x K x N),
     the expert-weight gathers' tables (experts x N x K), else the router's width; top-k = the routed
-    rows of a step's expert GEMMs over its tokens."""
+    rows of a step's expert GEMMs over its tokens. ``shapes``: the run's :func:`gemm_shapes`, read
+    here when not given."""
     if "input_dims" not in host_ops.column_names or host_ops.num_rows == 0:
         return None, None, None
     grouped = {n for g in work.gemms if g.grouped for n in g.names}
@@ -387,7 +391,7 @@ def _expert_sizes(
     width = min(widths) if widths else None  # the down projection's I (the gate_up's is 2I when fused)
     e_count = _mode(experts)
     if e_count is None:
-        e_count = _router_width(kernels, host_ops, stage, hidden, trace, join)
+        e_count = _router_width(kernels, host_ops, stage, hidden, trace, join, shapes)
     return e_count, width, _top_k(kernels, host_ops, stage, work, trace, e_count, join)
 
 
@@ -398,8 +402,9 @@ def _router_width(
     hidden: int,
     trace: int | None,
     join: OpJoin | None = None,
+    shapes: GemmShapes | None = None,
 ) -> int | None:
-    shapes = gemm_shapes(kernels, host_ops, stage, trace, join)
+    shapes = shapes if shapes is not None else gemm_shapes(kernels, host_ops, stage, trace, join)
     outs = [
         sh[1]
         for r, k in zip(shapes.rows.tolist(), shapes.inverse.tolist(), strict=True)

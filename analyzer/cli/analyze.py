@@ -28,6 +28,13 @@ from analyzer.results.compare import compare_summaries
     help="Kernel groups listed in the text summary and kept in --json (which keeps at least 15).",
 )
 @click.option("--compare", is_flag=True, help="Analyse each input on its own and set them side by side.")
+@click.option(
+    "--brief",
+    "brief",
+    is_flag=True,
+    help="Print the prefill-vs-decode brief (each value with its evidence, or why it is unknown) "
+    "instead of the summary.",
+)
 def analyze(
     traces: tuple[str, ...],
     rules: tuple[str, ...],
@@ -38,11 +45,13 @@ def analyze(
     html_path: str | None,
     top: int,
     compare: bool,
+    brief: bool,
 ) -> int:
     """Analyse TRACE... as one run (ranks of one job, or prefill + decode traces of one workload).
 
     A directory means every trace inside it. Prints inputs, GPU, wall and busy time, phases, time by
-    stage and provider, top kernels, unclassified kernels and findings.
+    stage and provider, top kernels, unclassified kernels and findings; with --brief, the
+    prefill-vs-decode brief instead.
     """
     from analyzer.results.summary import build_summary  # pyarrow: loads after memory.configure
 
@@ -64,7 +73,12 @@ def analyze(
         return 0
     analysis = run_analysis(traces, options)
     summary = summary_of(analysis)
-    TextReporter(top=top).render(summary, sys.stdout)
+    if brief:
+        from analyzer.report.brief_text import BriefTextReporter
+
+        BriefTextReporter().render(summary, sys.stdout)
+    else:
+        TextReporter(top=top).render(summary, sys.stdout)
     if json_path:
         write_json(summary, json_path)
         click.echo(f"wrote {json_path}", err=True)

@@ -259,6 +259,7 @@ def report_page(summary: dict[str, Any], kernels: pa.Table, cdn: bool = False) -
     page = Page("llm-kernel-map report")
     _header(page, summary)
     _phases(page, summary)
+    _brief(page, summary)
     _stages(page, summary)
     _ranks(page, summary)
     page.section("timeline", "Timeline")
@@ -349,6 +350,42 @@ def _phases(page: Page, s: dict[str, Any]) -> None:
             "</div>",
         )
     page.add("</div>")
+
+
+def _brief(page: Page, s: dict[str, Any]) -> None:
+    """The prefill-vs-decode brief: every value with its evidence, or why it is unknown."""
+    brief = s.get("brief") or {}
+    if not brief:
+        return
+    from analyzer.report.brief_text import INTERFERENCE_HEADER, brief_rows, interference_rows
+
+    page.section("brief", "Brief: what to know before tuning a prefill or decode kernel")
+    page.add('<p class="note">Each value with the evidence it rests on; a value the trace cannot tell is '
+             "<b>unknown</b>, with the reason.</p>")  # fmt: skip
+    page.add(table(["section", "what", "value", "evidence"], list(brief_rows(brief))))
+    rows = interference_rows(brief.get("interference") or {}, top=15)
+    if rows:
+        page.add("<h3>Continuous batching: kernel time per token, mixed steps vs pure steps, by stage</h3>")
+        page.add('<p class="note">A mixed step counts whole against each kind of token (its kernels '
+                 "serve both at once).</p>")  # fmt: skip
+        page.add(table(INTERFERENCE_HEADER, rows, num=[2, 3, 4]))
+    h = brief.get("headroom") or {}
+    if h.get("rows") or h.get("uncounted"):
+        page.add(f"<h3>Headroom: time saved if every kernel reached {esc(fmt_pct(h.get('roof_target')))} "
+                 "of its roof, ranked</h3>")  # fmt: skip
+        if h.get("unknown"):
+            page.add(f'<p class="note">unknown, because {esc(h["unknown"])}</p>')
+        rows = [[r["rank"], r["phase"], r["stage"], fmt_ns(r["time_ns"]), fmt_pct(r["pct_of_peak"]),
+                 fmt_ns(r["saved_ns"])] for r in h.get("rows", [])[:15]]  # fmt: skip
+        page.add(table(["#", "phase", "stage", "time", "of roof", "saved"], rows, num=[0, 3, 4, 5]))
+        un = h.get("uncounted") or []
+        if un:
+            page.add("<h3>Kernels without a rate (not in the ranking)</h3>")
+            rows = [
+                [r["phase"], r["stage"], fmt_ns(r["time_ns"]), r["kernels"], ", ".join(r["reasons"])]
+                for r in un[:15]
+            ]
+            page.add(table(["phase", "stage", "time", "kernels", "why"], rows, num=[2, 3]))
 
 
 def _stages(page: Page, s: dict[str, Any]) -> None:
@@ -679,6 +716,16 @@ def compare_page(r: dict[str, Any], summaries: Sequence[dict[str, Any]], cdn: bo
                        [[c["stage"], *map(fmt_ns, c["time_ns"]), *["+".join(pr) or "-" for pr in c["providers"]],
                          *ratios(c["ratio"])] for c in stages],
                        num=[*range(1, 1 + len(keys)), *range(1 + 2 * len(keys), 1 + 3 * len(keys))]))  # fmt: skip
+        roles = [c for c in (r.get("roles") or {}).get("rows", []) if c["phase"] == ph]
+        if roles:
+            from analyzer.report.text import role_cells, role_stages
+
+            page.add(
+                f"<h3>{esc(ph)}: kernels matched by layer role (each input's share of its own roof)</h3>"
+            )
+            page.add(table(["role", *keys, *ratio_heads, "stages"],
+                           [[c["role"], *role_cells(c), *ratios(c["ratio"]), role_stages(c)] for c in roles],
+                           num=range(1, 1 + 2 * len(keys) - 1)))  # fmt: skip
     for i, s in zip(ins, summaries, strict=True):
         _input_details(page, i["key"], i["label"], s)
     warnings = [

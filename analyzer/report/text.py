@@ -396,6 +396,48 @@ def _compare_breakdown(
             for r in stages
         ]
         write_table(out, ["stage", *keys, *ratio_heads], rows, indent="    ")
+    _compare_roles(result, phase, keys, ratio_heads, out)
+
+
+def role_cells(r: dict[str, Any]) -> list[str]:
+    """Each input's time and share of its own roof in one role row (``—``: it never ran the role)."""
+    return [
+        NONE
+        if t is None
+        else f"{fmt_ns(t)} ({fmt_pct(p)} of roof)"
+        if p is not None
+        else f"{fmt_ns(t)} (no rate)"
+        for t, p in zip(r["time_ns"], r["pct_of_peak"], strict=True)
+    ]
+
+
+def role_stages(r: dict[str, Any]) -> str:
+    """The stages that played the role, per input, where they differ (one backend splits a kernel)."""
+    names = ["+".join(st) if st else NONE for st in r["stages"]]
+    return names[0] if len(set(names)) == 1 else " / ".join(names)
+
+
+def _compare_roles(
+    result: dict[str, Any], phase: str, keys: list[str], ratio_heads: list[str], out: TextIO
+) -> None:
+    """One phase's kernels matched by layer role: time, share of each GPU's roof, ratio, stages."""
+    roles = [r for r in (result.get("roles") or {}).get("rows", []) if r["phase"] == phase]
+    if not roles:
+        return
+    out.write(f"\n  {phase}: time by layer role (each input's share of its own roof)\n")
+    rows = [
+        [
+            r["role"],
+            *role_cells(r),
+            *[
+                NONE if t is None or r["time_ns"][0] is None else x
+                for t, x in zip(r["time_ns"][1:], _ratios(r["ratio"]), strict=True)
+            ],
+            role_stages(r),
+        ]
+        for r in roles
+    ]
+    write_table(out, ["role", *keys, *ratio_heads, "stages"], rows, indent="    ")
 
 
 def _compare_input(i: dict[str, Any], out: TextIO) -> None:

@@ -5,6 +5,11 @@ and recomputes nothing from kernels. Times stay in integer ns, shares are fracti
 ratio is an input's time over the first input's time (None where the first has none), so "B is
 1.9x A" reads ``ratio[1] == 1.9``. A stage an input never ran has time and ratio None there (not 0:
 "absent" is not "took no time").
+
+``roles`` matches the inputs' kernels by phase and layer role (each summary's ``brief.roles``:
+:mod:`analyzer.analyses.brief.roles`), deterministically: per (phase, role) each input's time, the
+stages that played it, its share of its own GPU's roof, and the time ratio; ``paired`` where every
+input ran the role.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ def compare_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "phases": [_phase_row(p, summaries) for p in phases],
         "categories": _category_rows(phases, summaries),
         "stages": _stage_rows(phases, summaries),
+        "roles": _role_rows(summaries),
     }
 
 
@@ -156,3 +162,45 @@ def _stage_rows(phases: list[str], summaries: list[dict[str, Any]]) -> list[dict
             rows.append({"phase": phase, "stage": stage, "category": cats[stage], "time_ns": times[stage],
                          "ratio": _ratios(times[stage]), "providers": [sorted(p) for p in provs[stage]]})  # fmt: skip
     return rows
+
+
+def _role_rows(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per (phase, layer role) of any input: each input's time (None: it never ran the role),
+    kernels, stages and share of its roof; the ratios over the first; whether every input ran it."""
+    n = len(summaries)
+    got: dict[tuple[str, str], list[dict[str, Any] | None]] = {}
+    missing = []
+    for i, s in enumerate(summaries):
+        item = (s.get("brief") or {}).get("roles") or {}
+        if item.get("value") is None:
+            missing.append(f"input {_keys(n)[i]}: {item.get('unknown') or 'no roles in its summary'}")
+            continue
+        for r in item["value"]["rows"]:
+            got.setdefault((r["phase"], r["role"]), [None] * n)[i] = r
+    order = {p: k for k, p in enumerate(PHASE_ORDER)}
+    rows = []
+    for (phase, role), per in sorted(
+        got.items(),
+        key=lambda kv: (
+            order.get(kv[0][0], len(order)),
+            -max(r["time_ns"] if r else 0 for r in kv[1]),
+            kv[0][1],
+        ),
+    ):
+        time = [r["time_ns"] if r else None for r in per]
+        rows.append(
+            {
+                "phase": phase,
+                "role": role,
+                "time_ns": time,
+                "ratio": _ratios(time),
+                "kernels": [r["kernels"] if r else None for r in per],
+                "stages": [r["stages"] if r else None for r in per],
+                "pct_of_peak": [r["pct_of_peak"] if r else None for r in per],
+                "paired": all(r is not None for r in per),
+            }
+        )
+    out: dict[str, Any] = {"rows": rows}
+    if missing:
+        out["unknown"] = "; ".join(missing)
+    return out

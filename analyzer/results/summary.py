@@ -103,6 +103,7 @@ def build_summary(analysis: Analysis, top: int = TOP_KERNELS) -> dict[str, Any]:
         "findings": analysis.findings,
         "warnings": analysis.warnings,
         "ranks": rank_summary(df),
+        "brief": analysis.brief,
     }
     _decoded_tiles(summary["top_kernels"], analysis.kernels)
     return summary

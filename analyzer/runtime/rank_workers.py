@@ -134,6 +134,7 @@ def analyze_part(path: str, index: int, cache_dir: str | None, options: dict[str
         "layer_rules": analysis.layer_rules,
         "rule_groups": analysis.rule_groups,
         "work_sizes": analysis.work_sizes,
+        "brief_facts": analysis.brief_facts,
     }
     return "part", {
         "kernels": ipc_bytes(analysis.kernels),
@@ -178,4 +179,5 @@ def join_parts(results: Sequence[tuple[str, Any]], context: Context) -> Analysis
         # every rank reads the same registry: a group ran on the run where it ran on any rank
         rule_groups={g: any(m["rule_groups"][g] for m in metas) for g in metas[0]["rule_groups"]},
         work_sizes={k: v for m in metas for k, v in m.get("work_sizes", {}).items()},
+        brief_facts={k: v for m in metas for k, v in m.get("brief_facts", {}).items()},
     )

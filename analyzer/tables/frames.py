@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -47,3 +48,55 @@ def groups(df: pd.DataFrame, keys: list[str]) -> Iterator[tuple[Any, pd.DataFram
     group order; this takes each group's rows by position instead. Groups come in no set order."""
     for key, at in df.groupby(keys, sort=False, observed=True).indices.items():
         yield key, df.iloc[at]
+
+
+# rows summed at a time by :func:`grouped_sums`: its temporaries stay this size whatever the length
+SLICE_ROWS = 1 << 18
+
+
+def category_codes(column: pd.Series) -> tuple[np.ndarray, list[Any]]:
+    """A column's category codes (-1: missing) and its categories; a categorical column's own codes,
+    not a copy."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.cat.codes.to_numpy(), list(column.cat.categories)
+    cat = pd.Categorical(column)
+    return cat.codes, list(cat.categories)
+
+
+def floats(column: pd.Series) -> np.ndarray:
+    """A numeric column as float64 with NaN for missing values (a float64 column's own buffer)."""
+    if column.dtype == np.float64:
+        return column.to_numpy()
+    return column.to_numpy(np.float64, na_value=np.nan)
+
+
+def grouped_sums(
+    rows: int,
+    keys: Sequence[tuple[np.ndarray | Callable[[slice], np.ndarray], int]],
+    weights: Mapping[str, Callable[[slice], np.ndarray] | None],
+    mask: Callable[[slice], np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Per group of ``keys`` over ``rows`` rows (each key a per-row array of codes, -1 for none, or
+    a function giving a slice of rows' codes; and how many codes it has) the sum of each weight (a
+    function of a slice of rows; None counts rows), rows outside ``mask`` (a function of a slice)
+    left out. Arrays shaped by the keys' sizes.
+
+    Summed :data:`SLICE_ROWS` rows at a time, so the temporaries (one group code and one weight per
+    row of a slice) stay bounded on millions of rows, and no per-row Python object is made."""
+    sizes = [max(int(size), 1) for _, size in keys]
+    total = int(np.prod(sizes)) if sizes else 1
+    out = {name: np.zeros(total) for name in weights}
+    for lo in range(0, rows, SLICE_ROWS):
+        sl = slice(lo, min(rows, lo + SLICE_ROWS))
+        ok = np.ones(sl.stop - sl.start, bool) if mask is None else np.array(mask(sl), bool)
+        code = np.zeros(len(ok), np.int64)
+        for (codes, _), size in zip(keys, sizes, strict=True):
+            part = codes(sl) if callable(codes) else codes[sl]
+            ok &= part >= 0
+            code *= size
+            code += part
+        code = code[ok]
+        for name, weight in weights.items():
+            w = None if weight is None else np.asarray(weight(sl), np.float64)[ok]
+            out[name] += np.bincount(code, weights=w, minlength=total)
+    return {name: v.reshape(sizes) for name, v in out.items()}

@@ -112,14 +112,32 @@ def distinct_op_shapes(
 
 
 def _dense_key(columns: list[np.ndarray]) -> np.ndarray:
-    """One int64 per row that is equal exactly where every column is: the columns ranked and combined
-    two at a time (a 1-D sort each; ``np.unique(axis=1)`` sorts the rows as bytes, several times
-    slower on millions of rows), never overflowing."""
-    key = np.unique(columns[0], return_inverse=True)[1].ravel().astype(np.int64)
+    """One int64 per row that is equal exactly where every column is, ordered as the rows' columns
+    are, lexicographically: the columns ranked and combined two at a time (a 1-D sort each;
+    ``np.unique(axis=1)`` sorts the rows as bytes, several times slower on millions of rows), never
+    overflowing. A column of few distinct values over a short range (a trace id, a stage code) is
+    its own rank, shifted to 0, with no sort."""
+    key, span = _rank(columns[0])
     for col in columns[1:]:
-        rank = np.unique(col, return_inverse=True)[1].ravel().astype(np.int64)
-        key = np.unique(key * (int(rank.max(initial=0)) + 1) + rank, return_inverse=True)[1].ravel()
+        rank, width = _rank(col)
+        if span * width >= 1 << 62:  # renumber the key densely before it could overflow
+            key = np.unique(key, return_inverse=True)[1].ravel().astype(np.int64)
+            span = int(key.max(initial=0)) + 1
+        key = key * width + rank
+        span *= width
     return key.astype(np.int64)
+
+
+def _rank(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """A column's ranks (order-preserving, equal where the values are) and how many there can be."""
+    col = np.asarray(col, np.int64)
+    if not len(col):
+        return col, 1
+    lo, hi = int(col.min()), int(col.max())
+    if hi - lo < 4 * len(col):
+        return col - lo, hi - lo + 1
+    rank = np.unique(col, return_inverse=True)[1].ravel().astype(np.int64)
+    return rank, int(rank.max(initial=0)) + 1
 
 
 def enclosing_op(host_ops: pa.Table, outer_rows: np.ndarray, op_rows: np.ndarray) -> np.ndarray:

@@ -155,15 +155,17 @@ def sizes_per_input(
     tables: Tables,
     wanting: np.ndarray,
     join: OpJoin | None = None,
-) -> tuple[dict[int, tuple[str, WorkSizes]], list[str]]:
+) -> tuple[dict[int, tuple[str, WorkSizes]], list[str], dict[int, Any]]:
     """Per input (trace id): the sizes that count its kernels without shapes, and the warnings of
-    a ``--model`` that disagrees with the sizes the input's shapes show. Sizes are looked for in an
-    input only where its own kernels want them (``wanting``) or ``--model`` is to be checked: each
-    input is measured from itself, alone or joined with others."""
+    a ``--model`` that disagrees with the sizes the input's shapes show; and per input whose shapes
+    were looked at, the sizes they show (None: none), for the readers after the roofline. Sizes
+    are looked for in an input only where its own kernels want them (``wanting``) or ``--model`` is
+    to be checked: each input is measured from itself, alone or joined with others."""
     out: dict[int, tuple[str, WorkSizes]] = {}
     warnings: list[str] = []
+    looked: dict[int, Any] = {}
     if kernels.num_rows == 0:
-        return out, warnings
+        return out, warnings, looked
     trace_of = kernels["trace_id"].to_numpy(zero_copy_only=False)
     traces = np.unique(trace_of).tolist()
     have_shapes = host_ops.num_rows > 0 and "input_dims" in host_ops.column_names
@@ -176,6 +178,8 @@ def sizes_per_input(
             if have_shapes
             else None
         )
+        if have_shapes:
+            looked[int(t)] = found
         if model is not None:
             ws = WorkSizes.from_arch(model, world)
             out[int(t)] = ("model", ws)
@@ -190,7 +194,7 @@ def sizes_per_input(
         ws_found = WorkSizes.from_found(found) if found is not None else None
         if ws_found is not None:
             out[int(t)] = ("found", ws_found)
-    return out, warnings
+    return out, warnings, looked
 
 
 def model_work(

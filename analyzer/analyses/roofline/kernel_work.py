@@ -68,12 +68,12 @@ def kernel_work(
         if "stage" in kernels.column_names
         else np.zeros(n, bool)
     )
-    sizes, warnings = (
+    sizes, warnings, w.found = (
         sizes_per_input(
             kernels, host_ops, objects(kernels["stage"]), model, world_size, tables, wanting, join
         )
         if "stage" in kernels.column_names and (model is not None or wanting.any())
-        else ({}, [])
+        else ({}, [], {})
     )
     w.warnings.extend(warnings)
     for t, (label, ws) in sizes.items():

@@ -40,12 +40,15 @@ COLUMNS = {
 class Measured:
     """What :func:`measure` gives: the kernels with the roofline columns, the run's GPU, the sizes
     that counted kernels without shapes (per input) and the warnings of that (a ``--model`` that
-    disagrees with the sizes the trace shows)."""
+    disagrees with the sizes the trace shows); per input whose shapes it looked at, the sizes they
+    show (``found``: :class:`~analyzer.analyses.shape_roles.ModelDims` or None), so that no later
+    step finds them again."""
 
     kernels: pa.Table
     gpu: dict[str, Any]
     sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    found: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 def measure(
@@ -76,7 +79,9 @@ def measure(
             if name in k.column_names
             else k.append_column(name, arr)
         )
-    return Measured(kernels=k, gpu=gpu_summary(spec, reason), sizes=got.sizes, warnings=got.warnings)
+    return Measured(
+        kernels=k, gpu=gpu_summary(spec, reason), sizes=got.sizes, warnings=got.warnings, found=got.found
+    )
 
 
 def world_size(inputs: Sequence[Any]) -> int:

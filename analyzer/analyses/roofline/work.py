@@ -44,6 +44,8 @@ class Work:
     uncounted: Any  # a dictionary array (null where counted), or a sequence of str / None
     sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # per input whose shapes were looked at for sizes: what they showed (ModelDims, None: nothing)
+    found: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def __iter__(self) -> Any:  # (flops, bytes, source, dtype), as kernel_work returned before
         return iter((self.flops, self.bytes, self.source, self.dtype))
