@@ -265,8 +265,9 @@ def analyze_trace(
     Host ops are read by the input steps only. With ``keep_host_ops=False`` (a caller that holds no
     other reference to the trace) the analysis holds the launch calls apart from the other host ops
     from the start (three columns of about half the host rows: only the phase split reads them) and
-    drops the host ops and the annotations before the run steps, so the findings' and the summary's
-    frames are built without them in memory.
+    drops the annotations once the phases are split (their only reader) and the host ops before the
+    run steps, so the roofline runs without the annotations and the findings' and the summary's
+    frames are built without either in memory.
     """
     context = as_context(options)
     analysis = start(trace)
@@ -281,12 +282,15 @@ def analyze_trace(
             del apart, host_ops, calls
     for step in INPUT_STEPS:  # as analyze_inputs, with no name left on a step's input once it returns
         analysis = step(analysis, context)
-    if not keep_host_ops:  # the annotations too: the phase split was their only reader
-        t = analysis.trace
-        empty = {
-            "host_ops": t.host_ops.schema.empty_table(),
-            "annotations": t.annotations.schema.empty_table(),
-        }
-        analysis = dataclasses.replace(analysis, trace=dataclasses.replace(t, **empty), op_join=None)
-        del t
+        if not keep_host_ops and step is phases_step:  # the phase split is the annotations' only reader
+            analysis = _without(analysis, "annotations")
+    if not keep_host_ops:
+        analysis = dataclasses.replace(_without(analysis, "host_ops"), op_join=None)
     return finish_run(analysis, context)
+
+
+def _without(analysis: Analysis, table: str) -> Analysis:
+    """``analysis`` with the trace's ``table`` emptied (its columns kept)."""
+    t = analysis.trace
+    empty = getattr(t, table).schema.empty_table()
+    return dataclasses.replace(analysis, trace=dataclasses.replace(t, **{table: empty}))

@@ -48,14 +48,16 @@ def stage_rows(df: pd.DataFrame, total: int, gpu: dict[str, Any] | None = None) 
 
 def provider_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     rows = []
-    for provider, g in df.groupby("provider", sort=True, observed=True):
-        t = int(g["dur_ns"].sum())
+    # the two sums only: iterating a group-by would first copy every column into group order
+    sums = df.groupby("provider", sort=True, observed=True)[["dur_ns", "count"]].sum()
+    for provider, dur, count in zip(sums.index, sums["dur_ns"].tolist(), sums["count"].tolist(), strict=True):
+        t = int(dur)
         rows.append(
             {
                 "provider": provider,
                 "time_ns": t,
                 "share": t / total if total else 0.0,
-                "count": int(g["count"].sum()),
+                "count": int(count),
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["provider"]))
@@ -180,7 +182,8 @@ def _rate_sums(
     agg["bytes"] = agg["bytes"].where(agg["bytes_n"] > 0)
     basis: dict[tuple, list[str]] = {}
     if "flops_source" in df:
-        for key, n in df[known].groupby([*keys, "flops_source"], observed=True, sort=False).size().items():
+        named = df[[*keys, "flops_source"]][known]  # these columns only: a filter of the frame copies each
+        for key, n in named.groupby([*keys, "flops_source"], observed=True, sort=False).size().items():
             if n:
                 basis.setdefault(tuple(key[:-1]), []).append(str(key[-1]))
     roofs = roof_dtypes(df, grouped.ngroup().to_numpy(), agg.index)

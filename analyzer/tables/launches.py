@@ -5,7 +5,7 @@ shapes, the phase split and the roofline (op shapes) all read the same join: the
 once per analysis (:meth:`OpJoin.of`) and hands it to each; a function called without it computes it
 (:func:`launching_op_rows`, pure). :func:`launch_calls`
 picks the runtime/driver calls that carry a launch correlation id; the readers use it too, so this
-module imports pandas only inside the one function that needs it (the readers load no pandas).
+module imports pandas only inside the functions that need it (the readers load no pandas).
 """
 
 from __future__ import annotations
@@ -101,25 +101,53 @@ def distinct_op_shapes(
         return [], np.empty(0, np.int64), np.empty(0, np.int64)
     take = pa.array(op_rows)
     names = dict_strings(host_ops["name"].take(take))
-    code = names.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    code = names.indices.fill_null(-1).to_numpy(zero_copy_only=False)
     sid = host_ops["shape_id"].take(take).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    sid = np.where(sid < 0, -2 - np.arange(len(sid)), sid)
-    trace = host_ops["trace_id"].take(take).to_numpy(zero_copy_only=False).astype(np.int64)
-    key = _dense_key([trace, code, sid, *(np.asarray(x, np.int64) for x in extra)])
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    trace = host_ops["trace_id"].take(take).to_numpy(zero_copy_only=False)
+    del take
+    # the groups are numbered in the order of their keys, the first row of each found in one pass
+    inverse = _dense_key([trace, code, _shape_rank(sid), *(np.asarray(x, np.int64) for x in extra)])
+    del trace, sid
+    first = np.full(int(inverse.max()) + 1, len(inverse), np.int64)
+    np.minimum.at(first, inverse, np.arange(len(inverse)))
     dictionary = names.dictionary.to_pylist()
-    return [dictionary[c] if c >= 0 else None for c in code[first].tolist()], first, inverse.ravel()
+    return [dictionary[c] if c >= 0 else None for c in code[first].tolist()], first, inverse
+
+
+def _shape_rank(sid: np.ndarray) -> np.ndarray:
+    """The rank of each row's shape id, a row without one (-1) a rank of its own: those first, the
+    last row lowest (as if its id were ``-2 - row``), then the ids in order."""
+    lone = sid < 0
+    n_lone = int(lone.sum())
+    if not n_lone:
+        return _rank(sid)
+    rank = np.empty(len(sid), np.int64)
+    rank[lone] = np.arange(n_lone - 1, -1, -1)
+    rank[~lone] = _rank(sid[~lone]) + n_lone
+    return rank
+
+
+def _rank(values: np.ndarray) -> np.ndarray:
+    """Each value's position among the distinct values, in order (``np.unique``'s inverse): by a
+    hash table of the distinct values, so a column of few values costs a few bytes per row, where
+    a sort costs five arrays of its length."""
+    import pandas as pd  # here, not at the top: the readers import this module for launch_calls
+
+    return pd.factorize(values, sort=True)[0].astype(np.int64, copy=False)
 
 
 def _dense_key(columns: list[np.ndarray]) -> np.ndarray:
-    """One int64 per row that is equal exactly where every column is: the columns ranked and combined
-    two at a time (a 1-D sort each; ``np.unique(axis=1)`` sorts the rows as bytes, several times
-    slower on millions of rows), never overflowing."""
-    key = np.unique(columns[0], return_inverse=True)[1].ravel().astype(np.int64)
+    """One int64 per row that is equal exactly where every column is, numbered 0.. in the order of
+    the columns' values: the columns ranked and combined two at a time (``np.unique(axis=1)`` sorts
+    the rows as bytes, several times slower on millions of rows), never overflowing."""
+    key = _rank(columns[0])
     for col in columns[1:]:
-        rank = np.unique(col, return_inverse=True)[1].ravel().astype(np.int64)
-        key = np.unique(key * (int(rank.max(initial=0)) + 1) + rank, return_inverse=True)[1].ravel()
-    return key.astype(np.int64)
+        rank = _rank(col)
+        key *= int(rank.max(initial=0)) + 1
+        key += rank
+        del rank
+        key = _rank(key)
+    return key
 
 
 def enclosing_op(host_ops: pa.Table, outer_rows: np.ndarray, op_rows: np.ndarray) -> np.ndarray:
