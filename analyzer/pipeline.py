@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -121,8 +122,10 @@ class Analysis:
     rule_groups: dict[str, bool] = dataclasses.field(default_factory=dict)
     # per input (trace id as text): the sizes that counted kernels without shapes (roofline)
     work_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # the launch calls taken out of the host ops (launches.split_launch_calls) until the phases are split
-    launch_calls: pa.Table | None = None
+    # each kernel's launch time and whether its launch call was found (launches.launch_times), read
+    # when the launch calls are taken out of the host ops (launches.split_launch_calls), until the
+    # phases are split
+    launched: tuple[np.ndarray, np.ndarray] | None = None
     # the kernel -> launching-op join, made once by the classification, read by the phase split and
     # the roofline; dropped with the host ops
     op_join: launches.OpJoin | None = None
@@ -181,12 +184,12 @@ def phases_step(a: Analysis, ctx: Context) -> Analysis:
         ctx.attention_ops,
         ctx.structure,
         ctx.ruleset.phase_evidence(),
-        a.launch_calls,
-        a.op_join,
+        join=a.op_join,
+        launched=a.launched,
     )
     return dataclasses.replace(
         a,
-        launch_calls=None,  # read by the phase split alone
+        launched=None,  # read by the phase split alone
         kernels=got.kernels,
         steps=got.steps,
         annotations_found=got.annotations_found,
@@ -263,8 +266,9 @@ def analyze_trace(
     """Every analysis, in order, on a loaded trace.
 
     Host ops are read by the input steps only. With ``keep_host_ops=False`` (a caller that holds no
-    other reference to the trace) the analysis holds the launch calls apart from the other host ops
-    from the start (three columns of about half the host rows: only the phase split reads them) and
+    other reference to the trace) the analysis takes the launch calls out of the host ops from the
+    start (about half the host rows) and keeps only what the phase split reads of them, each
+    kernel's launch time, and
     drops the annotations once the phases are split (their only reader) and the host ops before the
     run steps, so the roofline runs without the annotations and the findings' and the summary's
     frames are built without either in memory.
@@ -276,10 +280,13 @@ def analyze_trace(
         apart = launches.split_launch_calls(analysis.trace.host_ops)
         if apart is not None:
             host_ops, calls = apart
+            del apart
+            launched = launches.launch_times(analysis.kernels, host_ops, calls)
+            del calls  # the launch times are all the analysis reads of them
             analysis = dataclasses.replace(
-                analysis, trace=dataclasses.replace(analysis.trace, host_ops=host_ops), launch_calls=calls
+                analysis, trace=dataclasses.replace(analysis.trace, host_ops=host_ops), launched=launched
             )
-            del apart, host_ops, calls
+            del host_ops, launched
     for step in INPUT_STEPS:  # as analyze_inputs, with no name left on a step's input once it returns
         analysis = step(analysis, context)
         if not keep_host_ops and step is phases_step:  # the phase split is the annotations' only reader

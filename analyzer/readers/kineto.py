@@ -367,6 +367,10 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
     k = k.select([c for c in k.column_names if c in _RAW_LAST_READ])
     arrays = []
     for f in KERNEL_SCHEMA:
+        if f.name == "norm_name":  # the names as read: one array for both columns
+            cols.pop(f.name)
+            arrays.append(arrays[KERNEL_SCHEMA.get_field_index("name")])
+            continue
         one = table_from_columns({f.name: cols.pop(f.name)()}, pa.schema([f]))
         arrays.append(one.column(0).take(order))
         del one

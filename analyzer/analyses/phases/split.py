@@ -73,6 +73,7 @@ def label_phases(
     kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
     calls: pa.Table | None = None,
     join: launches.OpJoin | None = None,
+    launched: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Labelled:
     """Phase, step and tokens of every kernel, and the steps table. Each input's steps depend on
     that input alone, so inputs may be labelled apart and joined. ``attention_ops``: the layouts of
@@ -80,7 +81,8 @@ def label_phases(
     thresholds (default: ``rules/structure.toml``); ``kernel_phases``: the kernel rules' phase facts
     (``RuleSet.phase_evidence``; a plain mapping: rule id -> ``prefill`` / ``decode`` families);
     ``calls``: the launch calls, where taken out of ``host_ops`` (``launches.split_launch_calls``);
-    ``join``: the kernel -> launching-op join (made here when not given)."""
+    ``join``: the kernel -> launching-op join (made here when not given); ``launched``: what
+    ``launches.launch_times`` gives for these kernels, where read already (then ``calls`` is not)."""
     anns, engines = step_annotations(annotations, patterns)
     th = structure.thresholds if structure is not None else DEFAULT_THRESHOLDS
     whole = not_inference(kernels, bool(engines))
@@ -98,7 +100,7 @@ def label_phases(
         fired[rule] = n
     else:
         phase, step, tokens, steps, warnings = split_phases(
-            kernels, host_ops, anns, attention_ops, th, kernel_phases, calls, join
+            kernels, host_ops, anns, attention_ops, th, kernel_phases, calls, join, launched
         )
         regimed = int(steps["m_regime"].notna().sum()) if len(steps) else 0
         if regimed:
@@ -165,6 +167,7 @@ def split_phases(
     kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
     calls: pa.Table | None = None,
     join: launches.OpJoin | None = None,
+    launched: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.DataFrame, list[str]]:
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
@@ -174,7 +177,7 @@ def split_phases(
     tokens = np.full(n, None, object)
     warnings: list[str] = []
     join = join if join is not None else launches.OpJoin.of(kernels, host_ops)
-    df = _kernel_columns(kernels, host_ops, _as_evidence(kernel_phases), th, calls, join)
+    df = _kernel_columns(kernels, host_ops, _as_evidence(kernel_phases), th, calls, join, launched)
     launch_ts, launched = df["launch"], df["launched"]
     shapes = attention_shapes(
         host_ops,
@@ -214,6 +217,7 @@ def _kernel_columns(
     th: Thresholds,
     calls: pa.Table | None,
     join: launches.OpJoin | None = None,
+    launched: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The per-kernel columns steps are found and labelled by: timing, stages, names, the phase
     evidence of :mod:`.evidence`, the decoder layer and the launch calls' times."""
@@ -246,5 +250,7 @@ def _kernel_columns(
             else np.full(n, -1, np.int32)
         ),
     }
-    df["launch"], df["launched"] = launches.launch_times(kernels, host_ops, calls)
+    df["launch"], df["launched"] = (
+        launched if launched is not None else launches.launch_times(kernels, host_ops, calls)
+    )
     return df

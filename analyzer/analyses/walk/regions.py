@@ -66,7 +66,7 @@ def _label_generic(
     op_names: Sequence[str | None],
     region_of: list[str],
     region_code: np.ndarray,
-    generic_at: list[int],
+    generic_at: np.ndarray,
     norm: Sequence[str] = (),
     normish: np.ndarray | None = None,
     shape: dict[str, tuple[int, int]] | None = None,
@@ -96,7 +96,7 @@ def _label_generic(
         if p >= n:
             break
         reg = region_of[p]
-        run = generic_at[cut[k] : cut[k + 1]]
+        run = generic_at[cut[k] : cut[k + 1]].tolist()  # one region's positions as ints at a time
         if run and reg == "pre":
             _label_first_norm(rows, run, p, q, stage, norm, why)
             _label_rotary_module(rows, p, q, stage, op_names, why, th)
@@ -255,7 +255,7 @@ def _region_codes(
     before: np.ndarray,
     region_of: list[str],
     region_code: np.ndarray,
-    generic_at: list[int],
+    generic_at: np.ndarray,
 ) -> None:
     """A generic kernel no specific rule took got its region's stage: the region's rule says so (set
     at once in the typed array of codes)."""
