@@ -277,16 +277,22 @@ def analyze_trace(
     analysis = start(trace)
     if not keep_host_ops:
         del trace
-        apart = launches.split_launch_calls(analysis.trace.host_ops)
-        if apart is not None:
-            host_ops, calls = apart
-            del apart
-            launched = launches.launch_times(analysis.kernels, host_ops, calls)
-            del calls  # the launch times are all the analysis reads of them
-            analysis = dataclasses.replace(
-                analysis, trace=dataclasses.replace(analysis.trace, host_ops=host_ops), launched=launched
-            )
-            del host_ops, launched
+        # the host ops held by this list alone while their launch calls are taken out (column by
+        # column: never twice in memory)
+        t = analysis.trace
+        parts = [t.host_ops]
+        analysis = dataclasses.replace(
+            analysis, trace=dataclasses.replace(t, host_ops=t.host_ops.schema.empty_table())
+        )
+        del t
+        host_ops, calls = launches.take_launch_calls(parts)
+        # the launch times are all the analysis reads of the calls
+        launched = None if calls is None else launches.launch_times(analysis.kernels, host_ops, calls)
+        del calls
+        analysis = dataclasses.replace(
+            analysis, trace=dataclasses.replace(analysis.trace, host_ops=host_ops), launched=launched
+        )
+        del host_ops, launched
     for step in INPUT_STEPS:  # as analyze_inputs, with no name left on a step's input once it returns
         analysis = step(analysis, context)
         if not keep_host_ops and step is phases_step:  # the phase split is the annotations' only reader

@@ -30,6 +30,7 @@ __all__ = [
     "launching_op_rows",
     "OpJoin",
     "split_launch_calls",
+    "take_launch_calls",
 ]
 
 
@@ -217,11 +218,28 @@ def split_launch_calls(host_ops: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     ``correlation`` and ``start_ns``: all that the launch-time join (:func:`launch_times`) reads of
     them. The calls are about half the host rows of a trace; held apart, three of their twelve
     columns stay until the phases are split. None where there is no call or no cpu_op to keep."""
+    host_ops, calls = take_launch_calls([host_ops])
+    return None if calls is None else (host_ops, calls)
+
+
+def take_launch_calls(parts: list[pa.Table]) -> tuple[pa.Table, pa.Table | None]:
+    """:func:`split_launch_calls` of the one table in ``parts``, which it consumes: each column of
+    the host ops is let go once its rows are filtered, so the host ops are not in memory twice (where
+    nothing else holds them). The calls are None (and the host ops those given) where there is no
+    call or no cpu_op to keep."""
+    host_ops = parts.pop()
     is_call = dict_isin(host_ops["category"], ["runtime", "driver"])
     if not is_call.any() or is_call.all():
-        return None
+        return host_ops, None
     calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
-    return host_ops.filter(pa.array(~is_call)), calls
+    keep = pa.array(~is_call)
+    del is_call
+    schema = host_ops.schema
+    columns = []
+    for name in schema.names:
+        columns.append(host_ops.column(name).filter(keep))
+        host_ops = host_ops.drop_columns([name])
+    return pa.Table.from_arrays(columns, schema=schema), calls
 
 
 def launch_times(

@@ -186,9 +186,10 @@ def split_phases(
     )
     step_rows: list[dict[str, Any]] = []
     timed = np.flatnonzero(~df["agg"])
-    for tid in np.unique(df["trace_id"][timed]).tolist():
-        sel = timed[df["trace_id"][timed] == tid]
-        idx = sel[np.argsort(df["start"][sel], kind="stable")]
+    traces = np.unique(df["trace_id"][timed]).tolist()
+    for tid in traces:
+        sel = timed if len(traces) == 1 else timed[df["trace_id"][timed] == tid]
+        idx = _by_start(sel, df["start"])
         t_anns = [a for a in anns if a.trace_id == tid]
         capture = [a for a in t_anns if a.capture]
         execs = [a for a in t_anns if not a.capture]
@@ -210,6 +211,25 @@ def split_phases(
     return phase, step, tokens, steps, warnings
 
 
+def _by_start(rows: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """``rows`` (increasing) in the order of their ``start``, ties in row order: the rows themselves
+    where they are in that order already (a reader's kernels are in time order), checked a block at
+    a time, else sorted."""
+    block = 1 << 20
+    for b in range(0, len(rows), block):
+        s = start[rows[b : b + block + 1]]
+        if (s[1:] < s[:-1]).any():
+            return rows[np.argsort(start[rows], kind="stable")]
+    return rows
+
+
+def _int64(column: pa.ChunkedArray) -> np.ndarray:
+    """``column`` as int64, nulls 0: a view of its values where it has no nulls."""
+    if column.null_count:
+        column = column.fill_null(0)
+    return column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
 def _kernel_columns(
     kernels: pa.Table,
     host_ops: pa.Table,
@@ -226,8 +246,9 @@ def _kernel_columns(
     df = {
         "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
         "rank": kernels["rank"].to_numpy(zero_copy_only=False),
-        "start": kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
-        "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.int64),
+        # views of the table's columns where they have no nulls (read, never written)
+        "start": _int64(kernels["start_ns"]),
+        "dur": _int64(kernels["dur_ns"]),
         "agg": kernels["aggregate"].to_numpy(zero_copy_only=False),
         "stage": objects(kernels["stage"]),
         "stage_dict": dict_strings(kernels["stage"]),
