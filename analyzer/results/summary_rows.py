@@ -82,13 +82,14 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
     bad = invalid_rows(df)
     reasons = _invalid_reasons(df, keys, bad, gpu) if bad.any() else {}
     if "flops" in df:
-        df, agg, basis, roofs = _rate_sums(df, keys, bad)
+        df, agg, basis, roofs, group = _rate_sums(df, keys, bad)
     else:
+        group = None
         basis, roofs = {}, {}
         agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"), time_ns=("dur_ns", "sum")
         )
-    bounds = dominant_bounds(df, keys)
+    bounds = dominant_bounds(df, keys, group, agg.index)
     rows = []
     for key, r in zip(agg.index, agg.itertuples(index=False), strict=True):
         t = int(r.time_ns)
@@ -137,10 +138,11 @@ def _invalid_reasons(
 
 def _rate_sums(
     df: pd.DataFrame, keys: list[str], bad: np.ndarray
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple, list[str]], dict[tuple, str]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple, list[str]], dict[tuple, str], np.ndarray]:
     """The frame narrowed to what the rates read (invalid kernels' numbers left out of the sums),
     and per group: the sums (count, time, FLOPs and bytes, the time of the kernels with numbers and
-    the time-weighted share of peak), the basis of its numbers and its roof dtype."""
+    the time-weighted share of peak), the basis of its numbers and its roof dtype; and each row's
+    group number (the position of its group in the sums)."""
     # only the columns used here: a copy of the whole frame costs far more per kernel
     df = df[
         [
@@ -186,8 +188,9 @@ def _rate_sums(
         for key, n in named.groupby([*keys, "flops_source"], observed=True, sort=False).size().items():
             if n:
                 basis.setdefault(tuple(key[:-1]), []).append(str(key[-1]))
-    roofs = roof_dtypes(df, grouped.ngroup().to_numpy(), agg.index)
-    return df, agg, basis, roofs
+    group = grouped.ngroup().to_numpy()
+    roofs = roof_dtypes(df, group, agg.index)
+    return df, agg, basis, roofs, group
 
 
 def _shares(g: pd.DataFrame, col: str) -> list[dict[str, Any]]:
