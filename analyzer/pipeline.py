@@ -123,7 +123,7 @@ class Analysis:
     # per input (trace id as text): the sizes that counted kernels without shapes (roofline)
     work_sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
     # each kernel's launch time and whether its launch call was found (launches.launch_times), read
-    # when the launch calls are taken out of the host ops (launches.split_launch_calls), until the
+    # when the launch calls are taken out of the host ops (launches.take_launch_calls), until the
     # phases are split
     launched: tuple[np.ndarray, np.ndarray] | None = None
     # the kernel -> launching-op join, made once by the classification, read by the phase split and
@@ -268,10 +268,9 @@ def analyze_trace(
     Host ops are read by the input steps only. With ``keep_host_ops=False`` (a caller that holds no
     other reference to the trace) the analysis takes the launch calls out of the host ops from the
     start (about half the host rows) and keeps only what the phase split reads of them, each
-    kernel's launch time, and
-    drops the annotations once the phases are split (their only reader) and the host ops before the
-    run steps, so the roofline runs without the annotations and the findings' and the summary's
-    frames are built without either in memory.
+    kernel's launch time; it drops the annotations once the phases are split (their only reader) and
+    the host ops before the run steps, so the roofline runs without the annotations and the
+    findings' and the summary's frames are built without either in memory.
     """
     context = as_context(options)
     analysis = start(trace)

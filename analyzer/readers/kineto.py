@@ -383,7 +383,7 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
 #: the workers' kernel columns read while the kernels table is built, each with the last column
 #: built from it (in :data:`KERNEL_SCHEMA` order); the others are read before or not at all
 _RAW_LAST_READ = {
-    "name": "norm_name",
+    "name": "name",  # norm_name shares the name array
     "cat": "kind",
     "dur": "dur_ns",
     "stream": "stream",
