@@ -135,8 +135,10 @@ class Analysis:
     brief_facts: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the prefill-vs-decode brief (analyses.brief), made by the last run step
     brief: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # the launch calls taken out of the host ops (launches.split_launch_calls) until the phases are split
-    launch_calls: pa.Table | None = None
+    # each kernel's launch time and whether its launch call was found (launches.launch_times), read
+    # when the launch calls are taken out of the host ops (launches.take_launch_calls), until the
+    # phases are split
+    launched: tuple[np.ndarray, np.ndarray] | None = None
     # the kernel -> launching-op join, made once by the classification, read by the phase split and
     # the roofline; dropped with the host ops
     op_join: launches.OpJoin | None = None
@@ -195,12 +197,12 @@ def phases_step(a: Analysis, ctx: Context) -> Analysis:
         ctx.attention_ops,
         ctx.structure,
         ctx.ruleset.phase_evidence(),
-        a.launch_calls,
-        a.op_join,
+        join=a.op_join,
+        launched=a.launched,
     )
     return dataclasses.replace(
         a,
-        launch_calls=None,  # read by the phase split alone
+        launched=None,  # read by the phase split alone
         kernels=got.kernels,
         steps=got.steps,
         annotations_found=got.annotations_found,
@@ -320,30 +322,43 @@ def analyze_trace(
     """Every analysis, in order, on a loaded trace.
 
     Host ops are read by the input steps only. With ``keep_host_ops=False`` (a caller that holds no
-    other reference to the trace) the analysis holds the launch calls apart from the other host ops
-    from the start (three columns of about half the host rows: only the phase split reads them) and
-    drops the host ops and the annotations before the run steps, so the findings' and the summary's
-    frames are built without them in memory.
+    other reference to the trace) the analysis takes the launch calls out of the host ops from the
+    start (about half the host rows) and keeps only what the phase split reads of them, each
+    kernel's launch time; it drops the annotations once the phases are split (their only reader) and
+    the host ops before the run steps, so the roofline runs without the annotations and the
+    findings' and the summary's frames are built without either in memory.
     """
     context = as_context(options)
     analysis = start(trace)
     if not keep_host_ops:
         del trace
-        apart = launches.split_launch_calls(analysis.trace.host_ops)
-        if apart is not None:
-            host_ops, calls = apart
-            analysis = dataclasses.replace(
-                analysis, trace=dataclasses.replace(analysis.trace, host_ops=host_ops), launch_calls=calls
-            )
-            del apart, host_ops, calls
+        # the host ops held by this list alone while their launch calls are taken out (column by
+        # column: never twice in memory)
+        t = analysis.trace
+        parts = [t.host_ops]
+        analysis = dataclasses.replace(
+            analysis, trace=dataclasses.replace(t, host_ops=t.host_ops.schema.empty_table())
+        )
+        del t
+        host_ops, calls = launches.take_launch_calls(parts)
+        # the launch times are all the analysis reads of the calls
+        launched = None if calls is None else launches.launch_times(analysis.kernels, host_ops, calls)
+        del calls
+        analysis = dataclasses.replace(
+            analysis, trace=dataclasses.replace(analysis.trace, host_ops=host_ops), launched=launched
+        )
+        del host_ops, launched
     for step in INPUT_STEPS:  # as analyze_inputs, with no name left on a step's input once it returns
         analysis = step(analysis, context)
-    if not keep_host_ops:  # the annotations too: the phase split was their only reader
-        t = analysis.trace
-        empty = {
-            "host_ops": t.host_ops.schema.empty_table(),
-            "annotations": t.annotations.schema.empty_table(),
-        }
-        analysis = dataclasses.replace(analysis, trace=dataclasses.replace(t, **empty), op_join=None)
-        del t
+        if not keep_host_ops and step is phases_step:  # the phase split is the annotations' only reader
+            analysis = _without(analysis, "annotations")
+    if not keep_host_ops:
+        analysis = dataclasses.replace(_without(analysis, "host_ops"), op_join=None)
     return finish_run(analysis, context)
+
+
+def _without(analysis: Analysis, table: str) -> Analysis:
+    """``analysis`` with the trace's ``table`` emptied (its columns kept)."""
+    t = analysis.trace
+    empty = getattr(t, table).schema.empty_table()
+    return dataclasses.replace(analysis, trace=dataclasses.replace(t, **{table: empty}))

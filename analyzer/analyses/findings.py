@@ -424,13 +424,17 @@ def launch_overhead_chain(ctx: RunFrame, c: dict[str, Any]) -> list[dict[str, An
     are not already replayed from CUDA/HIP graphs (``graph_replayed`` in the evidence)."""
     df = ctx.only("phase", "stage", "dur_ns", "step", "graph_launch", "group_key", "count")
     out = []
+    dur = df["dur_ns"].to_numpy()
     for phase in LABELLED_PHASES:
-        ph = df[df["phase"] == phase]
-        total = int(ph["dur_ns"].sum())
+        # masks, and the rows of the columns read: a phase's rows of every column would be a copy
+        # of most of the frame
+        in_phase = (df["phase"] == phase).to_numpy(bool, na_value=False)
+        total = int(df["dur_ns"][in_phase].sum())
         if not total:
             continue
-        short = ph[ph["stage"].isin(c["stages"]) & (ph["dur_ns"] < c["max_kernel_ns"])]
-        steps = max(ph["step"].nunique(), 1)
+        keep = in_phase & df["stage"].isin(c["stages"]).to_numpy(bool) & (dur < c["max_kernel_ns"])
+        short = df.loc[keep, ["stage", "dur_ns", "graph_launch", "group_key"]]
+        steps = max(df["step"][in_phase].nunique(), 1)
         share = short["dur_ns"].sum() / total
         per_step = len(short) / steps
         if share < c["min_share"] or per_step < c["min_per_step"]:

@@ -360,13 +360,42 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
         wi = pc.fill_null(pc.equal(launch_api, _WORKITEM_LAUNCH), False).to_numpy(zero_copy_only=False)
         workitems = wi if wi.any() else None
     for ax in "xyz":
-        cols[f"grid_{ax}"] = functools.partial(_grid, k, ax, workitems)
+        cols[f"grid_{ax}"] = functools.partial(lambda ax: _grid(k, ax, workitems), ax)
         cols[f"block_{ax}"] = functools.partial(lambda ax: _to_int32(_np(k[f"block_{ax}"])), ax)
+    # the workers' columns are let go as soon as the last column built from them is: the chunk
+    # tables and the kernels table are then never both whole in memory
+    k = k.select([c for c in k.column_names if c in _RAW_LAST_READ])
     arrays = []
     for f in KERNEL_SCHEMA:
+        if f.name == "norm_name":  # the names as read: one array for both columns
+            cols.pop(f.name)
+            arrays.append(arrays[KERNEL_SCHEMA.get_field_index("name")])
+            continue
         one = table_from_columns({f.name: cols.pop(f.name)()}, pa.schema([f]))
         arrays.append(one.column(0).take(order))
+        del one
+        done = [c for c in k.column_names if _RAW_LAST_READ[c] == f.name]
+        if done:
+            k = k.drop_columns(done)
     return pa.Table.from_arrays(arrays, schema=KERNEL_SCHEMA)
+
+
+#: the workers' kernel columns read while the kernels table is built, each with the last column
+#: built from it (in :data:`KERNEL_SCHEMA` order); the others are read before or not at all
+_RAW_LAST_READ = {
+    "name": "name",  # norm_name shares the name array
+    "cat": "kind",
+    "dur": "dur_ns",
+    "stream": "stream",
+    "tid": "stream",
+    "correlation": "correlation",
+    **{f"grid_{ax}": f"grid_{ax}" for ax in "xyz"},
+    **{f"block_{ax}": f"block_{ax}" for ax in "xyz"},
+    "registers": "registers",
+    "shared_mem": "shared_mem",
+    "external_id": "launch_op_id",
+    "bytes": "bytes_recorded",
+}
 
 
 def _grid(k: pa.Table, ax: str, workitems: np.ndarray | None) -> pa.Array:

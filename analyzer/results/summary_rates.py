@@ -52,14 +52,31 @@ def dominant_bound(g: pd.DataFrame) -> str | None:
     return str(cats[np.flatnonzero(keep)[np.argmax(t[keep])]])
 
 
-def dominant_bounds(df: pd.DataFrame, keys: list[str]) -> dict[tuple, str]:
-    """:func:`dominant_bound` for every group of ``keys`` at once."""
+def dominant_bounds(
+    df: pd.DataFrame, keys: list[str], group: np.ndarray | None = None, index: pd.Index | None = None
+) -> dict[tuple, str]:
+    """:func:`dominant_bound` for every group of ``keys`` at once. ``group`` (optional): each row's
+    group number among ``index``, the groups' keys (-1: a row of no group), where the caller has
+    them: one integer key then stands for the ``keys`` (the same groups, in the same order)."""
     if "bound" not in df or len(df) == 0:
         return {}
-    t = df.groupby(keys + ["bound"], observed=True, sort=False)["dur_ns"].sum().reset_index()
+    if group is not None and index is not None:
+        ok = group >= 0  # (NaN: a row whose keys are missing)
+        by = pd.DataFrame(
+            {"_group": group, "bound": df["bound"].array, "dur_ns": df["dur_ns"].array}, copy=False
+        )
+        if not ok.all():
+            by = by[ok].astype({"_group": np.int64})
+        t = by.groupby(["_group", "bound"], observed=True, sort=False)["dur_ns"].sum().reset_index()
+        del by
+    else:
+        t = df.groupby(keys + ["bound"], observed=True, sort=False)["dur_ns"].sum().reset_index()
     t = t[(t["bound"] != "unknown") & (t["dur_ns"] > 0)]
     # invalid only where nothing else holds: sorted after every real bound
     t = t.assign(_real=t["bound"] != "invalid").sort_values(["_real", "dur_ns"], ascending=False)
+    if group is not None and index is not None:
+        t = t.drop(columns="_real").drop_duplicates(["_group"])
+        return {index[g]: str(b) for g, b in zip(t["_group"].tolist(), t["bound"].tolist(), strict=True)}
     t = t.drop(columns="_real").drop_duplicates(keys)
     return {tuple(r[:-2]) if len(keys) > 1 else r[0]: str(r[-2]) for r in t.itertuples(index=False)}
 

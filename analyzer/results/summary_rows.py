@@ -48,14 +48,16 @@ def stage_rows(df: pd.DataFrame, total: int, gpu: dict[str, Any] | None = None) 
 
 def provider_rows(df: pd.DataFrame, total: int) -> list[dict[str, Any]]:
     rows = []
-    for provider, g in df.groupby("provider", sort=True, observed=True):
-        t = int(g["dur_ns"].sum())
+    # the two sums only: iterating a group-by would first copy every column into group order
+    sums = df.groupby("provider", sort=True, observed=True)[["dur_ns", "count"]].sum()
+    for provider, dur, count in zip(sums.index, sums["dur_ns"].tolist(), sums["count"].tolist(), strict=True):
+        t = int(dur)
         rows.append(
             {
                 "provider": provider,
                 "time_ns": t,
                 "share": t / total if total else 0.0,
-                "count": int(g["count"].sum()),
+                "count": int(count),
             }
         )
     rows.sort(key=lambda r: (-r["time_ns"], r["provider"]))
@@ -80,13 +82,14 @@ def group_rows(df: pd.DataFrame, gpu: dict[str, Any] | None = None) -> list[dict
     bad = invalid_rows(df)
     reasons = _invalid_reasons(df, keys, bad, gpu) if bad.any() else {}
     if "flops" in df:
-        df, agg, basis, roofs = _rate_sums(df, keys, bad)
+        df, agg, basis, roofs, group = _rate_sums(df, keys, bad)
     else:
+        group = None
         basis, roofs = {}, {}
         agg = df.groupby(keys, observed=True, sort=True).agg(
             count=("count", "sum"), time_ns=("dur_ns", "sum")
         )
-    bounds = dominant_bounds(df, keys)
+    bounds = dominant_bounds(df, keys, group, agg.index)
     rows = []
     for key, r in zip(agg.index, agg.itertuples(index=False), strict=True):
         t = int(r.time_ns)
@@ -135,10 +138,11 @@ def _invalid_reasons(
 
 def _rate_sums(
     df: pd.DataFrame, keys: list[str], bad: np.ndarray
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple, list[str]], dict[tuple, str]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple, list[str]], dict[tuple, str], np.ndarray]:
     """The frame narrowed to what the rates read (invalid kernels' numbers left out of the sums),
     and per group: the sums (count, time, FLOPs and bytes, the time of the kernels with numbers and
-    the time-weighted share of peak), the basis of its numbers and its roof dtype."""
+    the time-weighted share of peak), the basis of its numbers and its roof dtype; and each row's
+    group number (the position of its group in the sums)."""
     # only the columns used here: a copy of the whole frame costs far more per kernel
     df = df[
         [
@@ -180,11 +184,13 @@ def _rate_sums(
     agg["bytes"] = agg["bytes"].where(agg["bytes_n"] > 0)
     basis: dict[tuple, list[str]] = {}
     if "flops_source" in df:
-        for key, n in df[known].groupby([*keys, "flops_source"], observed=True, sort=False).size().items():
+        named = df[[*keys, "flops_source"]][known]  # these columns only: a filter of the frame copies each
+        for key, n in named.groupby([*keys, "flops_source"], observed=True, sort=False).size().items():
             if n:
                 basis.setdefault(tuple(key[:-1]), []).append(str(key[-1]))
-    roofs = roof_dtypes(df, grouped.ngroup().to_numpy(), agg.index)
-    return df, agg, basis, roofs
+    group = grouped.ngroup().to_numpy()
+    roofs = roof_dtypes(df, group, agg.index)
+    return df, agg, basis, roofs, group
 
 
 def _shares(g: pd.DataFrame, col: str) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ shapes, the phase split and the roofline (op shapes) all read the same join: the
 once per analysis (:meth:`OpJoin.of`) and hands it to each; a function called without it computes it
 (:func:`launching_op_rows`, pure). :func:`launch_calls`
 picks the runtime/driver calls that carry a launch correlation id; the readers use it too, so this
-module imports pandas only inside the one function that needs it (the readers load no pandas).
+module imports pandas only inside the functions that need it (the readers load no pandas).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "launching_op_rows",
     "OpJoin",
     "split_launch_calls",
+    "take_launch_calls",
 ]
 
 
@@ -101,43 +102,53 @@ def distinct_op_shapes(
         return [], np.empty(0, np.int64), np.empty(0, np.int64)
     take = pa.array(op_rows)
     names = dict_strings(host_ops["name"].take(take))
-    code = names.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    code = names.indices.fill_null(-1).to_numpy(zero_copy_only=False)
     sid = host_ops["shape_id"].take(take).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    sid = np.where(sid < 0, -2 - np.arange(len(sid)), sid)
-    trace = host_ops["trace_id"].take(take).to_numpy(zero_copy_only=False).astype(np.int64)
-    key = _dense_key([trace, code, sid, *(np.asarray(x, np.int64) for x in extra)])
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    trace = host_ops["trace_id"].take(take).to_numpy(zero_copy_only=False)
+    del take
+    # the groups are numbered in the order of their keys, the first row of each found in one pass
+    inverse = _dense_key([trace, code, _shape_rank(sid), *(np.asarray(x, np.int64) for x in extra)])
+    del trace, sid
+    first = np.full(int(inverse.max()) + 1, len(inverse), np.int64)
+    np.minimum.at(first, inverse, np.arange(len(inverse)))
     dictionary = names.dictionary.to_pylist()
-    return [dictionary[c] if c >= 0 else None for c in code[first].tolist()], first, inverse.ravel()
+    return [dictionary[c] if c >= 0 else None for c in code[first].tolist()], first, inverse
+
+
+def _shape_rank(sid: np.ndarray) -> np.ndarray:
+    """The rank of each row's shape id, a row without one (-1) a rank of its own: those first, the
+    last row lowest (as if its id were ``-2 - row``), then the ids in order."""
+    lone = sid < 0
+    n_lone = int(lone.sum())
+    if not n_lone:
+        return _rank(sid)
+    rank = np.empty(len(sid), np.int64)
+    rank[lone] = np.arange(n_lone - 1, -1, -1)
+    rank[~lone] = _rank(sid[~lone]) + n_lone
+    return rank
+
+
+def _rank(values: np.ndarray) -> np.ndarray:
+    """Each value's position among the distinct values, in order (``np.unique``'s inverse): by a
+    hash table of the distinct values, so a column of few values costs a few bytes per row, where
+    a sort costs five arrays of its length."""
+    import pandas as pd  # here, not at the top: the readers import this module for launch_calls
+
+    return pd.factorize(values, sort=True)[0].astype(np.int64, copy=False)
 
 
 def _dense_key(columns: list[np.ndarray]) -> np.ndarray:
-    """One int64 per row that is equal exactly where every column is, ordered as the rows' columns
-    are, lexicographically: the columns ranked and combined two at a time (a 1-D sort each;
-    ``np.unique(axis=1)`` sorts the rows as bytes, several times slower on millions of rows), never
-    overflowing. A column of few distinct values over a short range (a trace id, a stage code) is
-    its own rank, shifted to 0, with no sort."""
-    key, span = _rank(columns[0])
+    """One int64 per row that is equal exactly where every column is, numbered 0.. in the order of
+    the columns' values: the columns ranked and combined two at a time (``np.unique(axis=1)`` sorts
+    the rows as bytes, several times slower on millions of rows), never overflowing."""
+    key = _rank(columns[0])
     for col in columns[1:]:
-        rank, width = _rank(col)
-        if span * width >= 1 << 62:  # renumber the key densely before it could overflow
-            key = np.unique(key, return_inverse=True)[1].ravel().astype(np.int64)
-            span = int(key.max(initial=0)) + 1
-        key = key * width + rank
-        span *= width
-    return key.astype(np.int64)
-
-
-def _rank(col: np.ndarray) -> tuple[np.ndarray, int]:
-    """A column's ranks (order-preserving, equal where the values are) and how many there can be."""
-    col = np.asarray(col, np.int64)
-    if not len(col):
-        return col, 1
-    lo, hi = int(col.min()), int(col.max())
-    if hi - lo < 4 * len(col):
-        return col - lo, hi - lo + 1
-    rank = np.unique(col, return_inverse=True)[1].ravel().astype(np.int64)
-    return rank, int(rank.max(initial=0)) + 1
+        rank = _rank(col)
+        key *= int(rank.max(initial=0)) + 1
+        key += rank
+        del rank
+        key = _rank(key)
+    return key
 
 
 def enclosing_op(host_ops: pa.Table, outer_rows: np.ndarray, op_rows: np.ndarray) -> np.ndarray:
@@ -207,11 +218,28 @@ def split_launch_calls(host_ops: pa.Table) -> tuple[pa.Table, pa.Table] | None:
     ``correlation`` and ``start_ns``: all that the launch-time join (:func:`launch_times`) reads of
     them. The calls are about half the host rows of a trace; held apart, three of their twelve
     columns stay until the phases are split. None where there is no call or no cpu_op to keep."""
+    host_ops, calls = take_launch_calls([host_ops])
+    return None if calls is None else (host_ops, calls)
+
+
+def take_launch_calls(parts: list[pa.Table]) -> tuple[pa.Table, pa.Table | None]:
+    """:func:`split_launch_calls` of the one table in ``parts``, which it consumes: each column of
+    the host ops is let go once its rows are filtered, so the host ops are not in memory twice (where
+    nothing else holds them). The calls are None (and the host ops those given) where there is no
+    call or no cpu_op to keep."""
+    host_ops = parts.pop()
     is_call = dict_isin(host_ops["category"], ["runtime", "driver"])
     if not is_call.any() or is_call.all():
-        return None
+        return host_ops, None
     calls = launch_calls(host_ops, ["trace_id", "correlation", "start_ns"])
-    return host_ops.filter(pa.array(~is_call)), calls
+    keep = pa.array(~is_call)
+    del is_call
+    schema = host_ops.schema
+    columns = []
+    for name in schema.names:
+        columns.append(host_ops.column(name).filter(keep))
+        host_ops = host_ops.drop_columns([name])
+    return pa.Table.from_arrays(columns, schema=schema), calls
 
 
 def launch_times(

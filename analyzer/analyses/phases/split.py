@@ -73,6 +73,7 @@ def label_phases(
     kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
     calls: pa.Table | None = None,
     join: launches.OpJoin | None = None,
+    launched: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Labelled:
     """Phase, step and tokens of every kernel, and the steps table. Each input's steps depend on
     that input alone, so inputs may be labelled apart and joined. ``attention_ops``: the layouts of
@@ -80,7 +81,8 @@ def label_phases(
     thresholds (default: ``rules/structure.toml``); ``kernel_phases``: the kernel rules' phase facts
     (``RuleSet.phase_evidence``; a plain mapping: rule id -> ``prefill`` / ``decode`` families);
     ``calls``: the launch calls, where taken out of ``host_ops`` (``launches.split_launch_calls``);
-    ``join``: the kernel -> launching-op join (made here when not given)."""
+    ``join``: the kernel -> launching-op join (made here when not given); ``launched``: what
+    ``launches.launch_times`` gives for these kernels, where read already (then ``calls`` is not)."""
     anns, engines = step_annotations(annotations, patterns)
     th = structure.thresholds if structure is not None else DEFAULT_THRESHOLDS
     whole = not_inference(kernels, bool(engines))
@@ -98,7 +100,7 @@ def label_phases(
         fired[rule] = n
     else:
         phase, step, tokens, steps, warnings = split_phases(
-            kernels, host_ops, anns, attention_ops, th, kernel_phases, calls, join
+            kernels, host_ops, anns, attention_ops, th, kernel_phases, calls, join, launched
         )
         regimed = int(steps["m_regime"].notna().sum()) if len(steps) else 0
         if regimed:
@@ -165,6 +167,7 @@ def split_phases(
     kernel_phases: PhaseEvidence | Mapping[str, str] | None = None,
     calls: pa.Table | None = None,
     join: launches.OpJoin | None = None,
+    launched: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.DataFrame, list[str]]:
     """Per-kernel phase, step and tokens, plus the steps table and the warnings of each input
     (:func:`coverage_warnings` adds those of the whole run)."""
@@ -174,7 +177,7 @@ def split_phases(
     tokens = np.full(n, None, object)
     warnings: list[str] = []
     join = join if join is not None else launches.OpJoin.of(kernels, host_ops)
-    df = _kernel_columns(kernels, host_ops, _as_evidence(kernel_phases), th, calls, join)
+    df = _kernel_columns(kernels, host_ops, _as_evidence(kernel_phases), th, calls, join, launched)
     launch_ts, launched = df["launch"], df["launched"]
     shapes = attention_shapes(
         host_ops,
@@ -183,9 +186,10 @@ def split_phases(
     )
     step_rows: list[dict[str, Any]] = []
     timed = np.flatnonzero(~df["agg"])
-    for tid in np.unique(df["trace_id"][timed]).tolist():
-        sel = timed[df["trace_id"][timed] == tid]
-        idx = sel[np.argsort(df["start"][sel], kind="stable")]
+    traces = np.unique(df["trace_id"][timed]).tolist()
+    for tid in traces:
+        sel = timed if len(traces) == 1 else timed[df["trace_id"][timed] == tid]
+        idx = _by_start(sel, df["start"])
         t_anns = [a for a in anns if a.trace_id == tid]
         capture = [a for a in t_anns if a.capture]
         execs = [a for a in t_anns if not a.capture]
@@ -207,6 +211,25 @@ def split_phases(
     return phase, step, tokens, steps, warnings
 
 
+def _by_start(rows: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """``rows`` (increasing) in the order of their ``start``, ties in row order: the rows themselves
+    where they are in that order already (a reader's kernels are in time order), checked a block at
+    a time, else sorted."""
+    block = 1 << 20
+    for b in range(0, len(rows), block):
+        s = start[rows[b : b + block + 1]]
+        if (s[1:] < s[:-1]).any():
+            return rows[np.argsort(start[rows], kind="stable")]
+    return rows
+
+
+def _int64(column: pa.ChunkedArray) -> np.ndarray:
+    """``column`` as int64, nulls 0: a view of its values where it has no nulls."""
+    if column.null_count:
+        column = column.fill_null(0)
+    return column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
 def _kernel_columns(
     kernels: pa.Table,
     host_ops: pa.Table,
@@ -214,6 +237,7 @@ def _kernel_columns(
     th: Thresholds,
     calls: pa.Table | None,
     join: launches.OpJoin | None = None,
+    launched: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The per-kernel columns steps are found and labelled by: timing, stages, names, the phase
     evidence of :mod:`.evidence`, the decoder layer and the launch calls' times."""
@@ -222,8 +246,9 @@ def _kernel_columns(
     df = {
         "trace_id": kernels["trace_id"].to_numpy(zero_copy_only=False),
         "rank": kernels["rank"].to_numpy(zero_copy_only=False),
-        "start": kernels["start_ns"].fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
-        "dur": kernels["dur_ns"].to_numpy(zero_copy_only=False).astype(np.int64),
+        # views of the table's columns where they have no nulls (read, never written)
+        "start": _int64(kernels["start_ns"]),
+        "dur": _int64(kernels["dur_ns"]),
         "agg": kernels["aggregate"].to_numpy(zero_copy_only=False),
         "stage": objects(kernels["stage"]),
         "stage_dict": dict_strings(kernels["stage"]),
@@ -246,5 +271,7 @@ def _kernel_columns(
             else np.full(n, -1, np.int32)
         ),
     }
-    df["launch"], df["launched"] = launches.launch_times(kernels, host_ops, calls)
+    df["launch"], df["launched"] = (
+        launched if launched is not None else launches.launch_times(kernels, host_ops, calls)
+    )
     return df

@@ -47,30 +47,39 @@ def shape_work(
     if not len(lead):
         return np.zeros(n, bool)
     op_rows = ops["row"].take(pa.array(p[lead])).to_numpy(zero_copy_only=False).astype(np.int64)
-    group_names, gfirst, inverse = launches.distinct_op_shapes(host_ops, op_rows)
+    group_names, gfirst, inv = launches.distinct_op_shapes(host_ops, op_rows)
     groups = _ShapeGroups.read(host_ops, group_names, op_rows[gfirst], tables)
-    inv = np.asarray(inverse, np.int64)
-    cons = groups.consumer[inv]
-    per_op_f, per_op_b, per_op_dt = _consumer_work(host_ops, op_rows, np.flatnonzero(cons), tables)
-    fl, by, dt = groups.flops[inv], groups.bytes[inv], groups.dtype[inv]
-    fl[cons], by[cons], dt[cons] = per_op_f[cons], per_op_b[cons], per_op_dt[cons]
-    ok = groups.ok[inv] | (cons & ~np.isnan(per_op_b))
-    attention = (
-        dict_isin(kernels["stage"], list(_SOFTMAX_ATTENTION))[lead]
-        if "stage" in kernels.column_names
-        else np.zeros(len(lead), bool)
-    )
-    fl = np.where(attention, fl * groups.share[inv], fl)
-    rows = lead[ok]
-    w.flops[rows], w.bytes[rows] = fl[ok], by[ok]
-    w.dtype[rows] = dt[ok]
+    del group_names, gfirst
+    # gathers whose rows the op after them takes: read one by one (a few per layer)
+    need = np.flatnonzero(groups.consumer[inv])
+    per_f, per_b, per_dt = _consumer_work(host_ops, op_rows[need], tables)
+    del op_rows
+    ok = groups.ok[inv]
+    ok[need] = ~np.isnan(per_b)
+    # the lead kernels with numbers only: their group's, a consumer's its own
+    at = np.flatnonzero(ok)
+    g = inv[at]
+    fl, by, dt = groups.flops[g], groups.bytes[g], groups.dtype[g]
+    mine = np.searchsorted(at, need[ok[need]])
+    fl[mine], by[mine], dt[mine] = per_f[ok[need]], per_b[ok[need]], per_dt[ok[need]]
+    rows = lead[at]
+    if "stage" in kernels.column_names:
+        attention = dict_isin(kernels["stage"], list(_SOFTMAX_ATTENTION))[rows]
+        fl = np.where(attention, fl * groups.share[g], fl)
+    del at, g
+    w.flops[rows], w.bytes[rows] = fl, by
+    w.dtype[rows] = dt
     w.source[rows] = "shapes"
     reason[rows] = REASON_CODE[""]
-    bad = ~ok
-    why = np.where(cons, REASON_CODE["output_unknown"], groups.reason[inv]).astype(np.int8)
-    reason[lead[bad]] = why[bad]
+    del rows, fl, by, dt
+    bad = np.flatnonzero(~ok)
+    why = groups.reason[inv[bad]].astype(np.int8)
+    why[np.searchsorted(bad, need[~ok[need]])] = REASON_CODE["output_unknown"]
+    bad = lead[bad]
+    reason[bad] = why
     op_reason = np.zeros(ops.num_rows, np.int8)
-    op_reason[p[lead[bad]]] = why[bad]
+    op_reason[p[bad]] = why
+    del bad, why
     rest = np.flatnonzero((p >= 0) & (reason == REASON_CODE["op"]))
     reason[rest] = op_reason[p[rest]]  # the op's other kernels: what its shapes could not say
     return _helpers_of_measured_ops(
@@ -83,8 +92,12 @@ def _lead_kernels(kernels: pa.Table, p: np.ndarray, can_lead: np.ndarray) -> np.
     dur = kernels["dur_ns"].to_numpy(zero_copy_only=False)
     cand = np.flatnonzero((p >= 0) & can_lead)
     order = cand[np.argsort(-dur[cand], kind="stable")]
-    _, first = np.unique(p[order], return_index=True)
-    return order[first]
+    del cand
+    # per op (in op order), its first kernel in ``order``
+    ops = p[order]
+    first = np.full(int(ops.max(initial=-1)) + 1, len(ops), np.int64)
+    np.minimum.at(first, ops, np.arange(len(ops)))
+    return order[first[first < len(ops)]]
 
 
 @dataclasses.dataclass
@@ -137,17 +150,17 @@ class _ShapeGroups:
 
 
 def _consumer_work(
-    host_ops: pa.Table, op_rows: np.ndarray, need: np.ndarray, tables: Tables
+    host_ops: pa.Table, op_rows: np.ndarray, tables: Tables
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(flops, bytes, dtype) per lead op of the gathers ``need`` whose rows the op after them takes:
-    read with the shapes of the first of the next :data:`CONSUMER_WINDOW` ops that takes the rows
-    (one lookup per op: a few per layer); NaN where none does."""
+    """(flops, bytes, dtype) per host-op row of ``op_rows``, gathers whose rows the op after them
+    takes: read with the shapes of the first of the next :data:`CONSUMER_WINDOW` ops that takes the
+    rows (one lookup per op: a few per layer); NaN where none does."""
     per_op_f, per_op_b = np.full(len(op_rows), np.nan), np.full(len(op_rows), np.nan)
     per_op_dt = filled(len(op_rows), "bf16")
-    if not len(need):
+    if not len(op_rows):
         return per_op_f, per_op_b, per_op_dt
-    nxt = launches.following_ops(host_ops, op_rows[need], CONSUMER_WINDOW)
-    for i, follow in zip(need.tolist(), nxt, strict=True):
+    nxt = launches.following_ops(host_ops, op_rows, CONSUMER_WINDOW)
+    for i, follow in enumerate(nxt):
         r = int(op_rows[i])
         nm = str(host_ops["name"][r])
         d, ty = host_ops["input_dims"][r].as_py(), host_ops["input_types"][r].as_py()

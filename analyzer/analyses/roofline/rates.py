@@ -10,6 +10,7 @@ numbers or a known GPU. A dtype the GPU has no peak for falls back to bf16.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ def rates(
                 if used not in roof_names:
                     roof_names.append(used)
                 roof_code[sel] = roof_names.index(used)
+        del dts
         has = ~(np.isnan(tbps) & np.isnan(tflops))
         roof_code[~has] = -1
         over = has & ((~np.isnan(tflops) & (tflops > peak)) | (~np.isnan(tbps) & (tbps > bw)))
@@ -63,13 +65,16 @@ def rates(
         has_flops = has & ~over & (np.nan_to_num(flops) > 0) & ~np.isnan(peak)
         mem_only = has & ~over & ~has_flops
         pct = np.where(has_flops, compute_pct, np.where(mem_only, tbps / bw, np.nan))
+        del roof, compute_pct, mem_only  # per-kernel temporaries go as soon as they are read
         kind = np.where(has_flops & (intensity >= peak / bw), _BOUND_CODE["compute"], _BOUND_CODE["memory"])
         latency = (dur < LATENCY_NS) & (pct < LATENCY_PCT)
         ok = has & ~over
         code = np.where(ok, np.where(latency, _BOUND_CODE["latency"], kind), code)
         code = np.where(over, _BOUND_CODE["invalid"], code).astype(np.int8)
+        del kind, latency, ok, has_flops, has, peak
         tflops = np.where(over, np.nan, tflops)
         tbps = np.where(over, np.nan, tbps)
+    del dur
     return {
         "flops": flops,
         "bytes": nbytes,
@@ -77,9 +82,23 @@ def rates(
         "achieved_tbps": tbps,
         "pct_of_peak": pct,
         "intensity": intensity,
-        "bound": pd.Categorical.from_codes(code, categories=BOUNDS).remove_unused_categories(),
-        "roof_dtype": pd.Categorical.from_codes(roof_code, categories=roof_names).remove_unused_categories(),
+        "bound": _used_categories(code, BOUNDS),
+        "roof_dtype": _used_categories(roof_code, roof_names),
     }
+
+
+def _used_categories(codes: np.ndarray, categories: Sequence[str]) -> pd.Categorical:
+    """``Categorical.from_codes(codes, categories).remove_unused_categories()`` (-1: missing), the
+    categories in use found by a count, not by sorting every code."""
+    used = np.bincount(codes[codes >= 0], minlength=len(categories)) > 0
+    kept = [c for c, u in zip(categories, used.tolist(), strict=True) if u]
+    small = np.int8 if len(kept) < 128 else np.int32
+    if not kept:
+        return pd.Categorical.from_codes(np.full(len(codes), -1, small), categories=kept)
+    lut = np.cumsum(used) - 1
+    return pd.Categorical.from_codes(
+        np.where(codes >= 0, lut[np.maximum(codes, 0)], -1).astype(small), categories=kept
+    )
 
 
 def rate_warnings(kernels: pa.Table, gpu: dict[str, Any] | None) -> list[str]:

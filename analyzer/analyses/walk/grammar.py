@@ -497,7 +497,7 @@ def _label_regions(
     candidates = was_generic.copy()
     candidates[marks] = True
     candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
-    generic_at = [q for q in np.flatnonzero(candidates).tolist() if stage[rows[q]] in GENERIC]
+    generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     d = ks.decide()
     _label_generic(
         ks.seq,
@@ -602,3 +602,15 @@ def _reads_gate_up(
         return False
     k, n = gate_up
     return kn is not None and kn[0] != k and kn[0] in (n, n // 2)
+
+
+def _positions_where(at: np.ndarray, rows: Sequence[int], stage: list[str], stages: Any) -> np.ndarray:
+    """The positions of ``at`` whose kernel's stage is in ``stages``, as an array: read a block of
+    positions at a time, so that millions of them are never Python ints all at once."""
+    keep = np.zeros(len(at), bool)
+    for s in range(0, len(at), _BLOCK):
+        keep[s : s + _BLOCK] = [stage[rows[q]] in stages for q in at[s : s + _BLOCK].tolist()]
+    return at[keep]
+
+
+_BLOCK = 1 << 16

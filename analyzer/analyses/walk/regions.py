@@ -66,7 +66,7 @@ def _label_generic(
     op_names: Sequence[str | None],
     region_of: list[str],
     region_code: np.ndarray,
-    generic_at: list[int],
+    generic_at: np.ndarray,
     norm: Sequence[str] = (),
     normish: np.ndarray | None = None,
     shape: dict[str, tuple[int, int]] | None = None,
@@ -92,7 +92,7 @@ def _label_generic(
         if p >= n:
             break
         reg = region_of[p]
-        run = generic_at[cut[k] : cut[k + 1]]
+        run = generic_at[cut[k] : cut[k + 1]].tolist()  # one region's positions as ints at a time
         if run and reg == "pre":
             _label_first_norm(rows, run, p, q, stage, norm, op_names, why, th)
             _label_rotary_module(rows, p, q, stage, op_names, why, th)
@@ -240,11 +240,11 @@ def _label_attention_input(
 
 
 def _region_codes(
-    d: Decisions, seq: np.ndarray, region_of: list[str], region_code: np.ndarray, generic_at: list[int]
+    d: Decisions, seq: np.ndarray, region_of: list[str], region_code: np.ndarray, generic_at: np.ndarray
 ) -> None:
     """A generic kernel no specific rule took is its region's: the region's rule code, though a
     region default may not have reached it (before a residual add). Found at once per region."""
-    if not generic_at:
+    if not len(generic_at):
         return
     lut = np.full(int(region_code.max()) + 1, -1, np.int16)
     for reg in dict.fromkeys(region_of):
