@@ -48,12 +48,13 @@ class Decisions:
     a rule decided whose stage column will not show it (a layer number, a stage a later rule
     replaces)."""
 
-    __slots__ = ("stage", "why", "runs", "counts")
+    __slots__ = ("stage", "why", "runs", "tables", "counts")
 
     def __init__(self, stage: MutableSequence[str], why: Any) -> None:
         self.stage = _Overlay(stage)
         self.why = _Overlay(why)
         self.runs: list[tuple[Sequence[int], str | None, int]] = []
+        self.tables: list[tuple[np.ndarray, np.ndarray, Sequence[str], np.ndarray]] = []
         self.counts: Counter = Counter()
 
     def label(self, rows: Sequence[int], stage: str | None, rule: int) -> None:
@@ -62,12 +63,22 @@ class Decisions:
         if len(rows):
             self.runs.append((rows, stage, rule))
 
+    def label_table(
+        self, rows: np.ndarray, which: np.ndarray, stages: Sequence[str], rules: np.ndarray
+    ) -> None:
+        """Per kernel row of ``rows``: stage ``stages[which]`` decided by rule ``rules`` (``which`` -1:
+        no decision). A decision per kernel kept as two small integers, not a Python object: the
+        walk's GEMM roles on a 10 GB trace. Applied after the runs; not read through ``stage``."""
+        self.tables.append((rows, which, stages, rules))
+
     def count(self, rule: int, kernels: int) -> None:
         if kernels:
             self.counts[rule] += kernels
 
     def __bool__(self) -> bool:
-        return bool(self.stage.mine or self.why.mine or self.runs)
+        return bool(
+            self.stage.mine or self.why.mine or self.runs or any((w >= 0).any() for _, w, _, _ in self.tables)
+        )
 
     def apply(self, stage: MutableSequence[str], why: Any, counts: Counter | None = None) -> None:
         """Write these decisions into ``stage`` and ``why`` (a typed array of codes is written at
@@ -79,6 +90,8 @@ class Decisions:
                 for r in rows:
                     stage[r] = s
         _write_codes(why, self.why.mine, self.runs)
+        for rows, which, stages, rules in self.tables:
+            _write_table(stage, why, rows, which, stages, rules)
         if counts is not None:
             counts.update(self.counts)
 
@@ -98,3 +111,31 @@ def _write_codes(why: Any, single: dict[int, int], runs: list[tuple[Sequence[int
     for rows, _, rule in runs:
         for r in rows:
             why[r] = rule
+
+
+_BLOCK = 1 << 16
+
+
+def _write_table(
+    stage: MutableSequence[str],
+    why: Any,
+    rows: np.ndarray,
+    which: np.ndarray,
+    stages: Sequence[str],
+    rules: np.ndarray,
+) -> None:
+    """A positional table's decisions, a block of kernels at a time (no Python int per kernel at
+    once)."""
+    at = np.flatnonzero(which >= 0)
+    names = list(stages)
+    codes = np.frombuffer(why, np.int16) if isinstance(why, array.array) and len(why) else None
+    for s in range(0, len(at), _BLOCK):
+        block = at[s : s + _BLOCK]
+        r = rows[block]
+        for row, k in zip(r.tolist(), which[block].tolist(), strict=True):
+            stage[row] = names[k]
+        if codes is not None:
+            codes[r] = rules[block]
+        else:
+            for row, c in zip(r.tolist(), rules[block].tolist(), strict=True):
+                why[row] = c

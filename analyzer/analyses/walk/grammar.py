@@ -91,6 +91,11 @@ def _every_rule(_: str) -> bool:
     return True
 
 
+# the stages the region state machine decides (a GEMM's role; a top-k inside a MoE block), by index
+_ROLES = [*sorted(GEMM_STAGES), "moe_expert_gemm", "moe_topk"]
+_ROLE_INDEX = {s: i for i, s in enumerate(_ROLES)}
+
+
 #: The walk's steps, by the registry names of the rules each applies, in the order they run (the
 #: registry's order: ``tests/test_structure_registry.py`` checks it). The GEMM roles are one step:
 #: the region state machine decides each GEMM op by the first of its role rules that holds.
@@ -294,8 +299,9 @@ def _walk(
     before the first layer and after the LM head), and the GEMM ops that opened a forward."""
     n, st, rows, stage = ks.n, ks.st, ks.rows, ks.stage
     normish, boundary, op_index, op_last = ks.normish, ahead.boundary, ahead.op_index, ahead.op_last
-    d = ks.decide()
-    decided, coded = d.stage.mine, d.why.mine  # (one per GEMM kernel: plain dict writes)
+    # the decisions, one per GEMM kernel: a role's index and its rule's code per position
+    role_at = np.full(n, -1, np.int8)
+    rid_at = np.zeros(n, np.int16)
     mem = _Memory()
     region, layer_no = "pre", -1
     norm_seen = False
@@ -317,14 +323,18 @@ def _walk(
         if k >= 0:
             b = int(op_last[k])
             role, rid, region, layer_no = _gemm_op(
-                ks, d, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
+                ks, (role_at, rid_at), ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
             )
+            which = _ROLE_INDEX.get(role)
+            if which is None:  # a stage a pass before the walk gave a GEMM (a mixer's projection)
+                which = _ROLE_INDEX.setdefault(role, len(_ROLES))
+                _ROLES.append(role)
             fresh = fresh and bool(ahead.rotary_next[k])  # the rotary module's product opens nothing
             norm_seen = False
             for q in range(p, b + 1):
                 if stage[rows[q]] in GEMM_STAGES:  # (this op's kernels: no decision of this walk yet)
-                    decided[rows[q]] = role
-                    coded[rows[q]] = rid
+                    role_at[q] = which
+                    rid_at[q] = rid
                 region_of[q] = region
                 layer_of[q] = -1 if region in ("pre", "tail") else layer_no
             p = b + 1
@@ -336,8 +346,8 @@ def _walk(
         elif s in _MOE_ROUTING and region in ("attn_out", "mlp_in", "moe"):
             region = "moe"
         elif s == "sampling" and region == "moe":
-            decided[rows[p]] = "moe_topk"
-            coded[rows[p]] = MOE_SAMPLING_TOPK
+            role_at[p] = _ROLE_INDEX["moe_topk"]
+            rid_at[p] = MOE_SAMPLING_TOPK
         elif s == "moe_expert_gemm":
             region = "moe_experts"
         elif normish[p]:
@@ -345,13 +355,15 @@ def _walk(
         region_of[p] = region
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
+    d = ks.decide()
+    d.label_table(ks.seq, role_at, _ROLES, rid_at)
     ks.apply(d)
     return region_of, layer_of, mem.opened
 
 
 def _gemm_op(
     ks: KernelSequence,
-    d: Decisions,
+    decided: tuple[np.ndarray, np.ndarray],
     ahead: _Ahead,
     k: int,
     region: str,
@@ -362,7 +374,8 @@ def _gemm_op(
     gemm_kn: GemmShapes | None,
 ) -> tuple[str, int, str, int]:
     """(role, deciding rule's code, new region, layer number) of GEMM op ``k``; updates ``mem``;
-    ``d``: the walk's decisions so far (an output projection is taken back from the head)."""
+    ``decided``: the walk's decisions so far, per position the role's index and the rule's code (an
+    output projection is taken back from the head)."""
     rows, why = ks.rows, ks.why
     p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
     if ahead.router[p]:  # found by _mark_routers
@@ -380,9 +393,9 @@ def _gemm_op(
         # two GEMMs after the final norm with nothing between: an output projection, then the LM
         # head (OPT-350m's project_out): the last one is the head
         for q in range(int(ahead.op_first[k - 1]), int(ahead.op_last[k - 1]) + 1):
-            if d.stage[rows[q]] == "lm_head_gemm":
-                d.stage[rows[q]] = "gemm"
-                d.why[rows[q]] = SECOND_HEAD
+            if decided[0][q] == _ROLE_INDEX["lm_head_gemm"]:
+                decided[0][q] = _ROLE_INDEX["gemm"]
+                decided[1][q] = SECOND_HEAD
         role, rid = "lm_head_gemm", SECOND_HEAD
     elif (
         region == "mlp_in"
