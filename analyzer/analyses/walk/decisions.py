@@ -71,6 +71,10 @@ class Decisions:
         walk's GEMM roles on a 10 GB trace. Applied after the runs; not read through ``stage``."""
         self.tables.append((rows, which, stages, rules))
 
+    def size(self) -> int:
+        """How many decisions this set holds (single ones, and the rows of its runs)."""
+        return len(self.stage.mine) + len(self.why.mine) + sum(len(rows) for rows, _, _ in self.runs)
+
     def count(self, rule: int, kernels: int) -> None:
         if kernels:
             self.counts[rule] += kernels
@@ -87,7 +91,7 @@ class Decisions:
             stage[r] = s
         for rows, s, _ in self.runs:
             if s is not None:
-                for r in rows:
+                for r in rows.tolist() if isinstance(rows, np.ndarray) else rows:
                     stage[r] = s
         _write_codes(why, self.why.mine, self.runs)
         for rows, which, stages, rules in self.tables:

@@ -511,22 +511,11 @@ def _label_regions(
     candidates[marks] = True
     candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
-    d = ks.decide()
-    _label_generic(
-        ks.seq,
-        d,
-        ks.op_names,
-        region_of,
-        region_code,
-        generic_at,
-        ks.names,
-        ks.normish,
-        shape,
-        ks.th,
-        rows,
-        kv,
-    )
-    ks.apply(d)
+    for d in _label_generic(
+        ks.seq, ks.decide, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,
+        ks.th, rows, kv,
+    ):  # fmt: skip
+        ks.apply(d)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
     if suspect is not None:  # an activation in an attention input has no place there (STR058)
         suspect.extend(rows[q] for q in np.flatnonzero(attn_in & ks.stages(("activation",))).tolist())

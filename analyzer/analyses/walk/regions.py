@@ -5,7 +5,7 @@ rotary and MoE rules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,7 +62,7 @@ _REGION_STAGE = dict(KNOWLEDGE.regions)
 
 def _label_generic(
     seq: np.ndarray,
-    d: Decisions,
+    decide: Callable[[], Decisions],
     op_names: Sequence[str | None],
     region_of: list[str],
     region_code: np.ndarray,
@@ -73,13 +73,16 @@ def _label_generic(
     th: Thresholds = DEFAULT_THRESHOLDS,
     rows: Sequence[int] | None = None,  # seq as Python ints, where the caller holds them
     kv: bool = True,
-) -> None:
+) -> Iterator[Decisions]:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
-    are found at once), recorded in ``d``. Each region's labelling changes only its own positions, so
-    the generic kernels of every region are the ones found before the first. A generic kernel no
-    specific rule took keeps the region's rule code, whether or not the region's default stage
-    reached it. ``kv``: the KV-cache update rules run (their group's precondition held)."""
+    are found at once). Each region's labelling changes and reads only its own positions, so the
+    decisions are yielded a few regions at a time (``decide()`` makes the next set, read through to
+    the kernels as the caller has applied the sets before): a 10 GB trace never holds them all. A
+    generic kernel no specific rule took keeps the region's rule code, whether or not the region's
+    default stage reached it. ``kv``: the KV-cache update rules run (their group's precondition
+    held)."""
+    d = decide()
     stage, why = d.stage, d.why
     rows = seq.tolist() if rows is None else rows
     n = len(rows)
@@ -88,9 +91,15 @@ def _label_generic(
     starts = [0, *(np.flatnonzero(np.diff(region_code)) + 1).tolist()]
     ends = [*starts[1:], n]
     cut = np.searchsorted(np.asarray(generic_at, np.int64), np.asarray([*starts, n], np.int64)).tolist()
+    first = 0  # the first of generic_at the current set of decisions covers
     for k, (p, q) in enumerate(zip(starts, ends, strict=True)):
         if p >= n:
             break
+        if d.size() > _BATCH:  # a few regions' decisions at a time
+            _region_codes(d, seq, region_of, region_code, generic_at[first : cut[k]])
+            yield d
+            d = decide()
+            stage, why, first = d.stage, d.why, cut[k]
         reg = region_of[p]
         run = generic_at[cut[k] : cut[k + 1]].tolist()  # one region's positions as ints at a time
         if run and reg == "pre":
@@ -114,8 +123,12 @@ def _label_generic(
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
         if reg == "attn_in" and kv:
             run = _label_attention_input(rows, run, p, q, stage, op_names, norm, why, th)
-        d.label([rows[i] for i in run], target, _REGION_RULE.get(reg, MOE_BLOCK))
-    _region_codes(d, seq, region_of, region_code, generic_at)
+        d.label(seq[np.asarray(run, np.int64)], target, _REGION_RULE.get(reg, MOE_BLOCK))
+    _region_codes(d, seq, region_of, region_code, generic_at[first:])
+    yield d
+
+
+_BATCH = 1 << 16  # decisions per set (each a few tens of bytes)
 
 
 def _label_sandwich(
