@@ -48,12 +48,13 @@ class Decisions:
     a rule decided whose stage column will not show it (a layer number, a stage a later rule
     replaces)."""
 
-    __slots__ = ("stage", "why", "runs", "tables", "counts")
+    __slots__ = ("stage", "why", "runs", "run_rows", "tables", "counts")
 
     def __init__(self, stage: MutableSequence[str], why: Any) -> None:
         self.stage = _Overlay(stage)
         self.why = _Overlay(why)
         self.runs: list[tuple[Sequence[int], str | None, int]] = []
+        self.run_rows = 0  # the rows of the runs, together
         self.tables: list[tuple[np.ndarray, np.ndarray, Sequence[str], np.ndarray]] = []
         self.counts: Counter = Counter()
 
@@ -62,6 +63,7 @@ class Decisions:
         single decisions (the caller labels rows it made no single decision for)."""
         if len(rows):
             self.runs.append((rows, stage, rule))
+            self.run_rows += len(rows)
 
     def label_table(
         self, rows: np.ndarray, which: np.ndarray, stages: Sequence[str], rules: np.ndarray
@@ -73,7 +75,7 @@ class Decisions:
 
     def size(self) -> int:
         """How many decisions this set holds (single ones, and the rows of its runs)."""
-        return len(self.stage.mine) + len(self.why.mine) + sum(len(rows) for rows, _, _ in self.runs)
+        return len(self.stage.mine) + len(self.why.mine) + self.run_rows
 
     def count(self, rule: int, kernels: int) -> None:
         if kernels:
