@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from analyzer.cli import cli
 from analyzer.output import write_report
 from analyzer.pipeline import Options
-from analyzer.report import figures, html
+from analyzer.report import figures, html, html_compare
 from analyzer.results.compare import compare_summaries
 from analyzer.results.summary import build_summary
 from tests.conftest import H200_DENSE, H200_MOE, H200_TP2, ROOT, SHARED
@@ -309,7 +309,7 @@ def test_ranks_section_shows_transfer_and_waiting_like_the_text() -> None:
 def test_compare_page_carries_each_inputs_findings_top_kernels_and_rooflines() -> None:
     # GIVEN two inputs compared
     summaries = [analysed([H200_DENSE])[1], analysed([H200_MOE])[1]]
-    text = html.compare_page(compare_summaries(summaries), summaries)
+    text = html_compare.compare_page(compare_summaries(summaries), summaries)
     # THEN each input's findings, top kernels and rooflines are on the page
     for key, s in zip("AB", summaries, strict=True):
         for anchor in (f"findings-{key}", f"top-{key}", f"roofline-{key}"):
@@ -469,7 +469,7 @@ def test_compare_report_renders_in_chromium(browser: Any, tmp_path: Path) -> Non
         pytest.skip("public traces sglang-deepseek-llama8b-decode-mi300x-vs-b300 not available")
     out = tmp_path / "compare.html"
     summaries = [analysed([p])[1] for p in paths]
-    write_report(html.CompareHtmlReporter(summaries), compare_summaries(summaries), out)
+    write_report(html_compare.CompareHtmlReporter(summaries), compare_summaries(summaries), out)
     page = Loaded(browser, out)
     page.assert_clean_and_drawn("compare-mi300x-vs-b300.png")
     body = page.page.inner_text("body")

@@ -109,10 +109,7 @@ def classify_and_check(
     )
     shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th, join)
     final = _stage_codes(stage, vocab)
-    roleless = unexplained.roleless_gemm_warning(
-        (final == vocab["gemm"]) & (run.layer >= 0) if "gemm" in vocab else np.zeros(0, bool),
-        run.norm, run.layer, dur, th, run.counts,
-    )  # fmt: skip
+    roleless = _roleless_gemms(run, final, vocab, dur, th)
     source = _stage_sources(by_names, final, vocab, shaped)
     codes = np.frombuffer(why, np.int16).copy()
     codes[shaped] = SHAPE_ROLES
@@ -134,6 +131,14 @@ def classify_and_check(
     )
     extra_warnings = [w for w in (foreign, misplaced, roleless, disagree) if w]
     return out, [*_check_warnings(out, undecided), *extra_warnings]
+
+
+def _roleless_gemms(
+    run: StructureRun, final: np.ndarray, vocab: Mapping[str, int], dur: np.ndarray, th: Any
+) -> str | None:
+    """STR059's warning: GEMMs inside the layers (a layer number) that kept no role (``gemm``)."""
+    roleless = (final == vocab["gemm"]) & (run.layer >= 0) if "gemm" in vocab else np.zeros(0, bool)
+    return unexplained.roleless_gemm_warning(roleless, run.norm, run.layer, dur, th, run.counts)
 
 
 def _with_columns(table: pa.Table, columns: Mapping[str, Any]) -> pa.Table:

@@ -66,7 +66,7 @@ def analyze(
             write_json(result, json_path)
             click.echo(f"wrote {json_path}", err=True)
         if html_path:
-            from analyzer.report.html import CompareHtmlReporter  # plotly
+            from analyzer.report.html_compare import CompareHtmlReporter  # plotly
 
             write_report(CompareHtmlReporter(summaries), result, html_path)
             click.echo(f"wrote {html_path}", err=True)

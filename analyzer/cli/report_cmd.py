@@ -65,7 +65,8 @@ def command(
     top kernels, findings with evidence, unclassified kernels and warnings. plotly.js is embedded,
     so the page works offline (use --cdn for a small page that loads it from the network).
     """
-    from analyzer.report.html import CompareHtmlReporter, HtmlReporter  # plotly, pyarrow
+    from analyzer.report.html import HtmlReporter  # plotly, pyarrow
+    from analyzer.report.html_compare import CompareHtmlReporter
     from analyzer.results.summary import build_summary  # pyarrow: loads after memory.configure
 
     options = make_options(rules, gpu, model, settings)

@@ -37,7 +37,7 @@ COMPARE = Registry(
     "comparison",
     ReporterSpec("text", (".txt",), False, "analyzer.report.text:CompareTextReporter"),
     ReporterSpec("json", (".json",), True, "analyzer.report.json_report:JsonReporter"),
-    ReporterSpec("html", _HTML, False, "analyzer.report.html:CompareHtmlReporter"),
+    ReporterSpec("html", _HTML, False, "analyzer.report.html_compare:CompareHtmlReporter"),
 )
 
 GATE = Registry(

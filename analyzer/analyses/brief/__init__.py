@@ -30,24 +30,16 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses.brief.facts import KV_STORE, input_facts
+from analyzer.analyses.brief.kv_cache import kv_cache
+from analyzer.analyses.brief.values import known, unknown
 from analyzer.knowledge import hardware
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES, PHASES
 from analyzer.tables.frames import SLICE_ROWS, category_codes, floats, grouped_sums
 
 __all__ = ["build_brief", "input_facts", "known", "unknown"]
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 _QUANT_WEIGHTS = {"int8", "fp8", "fp4", "int", "unsigned char", "c10::quint4x2"}
 _MOE_STAGES = ("moe_expert_gemm", "moe_gate_gemm", "moe_topk", "moe_sort", "moe_accumulate")
-_PAGED_WORDS = ("paged", "reshape_and_cache", "page_", "_page", "kv_cache_paged")
-
-
-def known(value: Any, evidence: str) -> dict[str, Any]:
-    return {"value": value, "evidence": evidence}
-
-
-def unknown(reason: str) -> dict[str, Any]:
-    return {"value": None, "unknown": reason}
 
 
 def _dist(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
@@ -95,7 +87,9 @@ def build_brief(
             "check": _model_check(one, arch, world_size),
         },
         "dtypes": dtypes,
-        "kv_cache": _kv_cache(one, kinds, {**dims, "value_head_dim": value_head}, dtypes),
+        "kv_cache": kv_cache(
+            one, kinds.present, kinds.cache_names, {**dims, "value_head_dim": value_head}, dtypes
+        ),
         "hardware": _hardware(gpu),
         "speculative": _speculative(st, target, draft),
         "latency": _latency(target),
@@ -504,107 +498,6 @@ def _dtypes(facts: Mapping[str, Any], kinds: _StageFacts) -> dict[str, Any]:
             out[s] = unknown("no launching op with recorded input types and no dtype in its kernel names")
     out["accumulator"] = unknown("no trace records a GEMM's accumulator type (only its inputs and outputs)")
     return out
-
-
-def _kv_cache(
-    facts: Mapping[str, Any], kinds: _StageFacts, dims: Mapping[str, Any], dtypes: Mapping[str, Any]
-) -> dict[str, Any]:
-    writes = facts.get("ops", {}).get(KV_STORE, [])
-    paged_names = sorted({n for n in kinds.cache_names if any(w in n.lower() for w in _PAGED_WORDS)})
-    paged_stage = "paged_attention" in kinds.present
-    mla = "mla_attention" in kinds.present
-    layout: dict[str, Any]
-    block = unknown("no paged cache's block shape is recorded")
-    hd = dims.get("head_dim", {}).get("value")
-    dest3 = [w for w in writes if w.get("dest") and len(w["dest"].split("x")) == 3]
-    dest4 = [w for w in writes if w.get("dest") and len(w["dest"].split("x")) == 4]
-    cat = [w for w in writes if w["op"] == "aten::cat"]
-    if paged_names or paged_stage:
-        shown = paged_names[:2] or ["a paged_attention kernel"]
-        layout = known("paged", f"kernel names: {', '.join(shown)}")
-        for w in dest4:
-            d = [int(x) for x in w["dest"].split("x")]
-            if hd and d[-1] == hd:
-                block = known(
-                    d[1],
-                    f"the paged cache written as [{w['dest'].replace('x', ', ')}] (blocks, block size, KV heads, head size)",
-                )
-                break
-    elif cat and not dest3:
-        layout = known("contiguous", "aten::cat grows each layer's keys and values (a dynamic cache)")
-        block = known(None, "contiguous: no blocks")
-    elif dest3 and hd and all(int(w["dest"].split("x")[-1]) == hd for w in dest3):
-        w = dest3[0]
-        layout = known(
-            "paged",
-            f"{w['op']} writes each token into a slot of one flat cache [{w['dest'].replace('x', ', ')}] (slots, KV heads, head size): a paged / slot-indexed cache",
-        )
-        block = unknown("a flat slot-indexed cache: its block size is not in the shapes")
-    elif dest4 := [w for w in dest4 if w["op"] != "aten::cat"]:
-        w = dest4[0]
-        layout = known(
-            "contiguous", f"{w['op']} writes into a per-sequence cache [{w['dest'].replace('x', ', ')}]"
-        )
-        block = known(None, "contiguous: no blocks")
-    elif mla:
-        layout = unknown("latent (MLA) attention: the cache's layout is not in the recorded shapes")
-    else:
-        layout = unknown("no cache write with recorded shapes and no paged kernel name")
-    heads, kv = dims.get("heads", {}).get("value"), dims.get("kv_heads", {}).get("value")
-    if mla:
-        group = unknown("latent (MLA) attention caches one compressed latent per token, not KV heads")
-    elif heads and kv:
-        group = known(
-            heads // kv if heads % kv == 0 else heads / kv,
-            f"{heads} query heads over {kv} KV heads ({'MHA' if heads == kv else 'MQA' if kv == 1 else 'GQA'})",
-        )
-    else:
-        group = unknown("heads or KV heads unknown")
-    kv_dtype, dtype_ev = None, ""
-    written = dtypes.get(KV_STORE, {}).get("value")
-    if written and written.get("written") in DTYPE_BYTES:
-        kv_dtype, dtype_ev = written["written"], "the cache writes' dtype"
-    else:
-        for s in ATTENTION_KERNEL_STAGES:
-            v = dtypes.get(s, {}).get("value")
-            if v and v.get("key") in DTYPE_BYTES:
-                kv_dtype, dtype_ev = v["key"], f"the {s} ops' key dtype"
-                break
-    layers = dims.get("layers", {}).get("value")
-    vhd = dims.get("value_head_dim")
-    if mla:
-        per_token = unknown(
-            "latent (MLA) attention: bytes per token are the latent's, not 2 x KV heads x head size"
-        )
-    elif layers and kv and hd and kv_dtype and vhd and vhd != hd:
-        b = layers * kv * (hd + vhd) * DTYPE_BYTES[kv_dtype]
-        per_token = known(
-            b,
-            f"{layers} layers x {kv} KV heads x ({hd} key + {vhd} value head size, as the attention ops read "
-            f"them) x {DTYPE_BYTES[kv_dtype]} bytes ({kv_dtype}: {dtype_ev}), per rank",
-        )
-    elif layers and kv and hd and kv_dtype:
-        b = 2 * layers * kv * hd * DTYPE_BYTES[kv_dtype]
-        per_token = known(
-            b,
-            f"2 x {layers} layers x {kv} KV heads x {hd} head size x {DTYPE_BYTES[kv_dtype]} bytes ({kv_dtype}: {dtype_ev}), per rank",
-        )
-    else:
-        missing = [
-            n
-            for n, v in (("layers", layers), ("KV heads", kv), ("head size", hd), ("KV dtype", kv_dtype))
-            if not v
-        ]
-        per_token = unknown(f"{', '.join(missing)} unknown")
-    return {
-        "layout": layout,
-        "block_size": block,
-        "gqa_group": group,
-        "dtype": known(kv_dtype, dtype_ev)
-        if kv_dtype
-        else unknown("no cache write or attention op with recorded input types"),
-        "bytes_per_token": per_token,
-    }
 
 
 # --------------------------------------------------------------------------- hardware, speculation, latency
