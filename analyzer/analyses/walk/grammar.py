@@ -92,7 +92,7 @@ def _every_rule(_: str) -> bool:
 
 
 # the stages the region state machine decides (a GEMM's role; a top-k inside a MoE block), by index
-_ROLES = [*sorted(GEMM_STAGES), "moe_expert_gemm", "moe_topk"]
+_ROLES = (*sorted(GEMM_STAGES), "moe_expert_gemm", "moe_topk")
 _ROLE_INDEX = {s: i for i, s in enumerate(_ROLES)}
 
 
@@ -191,16 +191,16 @@ def _prepare(
     del names
     gemm = ks.stages(GEMM_STAGES)
     op_first, op_last = _gemm_ops(ks.seq, gemm, ks.names, ks.launch)
+    # (STR057 below relabels sampling-like kernels only: the lookups and attention stay where they are)
+    found = ks.stages(("embedding",)), ks.stages(ATTENTION)
     picked: list[int] = []
     if runs("attention-index-topk"):
         d = ks.decide()
-        lookup, attention = ks.stages(("embedding",)), ks.stages(ATTENTION)
         picked = _demote_attention_index_topk(
-            rows, d.stage, topk_rows[ks.seq] & ks.stages(SAMPLING_LIKE), attention, gemm | ks.normish | lookup,
+            rows, d.stage, topk_rows[ks.seq] & ks.stages(SAMPLING_LIKE), found[1], gemm | ks.normish | found[0],
             d.why,
         )  # fmt: skip
         ks.apply(d, refresh=bool(picked))
-    found = ks.stages(("embedding",)), ks.stages(ATTENTION)
     d = ks.decide()
     gathers = _demote_output_row_gathers(rows, d.stage, *found, op_first, ks.normish, d.why)
     d.count(OUTPUT_ROWS, gathers)  # the region labels them next: the final stage names that rule
@@ -300,6 +300,7 @@ def _walk(
     n, st, rows, stage = ks.n, ks.st, ks.rows, ks.stage
     normish, boundary, op_index, op_last = ks.normish, ahead.boundary, ahead.op_index, ahead.op_last
     # the decisions, one per GEMM kernel: a role's index and its rule's code per position
+    roles, index = list(_ROLES), dict(_ROLE_INDEX)  # this walk's roles (a mixer's stage may add one)
     role_at = np.full(n, -1, np.int8)
     rid_at = np.zeros(n, np.int16)
     mem = _Memory()
@@ -325,10 +326,10 @@ def _walk(
             role, rid, region, layer_no = _gemm_op(
                 ks, (role_at, rid_at), ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
             )
-            which = _ROLE_INDEX.get(role)
+            which = index.get(role)
             if which is None:  # a stage a pass before the walk gave a GEMM (a mixer's projection)
-                which = _ROLE_INDEX.setdefault(role, len(_ROLES))
-                _ROLES.append(role)
+                which = index[role] = len(roles)
+                roles.append(role)
             fresh = fresh and bool(ahead.rotary_next[k])  # the rotary module's product opens nothing
             norm_seen = False
             for q in range(p, b + 1):
@@ -356,7 +357,7 @@ def _walk(
         layer_of[p] = -1 if region in ("pre", "tail") else layer_no
         p += 1
     d = ks.decide()
-    d.label_table(ks.seq, role_at, _ROLES, rid_at)
+    d.label_table(ks.seq, role_at, roles, rid_at)
     ks.apply(d)
     return region_of, layer_of, mem.opened
 
