@@ -320,6 +320,7 @@ def telling_warnings(r: dict[str, Any]) -> list[str]:
 STAGE_WARNING = re.compile(
     r"layer structure not found|no LLM structure|placed by its position|GEMM roles from shapes"
     r"|activation inside a layer's attention input|GEMMs inside the layers that no role rule explains"
+    r"|attention outside every layer"
 )
 
 

@@ -403,6 +403,19 @@ def test_mla_latent_update_is_the_first_two_cache_writes_after_rope() -> None:
     assert kv == frozenset({6, 7}) and attention == frozenset()
 
 
+def test_ropes_repeat_is_the_one_ending_last_not_a_shorter_one_before_it() -> None:
+    # GIVEN MLA's region before the kv decompression GEMM where q and the latent are scaled first
+    # (three multiplies: a short repeat of its own), then RoPE on q and on k, the latent cache's
+    # two cats and the query's cat
+    scale = [("mul", "aten::mul")] * 3
+    unit = [("mul", "aten::mul"), ("mul", "aten::mul"), ("sub", "aten::sub"), ("cat", "aten::cat")]
+    tokens = tuple(scale + unit + unit + [("cat", "aten::cat")] * 3)
+    writes = (0,) * 3 + (0, 0, 0, STRONG_WRITE) * 2 + (STRONG_WRITE,) * 3
+    kv, attention = _kv_update_positions(tokens, writes, False)
+    # THEN RoPE ends after its second unit and the update is the two cats after it (not RoPE's own)
+    assert kv == frozenset({11, 12}) and attention == frozenset()
+
+
 def test_the_attention_output_copy_before_the_o_gemm_is_attention() -> None:
     # GIVEN a layer whose attention interface copies its output (transpose + contiguous) before o_proj
     copy: Kernel = ("elementwise", "elementwise_kernel<direct_copy_kernel_cuda>", "aten::copy_")

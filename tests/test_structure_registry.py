@@ -28,6 +28,7 @@ def _steps() -> list[tuple[str, ...]]:
         ("foreign-op-in-region",),
         ("activation-in-attention-input",),
         ("gemm-without-role-in-layer",),
+        ("attention-outside-layers",),
         ("shape-roles",),
     ]
 

@@ -81,3 +81,52 @@ def test_gates_where_rope_and_norms_sit_are_announced_with_their_layers() -> Non
     # WHEN analysed THEN the warning names the op and the layers
     said = [w for w in analyze_trace(trace, Options()).warnings if "placed by its position" in w]
     assert said and "aten::softplus" in said[0] and "layers 0, 1" in said[0]
+
+
+# ------------------------------------------------------------------ STR060 attention outside layers
+
+
+def test_attention_outside_the_layers_is_warned_with_its_kernels() -> None:
+    from analyzer.analyses.unexplained import attention_outside_layers_warning
+
+    # GIVEN two attention kernels in no layer (-1) among layers the walk found, a fifth of the time
+    outside = np.array([True, True, False, False])
+    names = ["flash_fwd_kernel", "flash_fwd_kernel", "nvjet_gemm", "flash_fwd_kernel"]
+    w = attention_outside_layers_warning(
+        outside, names, np.array([-1, -1, 0, 0]), np.array([10.0, 10.0, 40.0, 40.0]),
+        SimpleNamespace(attention_outside_layers_share=0.001),
+    )  # fmt: skip
+    # THEN the warning gives the share and names the kernels
+    assert w is not None and "20.0%" in w and "flash_fwd_kernel" in w and "outside the layers" in w
+    # AND none without such kernels
+    assert (
+        attention_outside_layers_warning(
+            np.zeros(4, bool),
+            names,
+            np.zeros(4),
+            np.ones(4),
+            SimpleNamespace(attention_outside_layers_share=0.001),
+        )
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("trace", "warned"),
+    [
+        # HunYuan-V4's indexer top-k read as sampling: the layers before it are lost
+        ("tests/cases/hy-v4-attention-outside-layers.json.xz", True),
+        # every attention kernel of a dense model and of a MoE model is a layer's
+        ("tests/cases/gemma4-unified-qk-norms-before-update.json.xz", False),
+        ("tests/cases/longcat-mla-rope-last-repeat.json.xz", False),
+    ],
+)
+def test_attention_outside_layers_on_real_cuts(trace: str, warned: bool) -> None:
+    from analyzer.options import Options
+    from analyzer.pipeline import analyze_trace
+    from analyzer.readers.case import read_case
+
+    # GIVEN a cut of a swept capture WHEN analysed THEN STR060 warns exactly where layers were lost
+    cut, _ = read_case(ROOT / trace)
+    said = [w for w in analyze_trace(cut, Options()).warnings if "attention outside every layer" in w]
+    assert bool(said) == warned

@@ -110,6 +110,7 @@ def classify_and_check(
     shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th, join)
     final = _stage_codes(stage, vocab)
     roleless = _roleless_gemms(run, final, vocab, dur, th)
+    lost = _attention_outside_layers(run, final, vocab, dur, th, ruleset.taxonomy.stage_category)
     source = _stage_sources(by_names, final, vocab, shaped)
     codes = np.frombuffer(why, np.int16).copy()
     codes[shaped] = SHAPE_ROLES
@@ -129,7 +130,7 @@ def classify_and_check(
     out = _with_columns(
         kernels.set_column(kernels.schema.get_field_index("norm_name"), "norm_name", cols["norm_name"]), extra
     )
-    extra_warnings = [w for w in (foreign, misplaced, roleless, disagree) if w]
+    extra_warnings = [w for w in (foreign, misplaced, roleless, lost, disagree) if w]
     return out, [*_check_warnings(out, undecided), *extra_warnings]
 
 
@@ -139,6 +140,21 @@ def _roleless_gemms(
     """STR059's warning: GEMMs inside the layers (a layer number) that kept no role (``gemm``)."""
     roleless = (final == vocab["gemm"]) & (run.layer >= 0) if "gemm" in vocab else np.zeros(0, bool)
     return unexplained.roleless_gemm_warning(roleless, run.norm, run.layer, dur, th, run.counts)
+
+
+def _attention_outside_layers(
+    run: StructureRun,
+    final: np.ndarray,
+    vocab: Mapping[str, int],
+    dur: np.ndarray,
+    th: Any,
+    category: Mapping[str, str],
+) -> str | None:
+    """STR060's warning: attention kernels in no layer, where the walk found layers."""
+    found = run.layer >= 0
+    attention = [c for s, c in vocab.items() if category.get(s) == "attention"]
+    outside = np.isin(final, attention) & ~found if found.any() else np.zeros(len(final), bool)
+    return unexplained.attention_outside_layers_warning(outside, run.norm, run.layer, dur, th, run.counts)
 
 
 def _with_columns(table: pa.Table, columns: Mapping[str, Any]) -> pa.Table:

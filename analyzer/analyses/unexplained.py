@@ -1,6 +1,6 @@
 """Kernels the layer walk cannot explain: placed by position only, under host ops foreign to that
 place (STR051); an activation inside a layer's attention input (STR058); GEMMs inside the layers
-that no role rule explains (STR059).
+that no role rule explains (STR059); attention outside every layer (STR060).
 
 Contract: a pure check after the walk; it changes no stage. The region defaults (STR034-STR040) and
 the expert block's dispatch / combine (STR025) give a generic kernel the stage of the place it sits
@@ -21,7 +21,9 @@ read as projections (a gated norm's MLP, per-layer input embeddings). Where such
 least ``attention_input_activation_share`` of the kernel time, the analysis warns, naming the layers
 and the kernels (STR058). So does a GEMM the walk placed inside a layer but gave no role (``gemm``),
 for at least ``roleless_gemm_share`` (STR059): the grammar met a block it does not know (a token
-mixer without an anchor kernel, Lightning attention's torch path).
+mixer without an anchor kernel, Lightning attention's torch path). And so do attention kernels in no
+layer where the walk found layers, for at least ``attention_outside_layers_share`` (STR060): the
+walk lost the layers there (an indexer's top-k read as sampling ends the forward early).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from analyzer.analyses.walk.registry import KNOWLEDGE
 FOREIGN_OPS = KNOWLEDGE.code_of("foreign-op-in-region")
 ACTIVATION_IN_ATTENTION_INPUT = KNOWLEDGE.code_of("activation-in-attention-input")
 ROLELESS_GEMM = KNOWLEDGE.code_of("gemm-without-role-in-layer")
+ATTENTION_OUTSIDE_LAYERS = KNOWLEDGE.code_of("attention-outside-layers")
 #: rule code of a position-only decision -> the host ops that do that place's work
 _PLACES = {
     KNOWLEDGE.code_of(name): frozenset(KNOWLEDGE.set_of(f"region_ops_{place}"))
@@ -135,6 +138,25 @@ def roleless_gemm_warning(
         "is GEMMs inside the layers that no role rule explains",
         "the layer grammar does not know this block (a token mixer no anchor marks, another kind of "
         "block), so the stages around them are a guess",
+    )  # fmt: skip
+
+
+def attention_outside_layers_warning(
+    outside: np.ndarray,
+    names: Sequence[str],
+    layer: np.ndarray,
+    dur: np.ndarray,
+    th: Any,
+    fired: Counter | None = None,
+) -> str | None:
+    """The warning for attention kernels in no layer where the walk found layers (``outside``, per
+    kernel row), or None below the share."""
+    return _unexplained(
+        np.flatnonzero(outside), names, layer, dur, th.attention_outside_layers_share, fired,
+        ATTENTION_OUTSIDE_LAYERS,
+        "is attention outside every layer, though the walk found layers",
+        "the walk took a layer's boundary for the forward's (an indexer's or a router's top-k read as "
+        "sampling, a GEMM as the LM head), so the stages and steps around them are a guess",
     )  # fmt: skip
 
 

@@ -133,19 +133,18 @@ def _last_square_end(
     limit: int,
     max_search: int = int(DEFAULT_THRESHOLDS.max_square_search),
 ) -> int:
-    """End of the last back-to-back repeated block (unit of >= 2 kernels, not only writes) found
-    greedily from the start of ``tokens[:limit]``; ``limit`` when there is none. A kernel is its
-    launching op where known (the same op on q and on k may pick another vectorized kernel)."""
+    """End of the last back-to-back repeated block (unit of >= 2 kernels, not only writes) in
+    ``tokens[:limit]``: the greatest end of any such block, so that a shorter repeat before RoPE
+    (a scale applied to q and to k, a norm's cast-and-multiply pairs) cannot hide RoPE's own q / k
+    repeat behind it; ``limit`` when there is none. A kernel is its launching op where known (the
+    same op on q and on k may pick another vectorized kernel)."""
     if limit > max_search:
-        return limit  # an unrecognised stretch, not a RoPE region: the search is quadratic and more
+        return limit  # an unrecognised stretch, not a RoPE region: the search is cubic and more
     tokens = tuple(t[1] or t[0] for t in tokens)
-    s, end = 0, None
-    while s < limit:
-        for size in range((limit - s) // 2, 1, -1):
-            if tokens[s : s + size] == tokens[s + size : s + 2 * size] and not all(writes[s : s + size]):
-                s += 2 * size
-                end = s
-                break
-        else:
-            s += 1
-    return limit if end is None else end
+    # blocks ending later first: the first found is the last block
+    for end in range(limit, 3, -1):
+        for size in range(2, end // 2 + 1):
+            s = end - 2 * size
+            if tokens[s : s + size] == tokens[s + size : end] and not all(writes[s : s + size]):
+                return end
+    return limit

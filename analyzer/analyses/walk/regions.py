@@ -122,13 +122,35 @@ def _label_generic(
             if reg == "mlp_out":
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
         if reg == "attn_in" and kv:
-            run = _label_attention_input(rows, run, p, q, stage, op_names, norm, why, th)
+            # a q / k norm's kernels (the learned norm shape around a norm cluster, STR041's) are
+            # neither RoPE's repeated sequence nor the cache's writes: the update does not see them
+            # (a cat or a store the shape's tail reaches is a write still)
+            inner = _inner_norms(clusters, p, q, shape, rows, norm, op_names)
+            seen = [i for i in run if i not in inner] if inner else run
+            left = _label_attention_input(rows, seen, p, q, stage, op_names, norm, why, th)
+            run = sorted({*left, *(i for i in run if i in inner)}) if inner else left
         d.label(seq[np.asarray(run, np.int64)], target, _REGION_RULE.get(reg, MOE_BLOCK))
     _region_codes(d, seq, region_of, region_code, generic_at[first:])
     yield d
 
 
 _BATCH = 1 << 16  # decisions per set (each a few tens of bytes)
+
+
+def _inner_norms(
+    clusters: tuple[list[int], list[int]] | None,
+    p: int,
+    q: int,
+    shape: dict[str, tuple[int, int]] | None,
+    rows: Sequence[int],
+    norm: Sequence[str],
+    op_names: Sequence[str | None],
+) -> set[int]:
+    """Positions in [p, q) of the norms of the learned shape, but their write ops (not a cast)."""
+    if not shape or clusters is None:
+        return set()
+    inside = _norm_windows(clusters, p, q, shape, rows, norm)
+    return {i for i in inside if _OP_WRITES.get(op_names[rows[i]], 0) != STRONG_WRITE}
 
 
 def _label_sandwich(
