@@ -32,10 +32,11 @@ def table():
 
 def test_truth_table_covers_every_region_capture_writes(table) -> None:
     truth = pytest.importorskip("analyzer.capture.truth", reason="capture needs torch")
-    # three places are not ranges capture writes: outside_forward, attention_inline (an
-    # attention_module range that entered no attention-interface function) and attention_gate (a
-    # gate_up_proj range inside an attention module)
-    places = {"outside_forward", "attention_inline", "attention_gate"}
+    # four places are not ranges capture writes: outside_forward, attention_inline (an
+    # attention_module range that entered no attention-interface function), attention_gate (a
+    # gate_up_proj range inside an attention module) and embedding_arithmetic (an embedding's
+    # kernel launched by no lookup op)
+    places = {"outside_forward", "attention_inline", "attention_gate", "embedding_arithmetic"}
     assert set(truth.REGIONS) | places == set(table.regions)
 
 
@@ -67,13 +68,15 @@ def test_attention_module_without_an_attention_range_is_inline_attention(table) 
     assert "flash_attention" in accepted[1] and "flash_attention" not in accepted[2]
 
 
-def test_a_gate_projection_inside_an_attention_module_is_the_attentions(table) -> None:
-    def ev(name, ts, dur, cat="user_annotation", corr=None, tid=1):
-        e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
-        if corr is not None:
-            e["args"] = {"correlation": corr}
-        return e
+def ev(name, ts, dur, cat="user_annotation", corr=None, tid=1):
+    """One raw trace event of the extraction tests (launch calls and kernels joined by ``corr``)."""
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+    if corr is not None:
+        e["args"] = {"correlation": corr}
+    return e
 
+
+def test_a_gate_projection_inside_an_attention_module_is_the_attentions(table) -> None:
     # GIVEN a gate_proj inside an attention module, and an MLP's gate_proj after it
     events = [
         ev("lkm::truth region=attention_module", 0, 20),
@@ -94,6 +97,26 @@ def test_a_gate_projection_inside_an_attention_module_is_the_attentions(table) -
     accepted = dict(zip(got["correlation"], got["accepted"], strict=True))
     assert "qkv_gemm" in accepted[1] and "gate_up_gemm" not in accepted[1]
     assert accepted[2] == ["gate_up_gemm"]
+
+
+def test_an_embeddings_own_arithmetic_is_a_place_of_its_own(table) -> None:
+    # GIVEN an embedding range whose module looks its rows up (aten::embedding) and computes a
+    # relative position bucket (aten::log) on the same thread
+    events = [
+        ev("lkm::truth region=embedding", 0, 100, "user_annotation"),
+        ev("aten::embedding", 10, 10, "cpu_op"),
+        ev("cudaLaunchKernel", 12, 1, "cuda_runtime", 1),
+        ev("aten::log", 30, 10, "cpu_op"),
+        ev("cudaLaunchKernel", 32, 1, "cuda_runtime", 2),
+        ev("indexSelectLargeIndex", 40, 1, "kernel", 1, tid=7),
+        ev("vectorized_elementwise_kernel", 50, 1, "kernel", 2, tid=7),
+    ]
+    got = extract_truth({"traceEvents": events}, table).to_pydict()
+    regions = dict(zip(got["correlation"], got["region"], strict=True))
+    accepted = dict(zip(got["correlation"], got["accepted"], strict=True))
+    # THEN the lookup is the embedding's only; the arithmetic may be generic work or the embedding's
+    assert regions == {1: "embedding", 2: "embedding_arithmetic"}
+    assert accepted[1] == ["embedding"] and {"elementwise", "embedding"} <= set(accepted[2])
 
 
 def test_truth_table_routes_gemm_and_kinds(table) -> None:

@@ -188,3 +188,32 @@ def test_expert_weight_gathers_get_their_own_range(tmp_path: Path) -> None:
 def test_the_lm_head_is_the_output_embedding_whatever_its_name(model_type: str, head: str) -> None:
     pytest.importorskip("transformers")
     assert _regions(model_type)[head] == "lm_head"
+
+
+# ----------------------------------------------------------------------------- storing a run
+
+
+def test_storing_a_partial_run_keeps_the_other_types_rows(tmp_path: Path) -> None:
+    import lzma
+
+    # GIVEN a stored sweep of two types, the second with a note on stale truth
+    dst, src = tmp_path / "fixtures", tmp_path / "run"
+    dst.mkdir()
+    rows = [
+        {"model_type": "a", "status": "captured", "trace": "trace.json.xz"},
+        {"model_type": "b", "status": "captured", "trace": "trace.json.xz", "truth_note": "stale"},
+    ]
+    (dst / sweep.SWEEP_JSON).write_text(json.dumps({"format_version": 1, "types": rows}))
+    # AND a run of type b alone (`--only b`)
+    (src / "b").mkdir(parents=True)
+    (src / "b" / "trace.json.xz").write_bytes(lzma.compress(b'{"traceEvents": []}'))
+    (src / "b" / "meta.json").write_text("{}")
+    run = {"format_version": 1, "types": [{"model_type": "b", "status": "captured"}]}
+    (src / sweep.SWEEP_JSON).write_text(json.dumps(run))
+    # WHEN stored
+    sweep.store(src, dst)
+    # THEN both types are listed, b's row is the new one (its stale note gone) and a's is kept
+    doc = json.loads((dst / sweep.SWEEP_JSON).read_text())
+    assert [r["model_type"] for r in doc["types"]] == ["a", "b"]
+    assert "truth_note" not in doc["types"][1] and (dst / "b" / "trace.json.xz").is_file()
+    assert doc["types"][0] == rows[0]

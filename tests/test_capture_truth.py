@@ -132,6 +132,34 @@ def test_module_regions_of_moe_blocks() -> None:
     assert by_name["lm_head"] == "lm_head" and by_name[""] == "model"
 
 
+def test_module_regions_of_bert_style_blocks_and_a_softmax_module() -> None:
+    import transformers
+
+    # GIVEN BERT-style decoder blocks (BertGeneration: `intermediate.dense`, `output.dense`, the
+    # attention's `output` holding o_proj, the residual add and the norm) and CPM-Ant's attention,
+    # whose softmax is an nn.Softmax module
+    cfg = transformers.AutoConfig.for_model(
+        "bert-generation", hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=128, vocab_size=128, is_decoder=True,
+    )  # fmt: skip
+    bert = transformers.AutoModelForCausalLM.from_config(cfg)
+    by_name = {n: module_regions(bert).get(m) for n, m in bert.named_modules()}
+    layer = "bert.encoder.layer.0."
+    # THEN the MLP's dense layers are its projections and the attention's output block is the layer's
+    assert by_name[layer + "intermediate.dense"] == "gate_up_proj"
+    assert by_name[layer + "output.dense"] == "down_proj"
+    assert by_name[layer + "attention.output"] == "layer"
+    assert by_name[layer + "attention.output.dense"] == "o_proj"
+    cfg = transformers.AutoConfig.for_model(
+        "cpmant", hidden_size=64, num_hidden_layers=1, num_attention_heads=2, dim_head=32, dim_ff=128,
+        vocab_size=128,
+    )  # fmt: skip
+    cpm = transformers.AutoModelForCausalLM.from_config(cfg)
+    softmax = [n for n, m in cpm.named_modules() if type(m).__name__ == "Softmax"]
+    # AND the attention's softmax module is the attention's own, no activation
+    assert softmax and all(module_regions(cpm).get(dict(cpm.named_modules())[n]) is None for n in softmax)
+
+
 def test_generate_steps_are_exact(generate) -> None:
     steps = _steps(generate[0])
     assert steps == generate[1]["steps"]

@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def store(src: Path, dst: Path) -> int:
     """``fixtures/sweep`` from a sweep's output: each captured type's ``trace.json.xz`` and
-    ``meta.json``, and ``sweep.json`` (every type, its status, reason and plan)."""
+    ``meta.json``, and ``sweep.json`` (every type, its status, reason and plan). A run of some types
+    (``--only``) replaces those types' rows of an existing ``sweep.json`` and keeps the others'."""
     import shutil
 
     doc = json.loads((src / SWEEP_JSON).read_text(encoding="utf-8"))
@@ -321,8 +322,14 @@ def store(src: Path, dst: Path) -> int:
             to_xz(src / t / "trace.json.gz", xz, remove=False)
         shutil.copyfile(src / t / "meta.json", dst / t / "meta.json")
         row["trace"], row["trace_bytes"] = "trace.json.xz", xz.stat().st_size
+    stored = sum(r["status"] == "captured" for r in doc["types"])
+    if (dst / SWEEP_JSON).is_file():
+        kept = json.loads((dst / SWEEP_JSON).read_text(encoding="utf-8"))
+        fresh = {r["model_type"]: r for r in doc["types"]}
+        rows = [fresh.pop(r["model_type"], r) for r in kept["types"]]
+        doc = {**kept, "types": sorted([*rows, *fresh.values()], key=lambda r: r["model_type"])}
     (dst / SWEEP_JSON).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"stored {sum(r['status'] == 'captured' for r in doc['types'])} traces in {dst}")
+    print(f"stored {stored} traces in {dst}")
     return 0
 
 

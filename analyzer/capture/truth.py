@@ -155,8 +155,9 @@ def _is_activation(mod: nn.Module, name: str) -> bool:
     )
 
 
-def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...]) -> str | None:
-    """The region of one module given its attribute name and its ancestors' regions (outermost first)."""
+def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...], parent: str = "") -> str | None:
+    """The region of one module given its attribute name, its ancestors' regions (outermost first)
+    and its parent's class name."""
     cls = _cls(mod)
     low, lname = cls.lower(), name.lower()
     if not ctx:
@@ -178,6 +179,8 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...]) -> str | None:
         return "embedding"
     if "norm" in low and "normal" not in low:
         return "norm"
+    if isinstance(mod, nn.Softmax) and inner == "attention_module":
+        return None  # an attention's softmax as a module (CPM-Ant's): the attention's own, no activation
     if _is_activation(mod, lname):
         return "activation"
     if lname == "experts" or low.endswith("experts"):
@@ -193,13 +196,21 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...]) -> str | None:
             return "lm_head"
         if lname in _QKV and inner != "mlp":  # an MLP's key/value (RWKV channel mixing) is not attention
             return "qkv_proj"
-        if lname in _O or (inner == "attention_module" and lname in _O_IN_ATTENTION):
+        if (
+            lname in _O
+            or (inner == "attention_module" and lname in _O_IN_ATTENTION)
+            or (lname == "dense" and parent.endswith("SelfOutput"))
+        ):
             return "o_proj"
-        if lname in _GATE_UP:
-            return "gate_up_proj"
+        if lname in _GATE_UP or (lname == "dense" and parent.endswith("Intermediate")):
+            return "gate_up_proj"  # BERT-style blocks: `intermediate.dense` is the MLP's up projection
+        if lname == "dense" and parent.endswith("Output") and not parent.endswith("SelfOutput"):
+            return "down_proj"  # ... and the layer's `output.dense` its down projection
         if lname in _DOWN or (inner == "mlp" and lname in _DOWN_IN_MLP):
             return "down_proj"
         return None
+    if cls.endswith("SelfOutput"):
+        return "layer"  # BERT-style: the attention's output projection, the residual add and the norm
     if _MIXER_CLS.search(cls) and not name.isdigit():
         return "mixer"
     if hasattr(mod, "experts"):
@@ -219,8 +230,8 @@ def module_regions(model: nn.Module) -> dict[nn.Module, str]:
     """The truth region of each module of ``model`` that gets one (the others inherit their parent's)."""
     out: dict[nn.Module, str] = {}
 
-    def visit(mod: nn.Module, name: str, ctx: tuple[str, ...], parent_list: bool) -> None:
-        region = _region_of(mod, name, ctx)
+    def visit(mod: nn.Module, name: str, ctx: tuple[str, ...], parent_list: bool, parent: str = "") -> None:
+        region = _region_of(mod, name, ctx, parent)
         if region is None and parent_list and name.isdigit() and ctx and ctx[-1] == "model":
             region = "layer"
         if region is not None and mod not in out:
@@ -228,7 +239,7 @@ def module_regions(model: nn.Module) -> dict[nn.Module, str]:
         sub = (*ctx, region) if region is not None else ctx
         is_list = isinstance(mod, nn.ModuleList) and name in _LAYER_LISTS
         for cname, child in mod.named_children():
-            visit(child, cname, sub, is_list)
+            visit(child, cname, sub, is_list, _cls(mod))
 
     visit(model, "", (), False)
     # the LM head is the model's output embedding, whatever it is called (`output_projection`,

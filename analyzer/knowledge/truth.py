@@ -25,6 +25,7 @@ class TruthTable:
     """``rules/truth.toml``: accepted stages per (region, GEMM host op, activity kind)."""
 
     gemm_ops: frozenset[str]
+    lookup_ops: frozenset[str]  # an embedding's lookups; its other kernels are the place embedding_arithmetic
     accepted: Mapping[tuple[str, bool, str], tuple[str, ...]]
     category_of: Mapping[str, str]  # stage -> category (rules/taxonomy.toml)
 
@@ -56,12 +57,15 @@ def truth_table_from(
 ) -> TruthTable:
     """Validate a parsed truth table (the schema of ``rules/truth.toml``)."""
     defaults = doc.get("defaults") or {}
-    bad = set(defaults) - {"gemm_ops", "memcpy", "memset"}
+    bad = set(defaults) - {"gemm_ops", "lookup_ops", "memcpy", "memset"}
     if bad:
         raise InputError(f"{where}: unknown [defaults] keys {sorted(bad)}")
     gemm_ops = defaults.get("gemm_ops") or []
     if not gemm_ops or not all(isinstance(x, str) for x in gemm_ops):
         raise InputError(f"{where}: [defaults] gemm_ops must be a list of op names")
+    lookup_ops = defaults.get("lookup_ops", [])
+    if not isinstance(lookup_ops, list) or not all(isinstance(x, str) for x in lookup_ops):
+        raise InputError(f"{where}: [defaults] lookup_ops must be a list of op names")
 
     def stages(v: Any, what: str) -> tuple[str, ...]:
         if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
@@ -95,7 +99,8 @@ def truth_table_from(
             accepted[(name, g, "kernel")] = gemm if g else other
             accepted[(name, g, "memcpy")] = memcpy
             accepted[(name, g, "memset")] = memset
-    missing = [p for p in PLACES if p not in seen]
+    # an embedding's kernels other than its lookups are a place of their own where lookups are named
+    missing = [p for p in (*PLACES, *(("embedding_arithmetic",) if lookup_ops else ())) if p not in seen]
     if missing:
         raise InputError(f"{where}: needs the region(s) {missing}")
-    return TruthTable(frozenset(gemm_ops), accepted, category_of)
+    return TruthTable(frozenset(gemm_ops), frozenset(lookup_ops), accepted, category_of)

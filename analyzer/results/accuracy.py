@@ -97,6 +97,8 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
             region = None
         elif region is None and (step is None or step[1]):
             region = "outside_forward"  # in a step whose forward had ranges, or outside every step
+        elif region == "embedding" and kind == "kernel" and table.lookup_ops and op not in table.lookup_ops:
+            region = "embedding_arithmetic"  # the module's position arithmetic, no lookup
         rows["correlation"].append(corr)
         rows["start_ns"].append(int(np.rint(ts * 1000.0)) + base)
         rows["name"].append(name)
