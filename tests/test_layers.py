@@ -448,3 +448,22 @@ def test_a_cast_before_the_next_projection_is_no_cache_write() -> None:
     kv, attention = _kv_update_positions((("bf16_copy", "aten::copy_"),), (WEAK_WRITE,), False)
     # THEN nothing is the KV-cache update (that needs cat / store ops before attention)
     assert kv == frozenset() and attention == frozenset()
+
+
+def test_a_rotary_tables_outer_product_is_rope_and_a_batched_projection_is_not() -> None:
+    from types import SimpleNamespace
+
+    from analyzer.analyses.rotary_tables import mark_rotary_tables
+
+    # GIVEN a cast, a bmm, the halves' cat, then cos and sin (a rotary table), twice: the first bmm an
+    # outer product (K = 1), the second a product over a hidden dimension (K = 64)
+    ops = ["aten::copy_", "aten::bmm", "aten::cat", "aten::cos", "aten::sin"] * 2
+    stage = ["elementwise", "gemm", "elementwise", "rope", "rope"] * 2
+    why = [0] * len(ops)
+    trig = np.array([op in ("aten::cos", "aten::sin") for op in ops])
+    th = SimpleNamespace(rotary_table_reach=3, rope_module_lead=2)
+    n = mark_rotary_tables(
+        np.arange(len(ops)), stage, ops, trig, why, th, lambda r: (1, 16) if r == 1 else (64, 16)
+    )
+    # THEN the first table's cast, bmm and cat are RoPE; the second bmm stays a GEMM
+    assert n == 3 and stage[:3] == ["rope"] * 3 and stage[6] == "gemm"

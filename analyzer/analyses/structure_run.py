@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from analyzer.analyses import attention_gates, dequantize, mixers, weight_gathers
+from analyzer.analyses import attention_gates, dequantize, mixers, rotary_tables, weight_gathers
 from analyzer.analyses.walk import eager_ops, grammar, moe, positions, registry, selfcheck
 from analyzer.analyses.walk.decisions import Decisions
 from analyzer.analyses.walk.registry import ATTENTION
@@ -55,6 +55,7 @@ class StructureRun:
     th: Any
     layer: np.ndarray
     front: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    trig: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # launched by a cos / sin op
     counts: Counter = field(default_factory=Counter)
     groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
     suspects: list[int] = field(default_factory=list)  # kernel rows the layer grammar has no place for
@@ -75,7 +76,7 @@ class StructureRun:
     ) -> StructureRun:
         norm = pylist(cols["norm_name"])
         int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column, join)
-        return cls(
+        run = cls(
             stage, why, op_names, op_dims, norm,
             kernels["launch_op_id"].to_numpy(zero_copy_only=False),
             moe.topk_candidates(norm, op_column),
@@ -85,6 +86,8 @@ class StructureRun:
             int_cast, vec_scale, gemm_shapes_on_demand(kernels, host_ops, op_names, join), th,
             np.full(kernels.num_rows, -1, np.int64),
         )  # fmt: skip
+        run.trig = dict_isin(op_column, list(registry.KNOWLEDGE.set_of("rotary_trig_ops")))
+        return run
 
     def count(self, rule: int, kernels: int) -> None:
         if kernels:
@@ -108,6 +111,7 @@ class StructureRun:
             "mixture-of-experts": bool(self.topk.any()) or any(s.startswith("moe_") for s in seen),
             "composed-attention": bool(self.softmax.any()),
             "sdpa-front-end": bool(self.front.any()),
+            "rotary-tables": bool(self.trig.any()),
             "token-mixers": "linear_attention" in seen or launched("depthwise_conv_ops", "mixer_anchor_ops"),
             "gated-attention": launched("gate_activation_ops"),
             "sparse-attention": bool(self.topk.any()) and any(s in ATTENTION for s in seen),
@@ -199,6 +203,14 @@ def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     d.count(attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, d.stage, r.op_names, d.why))
 
 
+def _rotary_tables(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
+    # before the walk: a rotary table's GEMM inside the layers is no projection
+    d.count(
+        rotary_tables.ROTARY_TABLE,
+        rotary_tables.mark_rotary_tables(seg, d.stage, r.op_names, r.trig, d.why, r.th, r.gemm_kn),
+    )
+
+
 def _in_registry_order(*passes: Pass) -> tuple[Pass, ...]:
     return tuple(sorted(passes, key=lambda p: registry.KNOWLEDGE.code_of(p.rule)))
 
@@ -213,6 +225,7 @@ PASSES_BEFORE_WALK = _in_registry_order(
     Pass("composed-attention", _composed_attention),
     Pass("sdpa-front-end", _sdpa_front_end),
     MIXER_SPAN,
+    Pass("rotary-table", _rotary_tables),
 )
 
 #: The passes after the walk and its self-check, in the registry's order.

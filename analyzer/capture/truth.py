@@ -197,7 +197,7 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...], parent: str = ""
         if lname in _QKV and inner != "mlp":  # an MLP's key/value (RWKV channel mixing) is not attention
             return "qkv_proj"
         if (
-            lname in _O
+            (lname in _O and inner != "mlp")  # an MLP's `Wo` (ModernBERT) is its down projection
             or (inner == "attention_module" and lname in _O_IN_ATTENTION)
             or (lname == "dense" and parent.endswith("SelfOutput"))
         ):
