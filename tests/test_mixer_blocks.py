@@ -134,7 +134,7 @@ def test_rule_groups_run_only_where_their_precondition_holds() -> None:
     names = {g.name for g in KNOWLEDGE.groups}
     assert names == {"quantized-linears", "expert-weights", "mixture-of-experts", "composed-attention",
                      "sdpa-front-end", "token-mixers", "gated-attention", "sparse-attention",
-                     "model-code-host-ops", "kv-cache-writes"}  # fmt: skip
+                     "model-code-host-ops", "kv-cache-writes", "rotary-tables"}  # fmt: skip
     assert "decide_groups" in vars(StructureRun)
     # GIVEN a dense bf16 capture with SDPA and an fla hybrid with gated attention WHEN analysed
     dense = analyze_stripped(str(ROOT / "fixtures/zoo/llama-sdpa-bf16/trace.json.gz"), False, (), None, None)
@@ -145,6 +145,7 @@ def test_rule_groups_run_only_where_their_precondition_holds() -> None:
     assert dense.rule_groups["mixture-of-experts"] is False  # greedy decoding: no top-k at all
     assert dense.rule_groups["sparse-attention"] is False
     assert dense.rule_groups["model-code-host-ops"] is True and dense.rule_groups["kv-cache-writes"] is True
+    assert dense.rule_groups["rotary-tables"] is True  # HF's rotary module takes cos and sin
     moe = analyze_stripped(
         str(ROOT / "fixtures/zoo/qwen3-moe-grouped-bf16/trace.json.gz"), False, (), None, None
     )

@@ -121,6 +121,8 @@ def _label_generic(
             run = _label_residual_add(rows, run, stage, op_names, why)
             if reg == "mlp_out":
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
+        if reg == "tail" and q < n and stage[rows[q]] == "embedding":
+            run = _label_next_forward_prologue(rows, run, p, q, stage, norm, why)
         if reg == "attn_in" and kv:
             # a q / k norm's kernels (the learned norm shape around a norm cluster, STR041's) are
             # neither RoPE's repeated sequence nor the cache's writes: the update does not see them
@@ -135,6 +137,29 @@ def _label_generic(
 
 
 _BATCH = 1 << 16  # decisions per set (each a few tens of bytes)
+
+
+NEXT_FORWARD_PROLOGUE = _ID("next-forward-prologue")
+
+
+def _label_next_forward_prologue(
+    rows: Sequence[int], run: list[int], p: int, q: int, stage: list[str], norm: Sequence[str], why: Any
+) -> list[int]:
+    """STR062: in a tail [p, q) that a later forward's embedding lookup ends, the generic kernels after its last
+    device-to-host copy (the generation loop's stop check) are the next forward's input preparation;
+    returns the generic kernels left for the tail's default."""
+    if not norm:
+        return run
+    sync = next(
+        (i for i in range(q - 1, p - 1, -1) if stage[rows[i]] == "memcpy" and "DtoH" in norm[rows[i]]), None
+    )
+    if sync is None:
+        return run
+    for i in run:
+        if i > sync:
+            stage[rows[i]] = "elementwise"
+            why[rows[i]] = NEXT_FORWARD_PROLOGUE
+    return [i for i in run if i < sync]
 
 
 def _inner_norms(
