@@ -24,11 +24,13 @@ from analyzer.analyses.walk.model_code import _label_first_norm, _label_rotary_m
 from analyzer.analyses.walk.moe import _label_moe_block
 from analyzer.analyses.walk.positions import _cluster_bounds, _is_add, _norm_windows
 from analyzer.analyses.walk.registry import (
+    _ADD_OPS,
     _ID,
     _REGION_RULE,
     COMPOSED_ATTENTION,
     DEFAULT_THRESHOLDS,
     GEMM_STAGES,
+    GENERIC,
     KNOWLEDGE,
     MOE_BLOCK,
 )
@@ -121,6 +123,8 @@ def _label_generic(
             run = _label_residual_add(rows, run, stage, op_names, why)
             if reg == "mlp_out":
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
+        if reg == "tail":
+            run = _label_lm_head_epilogue(rows, run, p, q, stage, op_names, why)
         if reg == "tail" and q < n and stage[rows[q]] == "embedding":
             run = _label_next_forward_prologue(rows, run, p, q, stage, norm, why)
         if reg == "attn_in" and kv:
@@ -140,6 +144,40 @@ _BATCH = 1 << 16  # decisions per set (each a few tens of bytes)
 
 
 NEXT_FORWARD_PROLOGUE = _ID("next-forward-prologue")
+LM_HEAD_EPILOGUE = _ID("lm-head-epilogue")
+_SOFTCAP_OPS = KNOWLEDGE.set_of("softcap_ops")
+
+
+def _label_lm_head_epilogue(
+    rows: Sequence[int],
+    run: list[int],
+    p: int,
+    q: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
+) -> list[int]:
+    """STR063: right after the LM head GEMM (just before the tail [p, q)), its bias add, or a logit
+    softcap (divide, tanh, multiply), is the model's own output work; returns the generic kernels
+    left for the tail's default."""
+    h = p - 1 if p > 0 and stage[rows[p - 1]] == "lm_head_gemm" else p
+    if h >= q or stage[rows[h]] != "lm_head_gemm" or h + 1 >= q:
+        return run
+    first = h + 1
+    if op_names[rows[first]] in _ADD_OPS and stage[rows[first]] in GENERIC:
+        picked = [first]
+    else:
+        t = next((i for i in (first, first + 1) if i < q and op_names[rows[i]] in _SOFTCAP_OPS), None)
+        if t is None or t + 1 >= q:
+            return run
+        picked = [i for i in range(first, t + 2) if i == t or stage[rows[i]] in GENERIC]
+        if len(picked) != t + 2 - first:
+            return run
+    for i in picked:
+        stage[rows[i]] = "elementwise"
+        why[rows[i]] = LM_HEAD_EPILOGUE
+    done = set(picked)
+    return [i for i in run if i not in done]
 
 
 def _label_next_forward_prologue(
