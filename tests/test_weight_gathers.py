@@ -39,6 +39,24 @@ def test_a_gather_of_stacked_weights_feeding_a_bmm_is_expert_work() -> None:
     assert (stage[1], why[1], done) == ("moe_expert_gemm", EXPERT_WEIGHT_GATHER, 1)
 
 
+def test_a_gather_of_stacked_expert_biases_is_expert_work() -> None:
+    # GIVEN GPT-OSS's two paths: a bias[expert_ids] of [17, 2880] before a grouped GEMM over
+    # [17, 1440, 2880] weights; and per token, a weight gather of [17, 1440, 2880] then its bias's
+    ops = ["aten::topk", "aten::index", "aten::_grouped_mm", "aten::index", "aten::index", "aten::bmm"]
+    dims = [
+        [[2, 17]], [[17, 2880], []], [[128, 1440], [17, 1440, 2880], [17]],
+        [[17, 1440, 2880], []], [[17, 2880], []], [[20, 1, 1440], [20, 1440, 2880]],
+    ]  # fmt: skip
+    stage, why, done = _run(
+        ops, dims, ["moe_topk", "moe_sort", "moe_expert_gemm", "moe_sort", "moe_sort", "gemm"]
+    )
+    # THEN every gather is the experts' work
+    assert done == 3 and stage[1] == stage[3] == stage[4] == "moe_expert_gemm"
+    # AND a token gather of [tokens, hidden] before a GEMM over other experts stays routing
+    stage, _, done = _run(ops[:3], [dims[0], [[20, 2048], []], dims[2]], ["moe_topk", "moe_sort", "gemm"])
+    assert done == 0 and stage[1] == "moe_sort"
+
+
 @pytest.mark.parametrize(
     ("ops", "dims", "topk_at"),
     [
