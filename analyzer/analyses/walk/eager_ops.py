@@ -356,9 +356,12 @@ def _norm_shape(
     other = np.concatenate([[0], np.cumsum(~was_generic)])
     ok = (tail <= th.max_norm_tail) & (other[np.maximum(nxt, last + 1)] == other[last + 1])
     cast_before = (first > 0) & was_generic[np.maximum(first - 1, 0)]
-    for c0, t, c in zip(first[ok].tolist(), tail[ok].tolist(), cast_before[ok].tolist(), strict=True):
+    for c0, t, c, g in zip(
+        first[ok].tolist(), tail[ok].tolist(), cast_before[ok].tolist(), nxt[ok].tolist(), strict=True
+    ):
         leads, tails = seen.setdefault(norm[rows[c0]], ([], []))
-        tails.append(t)
+        # a post-norm layer's residual add comes between its norm and the next GEMM: no norm's
+        tails.append(t - 1 if t > 0 and _is_add(rows[g - 1], op_names) else t)
         leads.append(int(c and _is_cast(rows[c0 - 1], norm, op_names)))
     if not seen:
         return None
