@@ -32,6 +32,16 @@ MOE_GLU_PRODUCT = _ID("moe-glu-product")
 
 # what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
 _ROUTING_TAIL_OPS = _V("routing_tail_ops")
+_FLOOR_OPS, _DIVISION_OPS = _V("routing_floor_ops"), _V("division_ops")
+
+
+def _in_routing_tail(op_names: Sequence[str | None], rows: Sequence[int], q: int, nxt: int) -> bool:
+    """Whether position ``q`` continues a router's top-k tail: a tail op, or a clamp right before a
+    division (the floor of the top-k weights' sum they are divided by)."""
+    op = op_names[rows[q]]
+    if op in _ROUTING_TAIL_OPS:
+        return True
+    return op in _FLOOR_OPS and q + 1 < nxt and op_names[rows[q + 1]] in _DIVISION_OPS
 
 
 _CAST_OPS = _V("cast_ops")
@@ -134,7 +144,7 @@ def _mark_routers(
                 why[rows[q]] = MOE_ROUTER
         last = topk[bisect.bisect_left(topk, nxt) - 1]  # the last top-k before the experts
         end = last + 1
-        while end < nxt and op_names[rows[end]] in _ROUTING_TAIL_OPS and st[end] in _ROUTING_PARTS:
+        while end < nxt and st[end] in _ROUTING_PARTS and _in_routing_tail(op_names, rows, end, nxt):
             end += 1
         for q in range(b + 1, end):
             if st[q] in _ROUTING_PARTS:

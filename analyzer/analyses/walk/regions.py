@@ -25,6 +25,7 @@ from analyzer.analyses.walk.moe import _label_moe_block
 from analyzer.analyses.walk.positions import _cluster_bounds, _is_add, _norm_windows
 from analyzer.analyses.walk.registry import (
     _ADD_OPS,
+    _COPY_OPS,
     _ID,
     _REGION_RULE,
     COMPOSED_ATTENTION,
@@ -120,6 +121,7 @@ def _label_generic(
             if inside:
                 _label_sandwich(rows, run, p, q, inside, stage, op_names, norm, why)
                 continue
+            run = _label_router_casts(rows, run, q, stage, op_names, why)
             run = _label_residual_add(rows, run, stage, op_names, why)
             if reg == "mlp_out":
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
@@ -244,6 +246,23 @@ def _label_sandwich(
                 break
             stage[rows[i]] = "moe_topk"
             why[rows[i]] = ROUTER_CAST
+
+
+def _label_router_casts(
+    rows: Sequence[int], run: list[int], q: int, stage: list[str], op_names: Sequence[str | None], why: Any
+) -> list[int]:
+    """The casts right before a router's GEMM (ending the region at ``q``: its input and weight cast
+    to float32 after a shared expert's down projection, ERNIE 4.5) are the router's (STR029);
+    returns the generic kernels before them."""
+    if q >= len(rows) or stage[rows[q]] != "moe_gate_gemm":
+        return run
+    k = len(run)
+    while k and run[k - 1] == q - (len(run) - k) - 1 and op_names[rows[run[k - 1]]] in _COPY_OPS:
+        k -= 1
+    for i in run[k:]:
+        stage[rows[i]] = "moe_topk"
+        why[rows[i]] = ROUTER_CAST
+    return run[:k]
 
 
 def _label_residual_add(
