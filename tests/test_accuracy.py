@@ -32,11 +32,18 @@ def table():
 
 def test_truth_table_covers_every_region_capture_writes(table) -> None:
     truth = pytest.importorskip("analyzer.capture.truth", reason="capture needs torch")
-    # four places are not ranges capture writes: outside_forward, attention_inline (an
+    # five places are not ranges capture writes (module_output: an mlp / inline attention's kernel
+    # after the module's last GEMM): outside_forward, attention_inline (an
     # attention_module range that entered no attention-interface function), attention_gate (a
     # gate_up_proj range inside an attention module) and embedding_arithmetic (an embedding's
     # kernel launched by no lookup op)
-    places = {"outside_forward", "attention_inline", "attention_gate", "embedding_arithmetic"}
+    places = {
+        "outside_forward",
+        "attention_inline",
+        "attention_gate",
+        "embedding_arithmetic",
+        "module_output",
+    }
     assert set(truth.REGIONS) | places == set(table.regions)
 
 
@@ -97,6 +104,32 @@ def test_a_gate_projection_inside_an_attention_module_is_the_attentions(table) -
     accepted = dict(zip(got["correlation"], got["accepted"], strict=True))
     assert "qkv_gemm" in accepted[1] and "gate_up_gemm" not in accepted[1]
     assert accepted[2] == ["gate_up_gemm"]
+
+
+def test_a_modules_residual_add_after_its_output_projection_is_a_place_of_its_own(table) -> None:
+    # GIVEN an MLP range whose module adds the residual itself after its down projection (Bloom's
+    # dropout_add), and an inline attention whose last GEMM is P @ V (no output projection)
+    events = [
+        ev("lkm::truth region=mlp", 0, 100),
+        ev("lkm::truth region=down_proj", 10, 10),
+        ev("aten::mm", 11, 5, "cpu_op"),
+        ev("cudaLaunchKernel", 12, 1, "cuda_runtime", 1),
+        ev("aten::add", 30, 5, "cpu_op"),
+        ev("cudaLaunchKernel", 31, 1, "cuda_runtime", 2),
+        ev("lkm::truth region=attention_inline", 200, 100),
+        ev("aten::bmm", 210, 5, "cpu_op"),
+        ev("cudaLaunchKernel", 211, 1, "cuda_runtime", 3),
+        ev("aten::copy_", 230, 5, "cpu_op"),
+        ev("cudaLaunchKernel", 231, 1, "cuda_runtime", 4),
+        *[ev("kernel", 400 + 10 * c, 1, "kernel", c, tid=7) for c in (1, 2, 3, 4)],
+    ]
+    got = extract_truth({"traceEvents": events}, table).to_pydict()
+    regions = dict(zip(got["correlation"], got["region"], strict=True))
+    accepted = dict(zip(got["correlation"], got["accepted"], strict=True))
+    # THEN the add after the down projection may be the residual add; the copy after P @ V stays
+    # the attention's own
+    assert regions == {1: "down_proj", 2: "module_output", 3: "attention_inline", 4: "attention_inline"}
+    assert "residual_add" in accepted[2]
 
 
 def test_an_embeddings_own_arithmetic_is_a_place_of_its_own(table) -> None:

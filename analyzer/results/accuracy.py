@@ -82,6 +82,7 @@ def extract_truth(doc: Mapping[str, Any], table: TruthTable) -> pa.Table:
     _mark_attention_gates(ranges)
     _mark_steps_with_ranges(steps, ranges)
     region_of, step_of, op_of = _innermost_at_launch(launches, ranges, steps, ops)
+    _mark_module_outputs(ranges, launches, region_of, op_of, table.gemm_ops)
     has_truth = bool(ranges)
     rows: dict[str, list[Any]] = {k: [] for k in ("correlation", "start_ns", "name", "dur_ns", "kind", "graph",
                                                   "region", "gemm_op", "phase", "accepted", "step_id",
@@ -185,6 +186,40 @@ def _mark_attention_gates(ranges: _Intervals) -> None:
                 k = bisect.bisect_right(starts, s) - 1
                 if k >= 0 and modules[k][1] >= end:
                     rs[i] = (s, end, "attention_gate")
+
+
+#: modules whose own code may end with the layer's residual add after their output projection
+_OUTPUT_MODULES = ("mlp", "attention_inline")
+_OUTPUT_PROJECTIONS = ("down_proj", "o_proj")
+
+
+def _mark_module_outputs(
+    ranges: _Intervals,
+    launches: dict[int, tuple[Any, float, bool]],
+    region_of: dict[int, str | None],
+    op_of: dict[int, str | None],
+    gemm_ops: frozenset[str],
+) -> None:
+    """A kernel launched in an MLP or an inline-attention module's own code after the module's last
+    GEMM, where that GEMM is its down or output projection (a ``down_proj`` / ``o_proj`` range), is
+    in the place ``module_output``: Bloom's and MPT's
+    modules add the residual themselves (``dropout_add``), so that add is the layer's residual add."""
+    by_thread: dict[Any, list[tuple[float, int]]] = defaultdict(list)
+    for corr, (thread, ts, _) in launches.items():
+        by_thread[thread].append((ts, corr))
+    for thread, rs in ranges.items():
+        pts = sorted(by_thread.get(thread, []))
+        times = [t for t, _ in pts]
+        for s, end, region in rs:
+            if region not in _OUTPUT_MODULES:
+                continue
+            inside = pts[bisect.bisect_left(times, s) : bisect.bisect_right(times, end)]
+            last = max((i for i, (_, c) in enumerate(inside) if op_of.get(c) in gemm_ops), default=None)
+            if last is None or region_of.get(inside[last][1]) not in _OUTPUT_PROJECTIONS:
+                continue  # the module's last GEMM is no output projection (GIT's attention: P @ V)
+            for _, c in inside[last + 1 :]:
+                if region_of.get(c) == region:
+                    region_of[c] = "module_output"
 
 
 def _mark_steps_with_ranges(steps: _Intervals, ranges: _Intervals) -> None:
