@@ -153,7 +153,20 @@ def _span(
             stage[rows[k]] == "norm" and any(op_names[rows[j]] in ADD_OPS for j in range(after, k))
         ):
             return s, start, g
+        if _linear(rows[k], op_names) and _attention_branch(rows, k, stage, reach, attention):
+            return s, start, g  # a parallel hybrid: the attention branch reads the same normed input
     return None
+
+
+def _attention_branch(rows: list[int], k: int, stage: list[str], reach: int, attention: Any) -> bool:
+    """Whether the linear GEMM at ``k`` opens a softmax-attention branch: attention follows it before
+    the next norm (Falcon-H1 runs its Mamba-2 mixer and its attention side by side on one norm)."""
+    for i in range(k + 1, min(len(rows), k + reach)):
+        if attention(rows[i]):
+            return True
+        if stage[rows[i]] == "norm":
+            return False
+    return False
 
 
 def _own_norm(rows: list[int], last_gemm: int, out: int, stage: list[str], gap: int) -> int:
