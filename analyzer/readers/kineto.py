@@ -418,8 +418,10 @@ def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 def _to_int32(values: np.ndarray | pa.Array) -> pa.Array:
     arr = np.asarray(values, dtype=np.float64)
     mask = np.isnan(arr) | (arr > 2**31 - 1) | (arr < -(2**31))
-    arr = np.where(mask, 0, arr)
-    return pa.array(arr.astype(np.int32), mask=mask)
+    with np.errstate(invalid="ignore"):
+        ints = arr.astype(np.int32)  # the masked slots are set just below: no float64 copy zeroed first
+    ints[mask] = 0
+    return pa.array(ints, mask=mask)
 
 
 def _fill0(col: pa.ChunkedArray | pa.Array) -> pa.Array:
