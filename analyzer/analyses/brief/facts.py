@@ -19,6 +19,7 @@ Nothing is inferred here: the brief (:mod:`analyzer.analyses.brief`) weighs thes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -79,8 +80,6 @@ def input_facts(
         return out
     op_rows = ops["row"].take(at.filter(pa.array(valid))).to_numpy(zero_copy_only=False).astype(np.int64)
     names, first, inverse = distinct_op_shapes(host_ops, op_rows, code[rows])
-    dims = host_ops["input_dims"].take(pa.array(op_rows[first])).to_pylist()
-    types = host_ops["input_types"].take(pa.array(op_rows[first])).to_pylist()
     kernels_per = np.bincount(inverse, minlength=len(first))
     # ops, not kernels, per group: a split-K GEMM launches two kernels for one op
     # one int per (group, op): a 1-D unique (np.unique(axis=1) sorts rows as bytes, far slower)
@@ -89,7 +88,7 @@ def input_facts(
     ops_per = np.bincount(uniq_ops, minlength=len(first))
     merged: dict[tuple[str, str, str | None, str | None, str | None, bool], list[int]] = {}
     qkv: dict[tuple[int, int], int] = {}
-    for g, (nm, d, ty) in enumerate(zip(names, dims, types, strict=True)):
+    for g, (nm, (d, ty)) in enumerate(zip(names, _shapes(host_ops, op_rows[first]), strict=True)):
         st = STAGES[int(code[rows[first[g]]])]
         act = weight = dest = None
         gemm = work.gemm(nm, d) if st in ALL_GEMM_STAGES else None
@@ -118,6 +117,21 @@ def input_facts(
         out["ops"].setdefault(st, []).append(row)
     out["qkv"] = [[k, n, c] for (k, n), c in sorted(qkv.items())]
     return out
+
+
+SHAPE_BLOCK = 1 << 12  # op shapes read as Python lists this many at a time
+
+
+def _shapes(host_ops: pa.Table, rows: np.ndarray) -> Iterator[tuple[Any, Any]]:
+    """``(input_dims, input_types)`` of the host-op ``rows``, in order, a block at a time: a trace
+    whose shapes change every step has millions of distinct ones (nested lists of ints)."""
+    for lo in range(0, len(rows), SHAPE_BLOCK):
+        at = pa.array(rows[lo : lo + SHAPE_BLOCK])
+        yield from zip(
+            host_ops["input_dims"].take(at).to_pylist(),
+            host_ops["input_types"].take(at).to_pylist(),
+            strict=True,
+        )
 
 
 def _stage_codes(column: Any) -> np.ndarray:
