@@ -19,7 +19,6 @@ Nothing is inferred here: the brief (:mod:`analyzer.analyses.brief`) weighs thes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ from analyzer.knowledge.attention_ops import AttentionOps
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
 from analyzer.knowledge.work_ops import WorkOps
 from analyzer.tables.dictionaries import dict_strings, objects
-from analyzer.tables.launches import OpJoin, distinct_op_shapes, joined
+from analyzer.tables.launches import OpJoin, distinct_op_shapes, joined, op_values
 
 KV_STORE = "kv_cache_store"
 STAGES = (*ALL_GEMM_STAGES, *ATTENTION_KERNEL_STAGES, KV_STORE)
@@ -96,7 +95,9 @@ def input_facts(
     ops_per = np.bincount(uniq_ops, minlength=len(first))
     merged: dict[tuple[str, str, str | None, str | None, str | None, bool], list[int]] = {}
     qkv: dict[tuple[int, int], int] = {}
-    for g, (nm, (d, ty)) in enumerate(zip(names, _shapes(host_ops, op_rows[first]), strict=True)):
+    for g, (nm, (d, ty)) in enumerate(
+        zip(names, op_values(host_ops, ("input_dims", "input_types"), op_rows[first]), strict=True)
+    ):
         st = STAGES[int(stage_of[g])]
         act = weight = dest = None
         gemm = work.gemm(nm, d) if st in ALL_GEMM_STAGES else None
@@ -133,21 +134,6 @@ def _distinct_pairs(inverse: np.ndarray, op_rows: np.ndarray) -> np.ndarray:
     pair += op_rows
     pair.sort()
     return pair[np.concatenate(([True], pair[1:] != pair[:-1]))] if len(pair) > 1 else pair
-
-
-SHAPE_BLOCK = 1 << 12  # op shapes read as Python lists this many at a time
-
-
-def _shapes(host_ops: pa.Table, rows: np.ndarray) -> Iterator[tuple[Any, Any]]:
-    """``(input_dims, input_types)`` of the host-op ``rows``, in order, a block at a time: a trace
-    whose shapes change every step has millions of distinct ones (nested lists of ints)."""
-    for lo in range(0, len(rows), SHAPE_BLOCK):
-        at = pa.array(rows[lo : lo + SHAPE_BLOCK])
-        yield from zip(
-            host_ops["input_dims"].take(at).to_pylist(),
-            host_ops["input_types"].take(at).to_pylist(),
-            strict=True,
-        )
 
 
 def _stage_codes(column: Any) -> np.ndarray:
