@@ -122,7 +122,8 @@ def classify_and_check(
         "category": dict_from_codes(
             final, [ruleset.taxonomy.stage_category.get(s, "other") for s in stage_names]
         ),
-        **{c: cols[c] for c in ("provider", "rule_id", "tile_m", "tile_n", "tile_k", "split_k", "group_key")},
+        **{c: cols[c] for c in ("provider", "rule_id")},
+        **_late_columns(cols),
         "layer": pa.array(np.where(run.layer >= 0, run.layer, 0).astype(np.int32), mask=run.layer < 0),
         "stage_source": dict_strings(source),
         "stage_rule": _used_codes(codes, rule_ids),
@@ -345,12 +346,16 @@ def _check_warnings(kernels: pa.Table, undecided: list[str]) -> list[str]:
 
 
 _INT_FIELDS = ("tile_m", "tile_n", "tile_k", "split_k")
+# read by nothing before the output: kept per distinct name until the end (_late_columns), not held
+# per kernel through the layer walk
+_LATE_FIELDS = (*_INT_FIELDS, "group_key")
 
 
 def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
     """Rule-table result per row, computed once per distinct name (STYLE habit 9).
 
-    ``stage`` is a Python list (later passes refine it); the other fields are Arrow arrays.
+    ``stage`` is a Python list (later passes refine it); the other fields are Arrow arrays, those of
+    :data:`_LATE_FIELDS` per distinct name (``per_name``, by ``name_codes``: :func:`_late_columns`).
     """
     names = kernels["name"].combine_chunks()
     if not isinstance(names, pa.DictionaryArray):
@@ -358,10 +363,13 @@ def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
     uniq = names.dictionary.to_pylist()
     by_name = {r["name"]: r for r in rules_mod.classify_names(uniq, ruleset)}
     indices = names.indices
-    cols: dict[str, Any] = {}
-    for f in ("norm_name", "stage", "provider", "rule_id", "group_key", *_INT_FIELDS):
+    cols: dict[str, Any] = {"name_codes": indices, "per_name": {}}
+    for f in ("norm_name", "stage", "provider", "rule_id", *_LATE_FIELDS):
         per_name = pa.array([by_name[u][f] for u in uniq], pa.int32() if f in _INT_FIELDS else pa.string())
-        cols[f] = per_name.take(indices) if f in _INT_FIELDS else dict_take(per_name, indices)
+        if f in _LATE_FIELDS:
+            cols["per_name"][f] = per_name
+        else:
+            cols[f] = dict_take(per_name, indices)
     # memcpy/memset rows are classified by kind, whatever their name says (the memory stages are
     # named as the activity kinds)
     kind = kernels["kind"].combine_chunks()
@@ -379,6 +387,15 @@ def classify_by_name(kernels: pa.Table, ruleset: Any) -> dict[str, Any]:
             cols[f] = dict_strings(pc.if_else(is_mem, value, cols[f].cast(pa.string())))
     cols["stage"] = pylist(cols["stage"])
     return cols
+
+
+def _late_columns(cols: Mapping[str, Any]) -> dict[str, pa.Array]:
+    """The :data:`_LATE_FIELDS` per kernel, from :func:`classify_by_name`'s values per name."""
+    at = cols["name_codes"]
+    return {
+        f: values.take(at) if f in _INT_FIELDS else dict_take(values, at)
+        for f, values in cols["per_name"].items()
+    }
 
 
 # --------------------------------------------------------------------------- 2. host-op hints

@@ -36,8 +36,9 @@ from analyzer.analyses.walk.positions import gemm_shape
 from analyzer.analyses.walk.registry import GEMM_STAGES
 from analyzer.knowledge.attention_ops import AttentionOps
 from analyzer.knowledge.work_ops import WorkOps
+from analyzer.tables import lookup
 from analyzer.tables.dictionaries import dict_isin, dict_strings
-from analyzer.tables.launches import OpJoin, distinct_op_shapes, joined
+from analyzer.tables.launches import OpJoin, distinct_op_shapes, joined, op_values
 
 __all__ = [
     "GemmShapes",
@@ -306,15 +307,15 @@ def _attention_sizes(
     names = [n for n in set(dict_strings(host_ops["name"]).dictionary.to_pylist()) if n]
     known = {n for n in names if (lay := attention.layout(n)) is not None and not lay.composed}
     rows = _rows_of(host_ops, known, trace) if known else np.empty(0, np.int64)
-    launchers = found[0]["row"].to_numpy(zero_copy_only=False).astype(np.int64)
-    rows = rows[np.isin(rows, launchers)]
+    # the ops that launched kernels: a sorted search (np.isin sorts both sets together, ~3 copies)
+    rows = rows[lookup.isin(rows, lookup.unique(found[0]["row"]))]
     if not len(rows):
         return None, None, None, None, 0
     group_names, first, inverse = distinct_op_shapes(host_ops, rows)
-    dims = host_ops["input_dims"].take(pa.array(rows[first])).to_pylist()
     seen: list[tuple[int, int, int, int]] = []
     count = 0
-    for g, (nm, d) in enumerate(zip(group_names, dims, strict=True)):
+    shapes = op_values(host_ops, ("input_dims",), rows[first])  # a step's KV length: millions of shapes
+    for g, (nm, (d,)) in enumerate(zip(group_names, shapes, strict=True)):
         lay = attention.layout(nm, d) if nm else None
         got = lay.read(d) if lay is not None else None
         if got is None or got.heads <= 0 or got.head <= 0:

@@ -322,17 +322,9 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
         if col in k.column_names and pc.any(pc.less(k[col], 0)).as_py():
             low = pc.min(k[col]).as_py()
             raise InputError(f"{meta.path}: GPU event with negative {col.replace('_', ' ')} ({low})")
-    # device ids: CUDA writes 0-based ids; ROCm writes HSA node ids (2, 5, 9 ...) -> rank them
-    dev_raw = _np(k["device"]) if k["device"].null_count == 0 else None
-    if dev_raw is None:
-        pid = k["pid"].to_pandas()
-        devcol = k["device"].to_pandas().fillna(pid).fillna(0).astype("int64").to_numpy()
-    else:
-        devcol = dev_raw.astype(np.int64)
-    if meta.extra.get("rocm"):
-        devcol = np.searchsorted(lookup.unique(devcol), devcol)
-    # launch linkage via correlation
+    # launch linkage via correlation (first: its lookup's temporaries are the read's largest)
     launch_api, graph = _launch_info(k, host)
+    devcol = _devices(k, bool(meta.extra.get("rocm")))
     start = _shift(k["ts"], base)
     order = pc.sort_indices(start)  # stable: ties keep file order
     cols: dict[str, Any] = {
@@ -343,7 +335,7 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
         "kind": lambda: k["cat"].cast(pa.string()),
         "start_ns": lambda: start,
         "dur_ns": lambda: k["dur"],
-        "device": lambda: pa.array(devcol.astype(np.int16)),
+        "device": lambda: pa.array(devcol),
         "stream": lambda: k["stream"] if k["stream"].null_count < n else k["tid"],
         "correlation": lambda: k["correlation"],
         "launch_op_id": lambda: k["external_id"],
@@ -378,6 +370,20 @@ def _kernels(parts: list[pa.Table], host: pa.Table, base: int, rank: int, meta: 
         if done:
             k = k.drop_columns(done)
     return pa.Table.from_arrays(arrays, schema=KERNEL_SCHEMA)
+
+
+def _devices(k: pa.Table, rocm: bool) -> np.ndarray:
+    """Device ids as int16: CUDA writes 0-based ids; ROCm writes HSA node ids (2, 5, 9 ...),
+    ranked here."""
+    dev_raw = _np(k["device"]) if k["device"].null_count == 0 else None
+    if dev_raw is None:
+        pid = k["pid"].to_pandas()
+        devcol = k["device"].to_pandas().fillna(pid).fillna(0).astype("int64").to_numpy()
+    else:
+        devcol = dev_raw.astype(np.int64)
+    if rocm:
+        devcol = np.searchsorted(lookup.unique(devcol), devcol)
+    return devcol.astype(np.int16)
 
 
 #: the workers' kernel columns read while the kernels table is built, each with the last column
@@ -418,8 +424,10 @@ def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 def _to_int32(values: np.ndarray | pa.Array) -> pa.Array:
     arr = np.asarray(values, dtype=np.float64)
     mask = np.isnan(arr) | (arr > 2**31 - 1) | (arr < -(2**31))
-    arr = np.where(mask, 0, arr)
-    return pa.array(arr.astype(np.int32), mask=mask)
+    with np.errstate(invalid="ignore"):
+        ints = arr.astype(np.int32)  # the masked slots are set just below: no float64 copy zeroed first
+    ints[mask] = 0
+    return pa.array(ints, mask=mask)
 
 
 def _fill0(col: pa.ChunkedArray | pa.Array) -> pa.Array:

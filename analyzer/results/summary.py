@@ -9,6 +9,7 @@ multi-rank run counts a step (one step index across the ranks) once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from analyzer.results.summary_rows import (
     top_kernels,
 )
 from analyzer.tables import intervals
-from analyzer.tables.frames import groups, only_columns
+from analyzer.tables.frames import category_codes, groups, only_columns
 
 FORMAT_VERSION = 2
 
@@ -173,8 +174,8 @@ def _pct(values: pd.Series | np.ndarray, q: float) -> int:
 def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str, Any]:
     from analyzer.knowledge.kernel_rules import category_labels
 
-    sub = df[df["phase"] == phase]
-    kernel_ns = int(sub["dur_ns"].sum())
+    of_phase = (df["phase"] == phase).to_numpy()
+    kernel_ns = int(df["dur_ns"].to_numpy().sum(where=of_phase))
     steps = analysis.steps
     st = steps[steps["phase"] == phase] if steps is not None and len(steps) else None
     run = run_steps(st) if st is not None else None
@@ -189,7 +190,7 @@ def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str,
         idle = float(1 - busy / span) if span else 0.0
     labels = category_labels()
     prof = []
-    for cat, g in sub.groupby("category", sort=False, observed=True):
+    for cat, g in _by_category(df, of_phase):
         t = int(g["dur_ns"].sum())
         prof.append(
             {
@@ -215,6 +216,16 @@ def phase_summary(df: pd.DataFrame, analysis: Analysis, phase: str) -> dict[str,
         "idle_fraction": idle,
         "profile": prof,
     }
+
+
+def _by_category(df: pd.DataFrame, rows: np.ndarray) -> Iterator[tuple[Any, pd.DataFrame]]:
+    """``(category, its rows' time and bound)`` for the ``rows`` of ``df`` (a mask), one category's
+    rows copied at a time: a filter of the phase's rows and a group-by over them copied them twice."""
+    codes, cats = category_codes(df["category"])
+    narrow = only_columns(df, "dur_ns", "bound")
+    for c in pd.unique(codes[rows]).tolist():
+        if c >= 0:
+            yield cats[c], narrow.iloc[np.flatnonzero(rows & (codes == c))]
 
 
 def run_steps(st: pd.DataFrame) -> pd.DataFrame:

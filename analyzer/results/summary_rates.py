@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.analyses.roofline import FLOPS_SOURCES
+from analyzer.tables.frames import SLICE_ROWS, category_codes
 
 # what roofline_fields and dominant_bound read
 RATE_COLUMNS = (
@@ -61,24 +62,53 @@ def dominant_bounds(
     if "bound" not in df or len(df) == 0:
         return {}
     if group is not None and index is not None:
-        ok = group >= 0  # (NaN: a row whose keys are missing)
-        by = pd.DataFrame(
-            {"_group": group, "bound": df["bound"].array, "dur_ns": df["dur_ns"].array}, copy=False
-        )
-        if not ok.all():
-            by = by[ok].astype({"_group": np.int64})
-        t = by.groupby(["_group", "bound"], observed=True, sort=False)["dur_ns"].sum().reset_index()
-        del by
-    else:
-        t = df.groupby(keys + ["bound"], observed=True, sort=False)["dur_ns"].sum().reset_index()
+        return _dominant_by_group(df, group, index)
+    t = df.groupby(keys + ["bound"], observed=True, sort=False)["dur_ns"].sum().reset_index()
     t = t[(t["bound"] != "unknown") & (t["dur_ns"] > 0)]
     # invalid only where nothing else holds: sorted after every real bound
     t = t.assign(_real=t["bound"] != "invalid").sort_values(["_real", "dur_ns"], ascending=False)
-    if group is not None and index is not None:
-        t = t.drop(columns="_real").drop_duplicates(["_group"])
-        return {index[g]: str(b) for g, b in zip(t["_group"].tolist(), t["bound"].tolist(), strict=True)}
     t = t.drop(columns="_real").drop_duplicates(keys)
     return {tuple(r[:-2]) if len(keys) > 1 else r[0]: str(r[-2]) for r in t.itertuples(index=False)}
+
+
+def _dominant_by_group(df: pd.DataFrame, group: np.ndarray, index: pd.Index) -> dict[tuple, str]:
+    """:func:`dominant_bounds` by each row's group number: the time of each (group, bound) pair
+    summed :data:`~analyzer.tables.frames.SLICE_ROWS` rows at a time (a group-by of two keys
+    holds ~60 bytes a row), ties going to the pair seen first, as a group-by in order of
+    appearance would."""
+    codes, cats = category_codes(df["bound"])
+    nb = max(len(cats), 1)
+    dur = df["dur_ns"].to_numpy()
+    pairs: dict[int, list[int]] = {}  # group * nb + bound -> [time, first row]
+    for lo in range(0, len(df), SLICE_ROWS):
+        hi = min(len(df), lo + SLICE_ROWS)
+        b = codes[lo:hi]
+        ok = (group[lo:hi] >= 0) & (b >= 0)
+        pair = group[lo:hi][ok].astype(np.int64) * nb + b[ok]
+        rows = np.flatnonzero(ok) + lo
+        order = np.argsort(pair, kind="stable")
+        pair = pair[order]
+        starts = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]])
+        times = np.add.reduceat(dur[rows[order]], starts) if len(starts) else starts
+        for p, t, first in zip(
+            pair[starts].tolist(), times.tolist(), rows[order][starts].tolist(), strict=True
+        ):
+            if p in pairs:
+                pairs[p][0] += t
+            else:
+                pairs[p] = [t, first]
+    names = [str(c) for c in cats]
+    # invalid only where nothing else holds: sorted after every real bound
+    ranked = sorted(
+        (p for p, (t, _) in pairs.items() if t > 0 and names[p % nb] != "unknown"),
+        key=lambda p: (names[p % nb] == "invalid", -pairs[p][0], pairs[p][1]),
+    )
+    out: dict[tuple, str] = {}
+    for p in ranked:
+        key = index[p // nb]
+        if key not in out:
+            out[key] = names[p % nb]
+    return out
 
 
 def invalid_rows(g: pd.DataFrame) -> np.ndarray:

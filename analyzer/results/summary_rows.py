@@ -21,7 +21,7 @@ from analyzer.results.summary_rates import (
     roof_dtypes,
     roofline_fields,
 )
-from analyzer.tables.frames import groups, only_columns
+from analyzer.tables.frames import SLICE_ROWS, category_codes, group_numbers, groups, only_columns
 
 TOP_KERNELS = 15
 
@@ -167,8 +167,9 @@ def _rate_sums(
         _pct_w=(df["pct_of_peak"] * df["dur_ns"]).where(has_pct, 0.0),
         _pct_ns=df["dur_ns"].where(has_pct, 0),
     )
-    grouped = df.groupby(keys, observed=True, sort=True)
-    agg = grouped.agg(
+    # by one group number per row: a group-by of the four keys holds ~60 bytes a row
+    group, index = group_numbers(df, keys)
+    agg = df.groupby(group, sort=True).agg(
         count=("count", "sum"),
         time_ns=("dur_ns", "sum"),
         flops=("flops", "sum"),
@@ -179,18 +180,32 @@ def _rate_sums(
         pct_w=("_pct_w", "sum"),
         pct_ns=("_pct_ns", "sum"),
     )
+    agg = agg[agg.index >= 0]  # (rows with a key missing)
+    agg.index = index
     # a group without a single number has no sum (NaN), not 0
     agg["flops"] = agg["flops"].where(agg["flops_n"] > 0)
     agg["bytes"] = agg["bytes"].where(agg["bytes_n"] > 0)
-    basis: dict[tuple, list[str]] = {}
-    if "flops_source" in df:
-        named = df[[*keys, "flops_source"]][known]  # these columns only: a filter of the frame copies each
-        for key, n in named.groupby([*keys, "flops_source"], observed=True, sort=False).size().items():
-            if n:
-                basis.setdefault(tuple(key[:-1]), []).append(str(key[-1]))
-    group = grouped.ngroup().to_numpy()
+    basis = _bases(df["flops_source"], known.to_numpy(), group, index) if "flops_source" in df else {}
     roofs = roof_dtypes(df, group, agg.index)
     return df, agg, basis, roofs, group
+
+
+def _bases(
+    source: pd.Series, known: np.ndarray, group: np.ndarray, index: pd.MultiIndex
+) -> dict[tuple, list[str]]:
+    """Per group (``group``: each row's group number among ``index``): the ``flops_source`` values
+    of its kernels with numbers (``known``), a few rows at a time."""
+    codes, cats = category_codes(source)
+    n = max(len(cats), 1)
+    pairs: set[int] = set()
+    for lo in range(0, len(codes), SLICE_ROWS):
+        sl = slice(lo, lo + SLICE_ROWS)
+        ok = known[sl] & (group[sl] >= 0) & (codes[sl] >= 0)
+        pairs.update(pd.unique(group[sl][ok] * n + codes[sl][ok]).tolist())
+    basis: dict[tuple, list[str]] = {}
+    for p in sorted(pairs):
+        basis.setdefault(tuple(index[p // n]), []).append(str(cats[p % n]))
+    return basis
 
 
 def _shares(g: pd.DataFrame, col: str) -> list[dict[str, Any]]:

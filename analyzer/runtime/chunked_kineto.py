@@ -44,6 +44,7 @@ from analyzer.runtime.pools import ENV_JOBS, can_fork
 MIN_BYTES = 48 << 20  # smaller traces: starting workers costs more than it saves
 CHUNK_BYTES = 16 << 20
 PROBE_BYTES = 1 << 20
+BATCH_BYTES = 32 << 20  # the workers' tables are joined this many bytes at a time (_Batches)
 
 
 class Fallback(Exception):
@@ -110,7 +111,8 @@ def stream(
 ) -> tuple[bytes | None, bytes, str]:
     """Parse ``path`` with ``jobs`` workers; return (prefix, tail, sha256 or "") of the top-level object.
 
-    ``add`` receives each chunk's tables in file order. A plain file is hashed beside the workers
+    ``add`` receives the tables in file order, each kind a few chunks' rows at a time
+    (:class:`_Batches`). A plain file is hashed beside the workers
     unless not ``hash_now`` (then the sha256 is ""); a gzip file is always hashed as it is
     decompressed here.
     """
@@ -120,6 +122,8 @@ def stream(
     sha = ""
     pool = pools.chunk_pool(jobs)  # joins our background threads first
     files = _Memfds()  # gzip: the decompressed chunks, kept until their workers are done
+    batches = _Batches(add)
+    add = batches.add
 
     def collect(item: tuple[Future[Any], int, tuple[str, int, int]]) -> bytes:
         tail = _collect(item[:2], add, progress)
@@ -153,6 +157,7 @@ def stream(
         if last is None:
             raise Fallback("no last chunk")
         tail = collect(last)
+        batches.flush()
     except BrokenProcessPool:
         raise Fallback("a worker died") from None
     finally:
@@ -174,6 +179,44 @@ def _collect(
     if progress:
         progress(done)
     return payload[3]
+
+
+class _Batches:
+    """Passes the workers' tables on a few megabytes at a time, each kind's chunks joined into one
+    table (the same rows in the same order, dictionaries unified as the reader would).
+
+    A chunk's columns are small buffers (a few kB to a few hundred kB) that share the memory pool's
+    pages with the other chunks' columns; the reader later frees them column by column, and a page
+    goes back to the system only once all of its buffers are free. Joined, each column of a batch is
+    one buffer of its own pages, freed whole (docs/performance.md, "third round")."""
+
+    def __init__(self, add: Callable[[pa.Table | None, pa.Table | None, pa.Table | None], None]) -> None:
+        self.out = add
+        self.pending: tuple[list[pa.Table], ...] = ([], [], [])
+        self.size = [0, 0, 0]
+
+    def add(self, *tables: pa.Table | None) -> None:
+        for i, t in enumerate(tables):
+            if t is not None and t.num_rows:
+                self.pending[i].append(t)
+                self.size[i] += t.nbytes
+                if self.size[i] >= BATCH_BYTES:
+                    self._pass(i)
+
+    def flush(self) -> None:
+        for i in range(3):
+            self._pass(i)
+
+    def _pass(self, i: int) -> None:
+        parts = self.pending[i]
+        if not parts:
+            return
+        joined = pa.concat_tables(parts, promote_options="default").unify_dictionaries().combine_chunks()
+        parts.clear()
+        self.size[i] = 0
+        tables: list[pa.Table | None] = [None, None, None]
+        tables[i] = joined
+        self.out(*tables)
 
 
 def _file_pieces(

@@ -10,8 +10,9 @@ module imports pandas only inside the functions that need it (the readers load n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,7 @@ from analyzer.tables.dictionaries import dict_isin, dict_strings
 
 __all__ = [
     "distinct_op_shapes",
+    "op_values",
     "enclosing_op",
     "following_ops",
     "launch_calls",
@@ -113,6 +115,18 @@ def distinct_op_shapes(
     np.minimum.at(first, inverse, np.arange(len(inverse)))
     dictionary = names.dictionary.to_pylist()
     return [dictionary[c] if c >= 0 else None for c in code[first].tolist()], first, inverse
+
+
+VALUE_BLOCK = 1 << 12  # host-op values read as Python objects this many rows at a time
+
+
+def op_values(host_ops: pa.Table, columns: Sequence[str], rows: np.ndarray) -> Iterator[tuple[Any, ...]]:
+    """The values of ``columns`` (e.g. the recorded shapes) of the host-op ``rows``, one tuple per
+    row in order, read a block at a time: a trace whose shapes change every step has millions of
+    distinct ones, nested lists of ints as Python objects."""
+    for lo in range(0, len(rows), VALUE_BLOCK):
+        at = pa.array(rows[lo : lo + VALUE_BLOCK])
+        yield from zip(*(host_ops[c].take(at).to_pylist() for c in columns), strict=True)
 
 
 def _shape_rank(sid: np.ndarray) -> np.ndarray:

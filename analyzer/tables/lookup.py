@@ -42,10 +42,17 @@ def pair(trace_id: Any, ids: Any) -> pa.Array:
 
 
 def unique(values: Any) -> np.ndarray:
-    """The distinct non-null values, sorted."""
+    """The distinct non-null values, sorted. A chunked array's chunks one at a time, then their
+    distinct values together: no copy of the whole column (the reader's external ids: millions)."""
+    if isinstance(values, pa.ChunkedArray) and values.num_chunks > 1:
+        return _sorted_unique(np.concatenate([unique(c) for c in values.chunks]))
     v, valid = ints(values)
     if valid is not None:
         v = v[valid]
+    return _sorted_unique(v)
+
+
+def _sorted_unique(v: np.ndarray) -> np.ndarray:
     s = np.sort(v, kind="stable")
     if len(s) < 2:
         return s

@@ -29,7 +29,7 @@ from analyzer.knowledge.attention_ops import AttentionOps
 from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, ATTENTION_KERNEL_STAGES
 from analyzer.knowledge.work_ops import WorkOps
 from analyzer.tables.dictionaries import dict_strings, objects
-from analyzer.tables.launches import OpJoin, distinct_op_shapes, joined
+from analyzer.tables.launches import OpJoin, distinct_op_shapes, joined, op_values
 
 KV_STORE = "kv_cache_store"
 STAGES = (*ALL_GEMM_STAGES, *ATTENTION_KERNEL_STAGES, KV_STORE)
@@ -70,6 +70,7 @@ def input_facts(
     if trace is not None:
         mask &= kernels["trace_id"].to_numpy(zero_copy_only=False) == trace
     rows = np.flatnonzero(mask)
+    del mask
     if not len(rows):
         return out
     at = pos.take(pa.array(rows))
@@ -77,20 +78,27 @@ def input_facts(
     rows = rows[valid]
     if not len(rows):
         return out
-    op_rows = ops["row"].take(at.filter(pa.array(valid))).to_numpy(zero_copy_only=False).astype(np.int64)
+    op_rows = (
+        ops["row"]
+        .take(at.filter(pa.array(valid)))
+        .to_numpy(zero_copy_only=False)
+        .astype(np.int64, copy=False)
+    )
+    del at, valid
     names, first, inverse = distinct_op_shapes(host_ops, op_rows, code[rows])
-    dims = host_ops["input_dims"].take(pa.array(op_rows[first])).to_pylist()
-    types = host_ops["input_types"].take(pa.array(op_rows[first])).to_pylist()
+    stage_of = code[rows[first]]  # each group's stage: the per-kernel arrays go before the op count
+    del code, rows
     kernels_per = np.bincount(inverse, minlength=len(first))
     # ops, not kernels, per group: a split-K GEMM launches two kernels for one op
     # one int per (group, op): a 1-D unique (np.unique(axis=1) sorts rows as bytes, far slower)
-    pair = inverse.astype(np.int64) * (int(op_rows.max()) + 1) + op_rows if len(op_rows) else op_rows
-    uniq_ops = np.unique(pair) // (int(op_rows.max()) + 1) if len(op_rows) else inverse
+    uniq_ops = _distinct_pairs(inverse, op_rows) // (int(op_rows.max()) + 1) if len(op_rows) else inverse
     ops_per = np.bincount(uniq_ops, minlength=len(first))
     merged: dict[tuple[str, str, str | None, str | None, str | None, bool], list[int]] = {}
     qkv: dict[tuple[int, int], int] = {}
-    for g, (nm, d, ty) in enumerate(zip(names, dims, types, strict=True)):
-        st = STAGES[int(code[rows[first[g]]])]
+    for g, (nm, (d, ty)) in enumerate(
+        zip(names, op_values(host_ops, ("input_dims", "input_types"), op_rows[first]), strict=True)
+    ):
+        st = STAGES[int(stage_of[g])]
         act = weight = dest = None
         gemm = work.gemm(nm, d) if st in ALL_GEMM_STAGES else None
         if gemm is not None:
@@ -120,12 +128,20 @@ def input_facts(
     return out
 
 
+def _distinct_pairs(inverse: np.ndarray, op_rows: np.ndarray) -> np.ndarray:
+    """``np.unique`` of one int per (group, op row), sorted in place (no copy for the sort)."""
+    pair = inverse.astype(np.int64) * (int(op_rows.max()) + 1)
+    pair += op_rows
+    pair.sort()
+    return pair[np.concatenate(([True], pair[1:] != pair[:-1]))] if len(pair) > 1 else pair
+
+
 def _stage_codes(column: Any) -> np.ndarray:
     """Each kernel's index into :data:`STAGES` (-1: another stage), from the column's dictionary:
     one lookup per distinct stage."""
     codes = dict_strings(column)
     index = {s: i for i, s in enumerate(STAGES)}
-    table = np.array([index.get(s, -1) for s in codes.dictionary.to_pylist()] + [-1], np.int64)
+    table = np.array([index.get(s, -1) for s in codes.dictionary.to_pylist()] + [-1], np.int8)
     return table[codes.indices.fill_null(len(table) - 1).to_numpy(zero_copy_only=False)]
 
 

@@ -203,15 +203,12 @@ def _steps_from_annotations(
         if b.start_ns < a.end_ns:
             warnings.append(f"trace {tid}: overlapping step annotations {a.name!r} and {b.name!r}")
             break
-    start = df["start"][idx]
-    key = start if on_gpu else launch_ts[idx]
     rows = []
     k_start = df["start"]
     k_dur = df["dur"]
     # launch times are nearly, not exactly, in kernel order: a step's kernels are found by a
     # sorted search on them, then put back in kernel order (a mask per step is quadratic)
-    by_launch = None if on_gpu else np.argsort(key, kind="stable")
-    sorted_key = key if on_gpu else key[by_launch]
+    by_launch, sorted_key = _sorted_keys(k_start[idx] if on_gpu else launch_ts[idx], on_gpu)
     for s, a in enumerate(use):
         lo = np.searchsorted(sorted_key, a.start_ns, side="left")
         hi = np.searchsorted(sorted_key, a.end_ns, side="left")
@@ -232,6 +229,15 @@ def _steps_from_annotations(
         )
         rows.append(_step_row(tid, df, members, s, label, lo_t, hi_t, "annotation:" + a.name[:60]))
     return rows
+
+
+def _sorted_keys(key: np.ndarray, in_order: bool) -> tuple[np.ndarray | None, np.ndarray]:
+    """The order that sorts ``key`` (None: ``in_order``, already sorted) and ``key`` sorted; the
+    unsorted copy is not kept beside them (8 bytes a kernel)."""
+    if in_order:
+        return None, key
+    by_launch = np.argsort(key, kind="stable")
+    return by_launch, key[by_launch]
 
 
 def merge_nested(anns: list[StepAnnotation]) -> list[StepAnnotation]:

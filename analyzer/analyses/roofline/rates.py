@@ -21,7 +21,7 @@ from analyzer.knowledge import hardware
 from analyzer.tables.dictionaries import dict_isin, objects
 
 BOUNDS = ("unknown", "compute", "memory", "latency", "invalid")
-_BOUND_CODE = {b: i for i, b in enumerate(BOUNDS)}
+_BOUND_CODE = {b: np.int8(i) for i, b in enumerate(BOUNDS)}  # int8: np.where of Python ints makes int64
 LATENCY_NS = 10_000  # a kernel shorter than this that reaches < LATENCY_PCT of its roof
 LATENCY_PCT = 0.10
 
@@ -37,7 +37,7 @@ def rates(
         tbps = np.where(dur > 0, nbytes / dur / 1e3, np.nan)  # byte/ns = GB/s; /1e3 -> TB/s
         intensity = np.where(nbytes > 0, flops / nbytes, np.nan)
     n = len(dur)
-    pct = np.full(n, np.nan)
+    pct = np.full(n, np.nan) if spec is None else None  # else made below, once what it reads is known
     code = np.zeros(n, np.int8)  # positions in BOUNDS: no per-row strings for millions of kernels
     roof_names: list[str] = []  # the dtypes whose peaks the roofs use (roof_dtype), by code
     roof_code = np.full(n, -1, np.int32)
@@ -59,21 +59,25 @@ def rates(
         has = ~(np.isnan(tbps) & np.isnan(tflops))
         roof_code[~has] = -1
         over = has & ((~np.isnan(tflops) & (tflops > peak)) | (~np.isnan(tbps) & (tbps > bw)))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            roof = np.where(np.isnan(intensity), peak, np.minimum(peak, intensity * bw))
-            compute_pct = np.where(roof > 0, tflops / roof, np.nan)
         has_flops = has & ~over & (np.nan_to_num(flops) > 0) & ~np.isnan(peak)
-        mem_only = has & ~over & ~has_flops
-        pct = np.where(has_flops, compute_pct, np.where(mem_only, tbps / bw, np.nan))
-        del roof, compute_pct, mem_only  # per-kernel temporaries go as soon as they are read
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # the share of the roof reached: FLOP/s over the roof with FLOPs, else TB/s over the
+            # bandwidth (the two sets are apart); each per-kernel temporary goes once read
+            pct = np.where(has & ~over & ~has_flops, tbps / bw, np.nan)
+            roof = np.where(np.isnan(intensity), peak, np.minimum(peak, intensity * bw))
+            compute_pct = np.full(n, np.nan)
+            np.divide(tflops, roof, out=compute_pct, where=roof > 0)
+            del roof
+            np.copyto(pct, compute_pct, where=has_flops)
+            del compute_pct
         kind = np.where(has_flops & (intensity >= peak / bw), _BOUND_CODE["compute"], _BOUND_CODE["memory"])
         latency = (dur < LATENCY_NS) & (pct < LATENCY_PCT)
         ok = has & ~over
         code = np.where(ok, np.where(latency, _BOUND_CODE["latency"], kind), code)
-        code = np.where(over, _BOUND_CODE["invalid"], code).astype(np.int8)
+        code = np.where(over, _BOUND_CODE["invalid"], code)
         del kind, latency, ok, has_flops, has, peak
-        tflops = np.where(over, np.nan, tflops)
-        tbps = np.where(over, np.nan, tbps)
+        tflops[over] = np.nan  # (both made above: written in place)
+        tbps[over] = np.nan
     del dur
     return {
         "flops": flops,
