@@ -93,11 +93,33 @@ def input_facts(
     # one int per (group, op): a 1-D unique (np.unique(axis=1) sorts rows as bytes, far slower)
     uniq_ops = _distinct_pairs(inverse, op_rows) // (int(op_rows.max()) + 1) if len(op_rows) else inverse
     ops_per = np.bincount(uniq_ops, minlength=len(first))
-    merged: dict[tuple[str, str, str | None, str | None, str | None, bool], list[int]] = {}
-    qkv: dict[tuple[int, int], int] = {}
-    for g, (nm, (d, ty)) in enumerate(
-        zip(names, op_values(host_ops, ("input_dims", "input_types"), op_rows[first]), strict=True)
+    values = op_values(host_ops, ("input_dims", "input_types"), op_rows[first])
+    merged, qkv = _merged_groups(names, values, stage_of, kernels_per, ops_per, attention, work)
+    for (st, nm, act, weight, dest, front), (k, n) in sorted(
+        merged.items(), key=lambda kv: (kv[0][0], -kv[1][0], kv[0][1])
     ):
+        row = {"op": nm, "dtype": act, "weight_dtype": weight, "dest": dest, "kernels": k, "ops": n}
+        if front:
+            row["attention_op"] = True  # an attention front end (rules/attention_ops.toml): q, k, v inputs
+        out["ops"].setdefault(st, []).append(row)
+    out["qkv"] = [[k, n, c] for (k, n), c in sorted(qkv.items())]
+    return out
+
+
+def _merged_groups(
+    names: Any,
+    values: Any,
+    stage_of: np.ndarray,
+    kernels_per: np.ndarray,
+    ops_per: np.ndarray,
+    attention: AttentionOps,
+    work: WorkOps,
+) -> tuple[dict[Any, list[int]], dict[tuple[int, int], int]]:
+    """The distinct (op, shapes) groups merged by (stage, op, activation / weight dtype, KV store
+    destination, attention front end) into [kernels, ops]; and the QKV GEMMs' (K, N) -> ops."""
+    merged: dict[Any, list[int]] = {}
+    qkv: dict[tuple[int, int], int] = {}
+    for g, (nm, (d, ty)) in enumerate(zip(names, values, strict=True)):
         st = STAGES[int(stage_of[g])]
         act = weight = dest = None
         gemm = work.gemm(nm, d) if st in ALL_GEMM_STAGES else None
@@ -117,15 +139,7 @@ def input_facts(
         merged.setdefault(key, [0, 0])
         merged[key][0] += int(kernels_per[g])
         merged[key][1] += int(ops_per[g])
-    for (st, nm, act, weight, dest, front), (k, n) in sorted(
-        merged.items(), key=lambda kv: (kv[0][0], -kv[1][0], kv[0][1])
-    ):
-        row = {"op": nm, "dtype": act, "weight_dtype": weight, "dest": dest, "kernels": k, "ops": n}
-        if front:
-            row["attention_op"] = True  # an attention front end (rules/attention_ops.toml): q, k, v inputs
-        out["ops"].setdefault(st, []).append(row)
-    out["qkv"] = [[k, n, c] for (k, n), c in sorted(qkv.items())]
-    return out
+    return merged, qkv
 
 
 def _distinct_pairs(inverse: np.ndarray, op_rows: np.ndarray) -> np.ndarray:
