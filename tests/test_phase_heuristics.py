@@ -83,6 +83,23 @@ def test_without_embedding_a_forward_starts_after_lm_head() -> None:
     assert got.tolist() == [0, n, 2 * n]
 
 
+def test_a_lookup_inside_the_layers_starts_no_forward() -> None:
+    # GIVEN three forwards whose second layer gathers its tokens with an op the hints call an
+    # embedding lookup (a MoE block's index_select), each forward ending in its LM head
+    one = ["embedding"] + LAYER + ["embedding"] + LAYER + ["norm", "lm_head_gemm", "sampling"]
+    stages = np.array(one * 3)
+    # WHEN the forward starts are found
+    dropped: list[int] = []
+    got = forward_starts(stages, dropped)
+    # THEN only each forward's first lookup starts one (PHS037), and the inner ones are reported
+    n, inner = len(one), 1 + len(LAYER)
+    assert got.tolist() == [0, n, 2 * n]
+    assert dropped == [inner, n + inner, 2 * n + inner]
+    # AND without LM heads (the layers alone) every lookup still starts a forward
+    bare = np.array([s for s in one if s != "lm_head_gemm"] * 2)
+    assert len(forward_starts(bare)) == 4
+
+
 def test_no_attention_no_embedding_means_no_forward() -> None:
     stages = np.array(["gemm", "elementwise", "gemm"])
     assert forward_starts(stages).tolist() == []

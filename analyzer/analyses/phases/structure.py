@@ -23,6 +23,7 @@ from analyzer.analyses.phases.registry import (
     GRAPH_LAUNCH_START,
     HEAVY_PREFIX,
     HEAVY_STAGES,
+    LOOKUP_IN_LAYERS,
     UNSHAPED_PREFILL_RUN,
 )
 from analyzer.analyses.phases.steps import _step_row
@@ -39,7 +40,7 @@ def _stage_is(stages: Any, wanted: Sequence[str]) -> np.ndarray:
     return np.isin(np.asarray(stages), list(wanted))
 
 
-def forward_starts(stages: Any) -> np.ndarray:
+def forward_starts(stages: Any, dropped: list[int] | None = None) -> np.ndarray:
     """Positions (in time order) where a forward begins: its first embedding lookup; for a forward without
     an embedding kernel (compiled into a fused kernel, replayed from a graph, run on the host), the
     first norm / QKV GEMM / attention kernel after the previous forward's LM head. ``stages``: the
@@ -57,6 +58,14 @@ def forward_starts(stages: Any) -> np.ndarray:
     is_open = _stage_is(stages, ("norm", "qkv_gemm", "embedding", *ATTENTION_KERNEL_STAGES))
     opens = np.flatnonzero(is_open)
     lm = np.flatnonzero(_stage_is(stages, ("lm_head_gemm",)))
+    if len(lm) and len(starts) > 1:
+        # PHS037: where the forwards end in an LM head, a lookup after attention but before the
+        # forward's LM head is the layers' own (a MoE block's token gather by index_select), no
+        # forward's start
+        kept = _after_lm_heads(starts, lm, attn)
+        if dropped is not None:
+            dropped.extend(sorted(set(starts) - set(kept)))
+        starts = kept
     if not starts:
         starts = [0]
     for p in lm.tolist():
@@ -64,6 +73,18 @@ def forward_starts(stages: Any) -> np.ndarray:
         if k < len(opens) and not is_emb[opens[k]]:
             starts.append(int(opens[k]))
     return np.unique(np.asarray(starts, np.int64))
+
+
+def _after_lm_heads(starts: list[int], lm: np.ndarray, attn: np.ndarray) -> list[int]:
+    """The forward starts but those with attention and no LM head since the start kept before them."""
+    seen_attn = np.concatenate([[0], np.cumsum(attn)])
+    kept = [starts[0]]
+    for s in starts[1:]:
+        head = int(np.searchsorted(lm, s)) - int(np.searchsorted(lm, kept[-1]))
+        if head == 0 and seen_attn[s] > seen_attn[kept[-1]]:
+            continue
+        kept.append(s)
+    return kept
 
 
 MAX_STAGING_FILLS = int(DEFAULT_THRESHOLDS.max_staging_fills)
@@ -165,7 +186,8 @@ def _cut_steps(
     the steps, the ids of the rules that found each, and their source (``forward`` or ``gaps``)."""
     stages = df["stage"][idx]
     taken = df["stage_dict"].take(pa.array(idx))
-    found = forward_starts(taken)
+    dropped: list[int] = []
+    found = forward_starts(taken, dropped)
     starts = _graph_launch_start(found, df["corr"][idx], df["graph"][idx], df["fill"][idx], th)
     moved = set(starts.tolist()) - set(found.tolist())  # starts a graph replay moved back
     source, finder = "forward", FORWARD_STARTS
@@ -189,7 +211,13 @@ def _cut_steps(
         prefix = lead
     bounds = list(starts.tolist()) + [len(idx)]
     found_by = [
-        (finder, HEAVY_PREFIX) if a == prefix else (finder, GRAPH_LAUNCH_START) if a in moved else (finder,)
+        (finder, HEAVY_PREFIX)
+        if a == prefix
+        else (finder, GRAPH_LAUNCH_START)
+        if a in moved
+        else (finder, LOOKUP_IN_LAYERS)
+        if any(a < d < b for d in dropped)
+        else (finder,)
         for a, b in zip(bounds, bounds[1:], strict=False)
         if b > a
     ]
