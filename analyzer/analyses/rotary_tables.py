@@ -44,8 +44,10 @@ def mark_rotary_tables(
     at = np.flatnonzero(trig[seg])
     if not len(at):
         return 0
-    rows = seg.tolist() if len(seg) < 4 * len(at) else None
-    row = (lambda i: rows[i]) if rows is not None else (lambda i: int(seg[i]))
+
+    def row(i: int) -> int:  # a few positions per table: no list of the whole segment
+        return int(seg[i])
+
     reach, lead = int(th.rotary_table_reach), int(th.rope_module_lead)
     marked, done = 0, -1
     for p in at.tolist():

@@ -210,15 +210,19 @@ def _cut_steps(
         starts = np.unique(np.concatenate([[lead], starts]))
         prefix = lead
     bounds = list(starts.tolist()) + [len(idx)]
+    # per segment: a lookup PHS037 kept from starting a forward lies inside it (one search, not a
+    # scan of the lookups per segment: a MoE trace drops one per layer and step)
+    lo = np.searchsorted(dropped, bounds[:-1], side="right")
+    inside = (lo < np.searchsorted(dropped, bounds[1:], side="left")).tolist()
     found_by = [
         (finder, HEAVY_PREFIX)
         if a == prefix
         else (finder, GRAPH_LAUNCH_START)
         if a in moved
         else (finder, LOOKUP_IN_LAYERS)
-        if any(a < d < b for d in dropped)
+        if inside[k]
         else (finder,)
-        for a, b in zip(bounds, bounds[1:], strict=False)
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
         if b > a
     ]
     segments = [idx[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]

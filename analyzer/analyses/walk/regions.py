@@ -127,8 +127,8 @@ def _label_generic(
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
         if reg == "tail":
             run = _label_lm_head_epilogue(rows, run, p, q, stage, op_names, why)
-        if reg == "tail" and q < n and stage[rows[q]] == "embedding":
-            run = _label_next_forward_prologue(rows, run, p, q, stage, norm, why)
+            if q < n and stage[rows[q]] == "embedding":
+                run = _label_next_forward_prologue(rows, run, p, q, stage, norm, why)
         if reg == "attn_in" and kv:
             # a q / k norm's kernels (the learned norm shape around a norm cluster, STR041's) are
             # neither RoPE's repeated sequence nor the cache's writes: the update does not see them
