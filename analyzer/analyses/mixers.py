@@ -13,7 +13,8 @@ output projection: the first linear GEMM after the anchor that the next norm fol
 between and a residual add before it. Inside it: linear GEMMs before the output projection are
 input projections (``qkv_gemm``: Mamba's x_proj / dt_proj too), the norm kernels after the core's
 last GEMM (with one cast right before them: a composed norm's upcast) are the mixer's own norm
-(``norm``), copies keep their memory stage, everything else is the core (``linear_attention``: its
+(``norm``), and so is a gap between two input projections that holds norm kernels (Mamba's and
+Jamba's dt / B / C RMSNorms between x_proj and dt_proj), copies keep their memory stage, everything else is the core (``linear_attention``: its
 convolution, scan or delta rule, gates, batched GEMMs); the output projection is ``o_gemm``. The
 input norm's tail is left to the walk (its learned norm shape covers it). A span holding an
 attention kernel is no
@@ -178,6 +179,27 @@ def _own_norm(rows: list[int], last_gemm: int, out: int, stage: list[str], gap: 
     return firsts[-1] if firsts else out
 
 
+def _norms_between_projections(
+    rows: list[int], start: int, out: int, stage: list[str], op_names: Sequence[str | None]
+) -> frozenset[int]:
+    """The positions of norms on an input projection's output: a gap between two consecutive linear
+    GEMMs of the span's input projections that holds a kernel already staged ``norm`` (a mean
+    reduction, an rsqrt) and only generic or memory kernels (no anchor's work, no batched GEMM) is a
+    norm module applied to the first projection's output before the next one reads it (Mamba's and
+    Jamba's dt / B / C RMSNorms between x_proj and dt_proj)."""
+    gemms = [i for i in range(start, out) if _gemm(rows[i], op_names)]
+    found: set[int] = set()
+    for a, b in zip(gemms, gemms[1:], strict=False):
+        if not (_linear(rows[a], op_names) and _linear(rows[b], op_names)):
+            continue
+        gap = range(a + 1, b)
+        if any(stage[rows[i]] == _CORE or op_names[rows[i]] in CONV_OPS | ANCHOR_OPS for i in gap):
+            continue  # the core's own work (a scan, a convolution by name) lies between them
+        if any(stage[rows[i]] == "norm" for i in gap):
+            found.update(gap)
+    return frozenset(found)
+
+
 def _label(
     rows: list[int],
     norm_at: int,
@@ -204,14 +226,17 @@ def _label(
     own_norm = _own_norm(rows, last_gemm, out, stage, gap)
     if own_norm < out and own_norm - 1 > last_gemm and op_names[rows[own_norm - 1]] in CAST_OPS:
         own_norm -= 1  # a composed norm's leading cast (to fp32) is the norm's
+    between = _norms_between_projections(rows, start, out, stage, op_names)
     for i in range(start, out):
         r = rows[i]
         if stage[r] in _KEEP:
             continue
         if _linear(r, op_names):
             put(i, "qkv_gemm")
+        elif i >= own_norm or i in between:
+            put(i, "norm")
         else:
-            put(i, "norm" if i >= own_norm else _CORE)
+            put(i, _CORE)
     put(out, "o_gemm")
     k = out + 1
     while launch is not None and k < len(rows) and launch[rows[k]] == launch[rows[out]]:

@@ -50,6 +50,7 @@ from analyzer.analyses.walk.registry import (
     _ID,
     _V,
     ATTENTION,
+    BLOCK_OUTPUT_PROJECTION,
     DEFAULT_THRESHOLDS,
     GEMM_STAGES,
     GENERIC,
@@ -104,7 +105,7 @@ WALK_STEPS = (
     ("attention-index-topk",),
     ("output-row-gather",),
     ("moe-router",),
-    ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "role-moe-gate", "host-input-boundary",
+    ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "block-output-projection", "role-moe-gate", "host-input-boundary",
      "role-gate-up", "role-down", "role-expert", "role-lm-head", "second-head", "role-none",
      "block-without-mlp", "down-by-shape", "moe-sampling-topk"),
     ("embedding-projection",),
@@ -408,8 +409,14 @@ def _gemm_op(
         # follows it (a post-norm layer's q_proj before its q_norm)
         role, region, rid = "down_gemm", "mlp_out", DOWN_BY_SHAPE
     elif region == "mlp_out" and not norm_seen and mem.after_down and ahead.follow[k] in ATTENTION:
-        # right after an MLP's down projection, no norm between: a post-norm layer's QKV
-        role, region, layer_no, rid = "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
+        if ahead.norm_ahead[k] and k > 0 and int(ahead.op_last[k - 1]) + 1 == p:
+            # right after the down projection, nothing between, and a norm before the attention: it
+            # projects the block's output (Zamba's shared block's output linear), the next layer
+            # opens after it
+            role, rid = "gemm", BLOCK_OUTPUT_PROJECTION
+        else:
+            # right after an MLP's down projection, no norm between: a post-norm layer's QKV
+            role, region, layer_no, rid = "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
     else:
         opens = fresh and not ahead.rotary_next[k]
         role, region, layer_no, rid = _role(

@@ -45,6 +45,7 @@ def _in_routing_tail(op_names: Sequence[str | None], rows: Sequence[int], q: int
 
 
 _CAST_OPS = _V("cast_ops")
+_REDUCE_OPS = _V("reduce_ops")  # a composed norm's mean: the add right after it is its epsilon
 
 
 _ROUTING_PARTS = _V("routing_parts")
@@ -185,10 +186,18 @@ def _label_moe_block(
     ]
     add = adds[-1] if adds else None
     # post-norm (OLMo's, FlexOlmo's): no add before the norm; the norm of the experts' output (from
-    # its leading cast) comes first, then the residual add
+    # its leading cast) comes first, then the residual add: the first add after it but the norm's
+    # own epsilon add (right after its mean)
     post_norm = post_add = None
     if add is None and first_norm is not None:
-        post_add = next((i for i in run if i > first_norm and _is_add(rows[i], op_names)), None)
+        post_add = next(
+            (
+                i
+                for i in run
+                if i > first_norm and _is_add(rows[i], op_names) and op_names[rows[i - 1]] not in _REDUCE_OPS
+            ),
+            None,
+        )
         if post_add is not None:
             post_norm = first_norm
             if first_norm - 1 > last and op_names[rows[first_norm - 1]] in _CAST_OPS:

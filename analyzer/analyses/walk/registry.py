@@ -67,6 +67,9 @@ ROLE_QKV_MORE = _ID("role-qkv-more")
 ROLE_POST_NORM_QKV = _ID("role-post-norm-qkv")
 
 
+BLOCK_OUTPUT_PROJECTION = _ID("block-output-projection")
+
+
 ROLE_MOE_GATE = _ID("role-moe-gate")
 
 
