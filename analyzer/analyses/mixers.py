@@ -14,8 +14,9 @@ between and a residual add before it. Inside it: linear GEMMs before the output 
 input projections (``qkv_gemm``: Mamba's x_proj / dt_proj too), the norm kernels after the core's
 last GEMM (with one cast right before them: a composed norm's upcast) are the mixer's own norm
 (``norm``), and so is a gap between two input projections that holds norm kernels (Mamba's and
-Jamba's dt / B / C RMSNorms between x_proj and dt_proj), copies keep their memory stage, everything else is the core (``linear_attention``: its
-convolution, scan or delta rule, gates, batched GEMMs); the output projection is ``o_gemm``. The
+Jamba's dt / B / C RMSNorms between x_proj and dt_proj), copies keep their memory stage,
+everything else is the core (``linear_attention``: its convolution, scan or delta rule, gates,
+batched GEMMs); the output projection is ``o_gemm``. The
 input norm's tail is left to the walk (its learned norm shape covers it). A span holding an
 attention kernel is no
 mixer (a sliding-window cache's shift in an attention layer): nothing changes.
@@ -36,6 +37,7 @@ from analyzer.knowledge.taxonomy import MEMORY_STAGES
 MIXER_SPAN = KNOWLEDGE.code_of("mixer-span")
 CONV_OPS = frozenset(KNOWLEDGE.set_of("depthwise_conv_ops"))
 ANCHOR_OPS = frozenset(KNOWLEDGE.set_of("mixer_anchor_ops"))
+_ANCHOR_BY_OP = CONV_OPS | ANCHOR_OPS  # ops of a mixer's own work, whatever their weights' shape
 LINEAR_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
 BATCHED_OPS = BATCHED_GEMM_OPS
 ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
@@ -193,7 +195,7 @@ def _norms_between_projections(
         if not (_linear(rows[a], op_names) and _linear(rows[b], op_names)):
             continue
         gap = range(a + 1, b)
-        if any(stage[rows[i]] == _CORE or op_names[rows[i]] in CONV_OPS | ANCHOR_OPS for i in gap):
+        if any(stage[rows[i]] == _CORE or op_names[rows[i]] in _ANCHOR_BY_OP for i in gap):
             continue  # the core's own work (a scan, a convolution by name) lies between them
         if any(stage[rows[i]] == "norm" for i in gap):
             found.update(gap)

@@ -190,14 +190,8 @@ def _label_moe_block(
     # own epsilon add (right after its mean)
     post_norm = post_add = None
     if add is None and first_norm is not None:
-        post_add = next(
-            (
-                i
-                for i in run
-                if i > first_norm and _is_add(rows[i], op_names) and op_names[rows[i - 1]] not in _REDUCE_OPS
-            ),
-            None,
-        )
+        after = (i for i in run if i > first_norm and _is_add(rows[i], op_names))
+        post_add = next((i for i in after if op_names[rows[i - 1]] not in _REDUCE_OPS), None)
         if post_add is not None:
             post_norm = first_norm
             if first_norm - 1 > last and op_names[rows[first_norm - 1]] in _CAST_OPS:
