@@ -38,6 +38,7 @@ from analyzer.tables import launches
 from analyzer.tables.dictionaries import dict_isin, dict_strings
 
 _FILL_WORDS = KNOWLEDGE.words("fill_words")
+_LAYOUT_COPY_WORDS = KNOWLEDGE.words("layout_copy_words")
 WORK_OPS = load_work_ops()  # the GEMM layouts (rules/work_ops.toml): an LM head's rows
 
 # GEMM roles whose rows are not the step's tokens: the LM head scores sampled rows only, the router's
@@ -172,6 +173,15 @@ def _is_fill(kernels: pa.Table) -> np.ndarray:
         fill = pc.or_(fill, pc.fill_null(pc.match_substring(names.dictionary, w), False))
     fill = fill.take(names.indices)
     return pc.fill_null(fill, False).to_numpy(zero_copy_only=False) | dict_isin(kernels["kind"], ["memset"])
+
+
+def _is_layout_copy(kernels: pa.Table) -> np.ndarray:
+    """Copies that only change layout (every word of ``layout_copy_words`` in the name: no dtype cast)."""
+    names = dict_strings(kernels["name"])
+    hit = pc.fill_null(pc.match_substring(names.dictionary, _LAYOUT_COPY_WORDS[0]), False)
+    for w in _LAYOUT_COPY_WORDS[1:]:
+        hit = pc.and_(hit, pc.fill_null(pc.match_substring(names.dictionary, w), False))
+    return pc.fill_null(hit.take(names.indices), False).to_numpy(zero_copy_only=False)
 
 
 def _lm_head_rows(kernels: pa.Table, host_ops: pa.Table, join: launches.OpJoin | None = None) -> np.ndarray:

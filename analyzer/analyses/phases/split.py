@@ -27,6 +27,7 @@ from analyzer.analyses.phases.evidence import (
     _as_evidence,
     _grid_sequences,
     _is_fill,
+    _is_layout_copy,
     _kernel_evidence,
     _key_lengths,
     _lm_head_rows,
@@ -39,6 +40,7 @@ from analyzer.analyses.phases.registry import (
     HEAVY_STAGES,
     M_REGIME,
     NO_LLM_STRUCTURE,
+    PROLOGUE_RULE,
     TRAINING_RUN,
 )
 from analyzer.analyses.phases.shapes import _launchers_of, attention_shapes
@@ -255,6 +257,12 @@ def _kernel_columns(
         "is_attn": dict_isin(kernels["stage"], ATTENTION_KERNEL_STAGES),
         "is_heavy": dict_isin(kernels["stage"], HEAVY_STAGES),
         "fill": _is_fill(kernels),
+        "prologue": (
+            dict_isin(kernels["stage_rule"], (PROLOGUE_RULE,))
+            if "stage_rule" in kernels.column_names
+            else np.zeros(n, bool)
+        ),
+        "layout_copy": _is_layout_copy(kernels),
         "corr": kernels["correlation"].to_numpy(zero_copy_only=False),
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
         "name": _name_codes(kernels),

@@ -18,6 +18,7 @@ import pyarrow as pa
 from analyzer.analyses.phases.labels import label_steps, unshaped_prefill_runs
 from analyzer.analyses.phases.registry import (
     DEFAULT_THRESHOLDS,
+    FORWARD_PROLOGUE,
     FORWARD_STARTS,
     GAP_STEPS,
     GRAPH_LAUNCH_START,
@@ -113,6 +114,26 @@ def _graph_launch_start(
     return np.unique(np.asarray(out, np.int64))
 
 
+def _prologue_start(
+    starts: np.ndarray, prologue: np.ndarray, layout_copy: np.ndarray
+) -> tuple[np.ndarray, set[int]]:
+    """PHS038: the kernels right before a forward's start that the walk found to be its input
+    preparation (STR062: after the previous step's stop check, the model's own code builds the next
+    forward's positions and masks) open its step, but for their leading layout-only copies (the
+    caller's clones of its sliced ids); returns the starts and those moved back."""
+    out, opened = [], set()
+    for s in starts.tolist():
+        t = s
+        while t > 0 and prologue[t - 1]:
+            t -= 1
+        while t < s and layout_copy[t]:
+            t += 1
+        if t < s:
+            opened.add(t)
+        out.append(t)
+    return np.unique(np.asarray(out, np.int64)), opened
+
+
 def _gap_starts(start: np.ndarray, dur: np.ndarray, th: Thresholds = DEFAULT_THRESHOLDS) -> np.ndarray:
     if len(start) == 0:
         return np.empty(0, np.int64)
@@ -190,6 +211,7 @@ def _cut_steps(
     found = forward_starts(taken, dropped)
     starts = _graph_launch_start(found, df["corr"][idx], df["graph"][idx], df["fill"][idx], th)
     moved = set(starts.tolist()) - set(found.tolist())  # starts a graph replay moved back
+    starts, opened = _prologue_start(starts, df["prologue"][idx], df["layout_copy"][idx])
     source, finder = "forward", FORWARD_STARTS
     k_st = df["start"][idx]
     k_du = df["dur"][idx]
@@ -219,6 +241,8 @@ def _cut_steps(
         if a == prefix
         else (finder, GRAPH_LAUNCH_START)
         if a in moved
+        else (finder, FORWARD_PROLOGUE)
+        if a in opened
         else (finder, LOOKUP_IN_LAYERS)
         if inside[k]
         else (finder,)
