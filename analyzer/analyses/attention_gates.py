@@ -1,12 +1,16 @@
-"""Attention output gates (STR054): a sigmoid of a gate projection multiplied into the attention's
-output before the O projection (Qwen3-Next's and Qwen3.5's gated attention, OLMo hybrids), not an
-MLP activation and not the attention kernel's own work.
+"""Attention gates computed from a projection: an output gate (STR054), a sigmoid of a gate
+projection multiplied into the attention's output before the O projection (Qwen3-Next's and
+Qwen3.5's gated attention, OLMo hybrids), and an input gate (STR065), an activation chain on a
+projection inside the attention's input (Doge's dynamic mask); neither is an MLP activation nor the
+attention kernel's own work.
 
-Contract: a pure pass over one segment of kernels in launch order, after the layer walk; it changes
-stages only. Between a softmax attention kernel and the O GEMM that follows it (no other GEMM op
-between), a kernel launched by a gate activation op (``gate_activation_ops``) and the first multiply
-(``scale_ops``) after it are the output gate: ``elementwise``, the stage the attention module's own
-arithmetic has. Without host ops nothing changes.
+Contract: pure passes over one segment of kernels in launch order, after the layer walk; they change
+stages only. Output gate: between a softmax attention kernel and the O GEMM that follows it (no
+other GEMM op between), a kernel launched by a gate activation op (``gate_activation_ops``) and the
+first multiply (``scale_ops``) after it. Input gate: where a composed attention (STR002) begins
+right after a GEMM op, its kernels up to the last one launched by an input gate op
+(``attention_input_gate_ops``) before its first GEMM. Both take ``elementwise``, the stage the
+attention module's own arithmetic has. Without host ops nothing changes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import numpy as np
 from analyzer.analyses.walk.registry import ATTENTION, GEMM_STAGES, KNOWLEDGE, REGION_RULE_CODES
 
 OUTPUT_GATE = KNOWLEDGE.code_of("attention-output-gate")
+INPUT_GATE = KNOWLEDGE.code_of("attention-input-gate")
+COMPOSED = KNOWLEDGE.code_of("composed-attention")
+INPUT_GATE_OPS = frozenset(KNOWLEDGE.set_of("attention_input_gate_ops"))
 GATE_OPS = frozenset(KNOWLEDGE.set_of("gate_activation_ops"))
 SCALE_OPS = frozenset(KNOWLEDGE.set_of("scale_ops"))
 _SOFTMAX = ATTENTION - {"linear_attention"}
@@ -55,4 +62,29 @@ def _label(
                     done += 1
             p = o_gemm if mul is None else mul
         p += 1
+    return done
+
+
+def mark_input_gates(seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any) -> int:
+    """STR065 over one segment (kernel rows in launch order); returns the kernels relabelled."""
+    rows = seq.tolist()
+    done = 0
+    for p in range(1, len(rows)):
+        r = rows[p]
+        if (
+            int(why[r]) != COMPOSED
+            or int(why[rows[p - 1]]) == COMPOSED
+            or stage[rows[p - 1]] not in GEMM_STAGES
+        ):
+            continue  # not a composed attention's first kernel right after a GEMM op
+        last = -1
+        q = p
+        while q < len(rows) and int(why[rows[q]]) == COMPOSED and stage[rows[q]] not in GEMM_STAGES:
+            if op_names[rows[q]] in INPUT_GATE_OPS:
+                last = q
+            q += 1
+        for k in range(p, last + 1):
+            stage[rows[k]] = "elementwise"
+            why[rows[k]] = INPUT_GATE
+            done += 1
     return done

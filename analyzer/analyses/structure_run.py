@@ -203,6 +203,10 @@ def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     d.count(attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, d.stage, r.op_names, d.why))
 
 
+def _input_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
+    d.count(attention_gates.INPUT_GATE, attention_gates.mark_input_gates(seg, d.stage, r.op_names, d.why))
+
+
 def _rotary_tables(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     # before the walk: a rotary table's GEMM inside the layers is no projection
     d.count(
@@ -229,7 +233,9 @@ PASSES_BEFORE_WALK = _in_registry_order(
 )
 
 #: The passes after the walk and its self-check, in the registry's order.
-PASSES_AFTER_WALK = _in_registry_order(Pass("attention-output-gate", _output_gates))
+PASSES_AFTER_WALK = _in_registry_order(
+    Pass("attention-output-gate", _output_gates), Pass("attention-input-gate", _input_gates)
+)
 
 _GROUP_OF = {rule: g.name for g in registry.KNOWLEDGE.groups for rule in g.rules}
 
