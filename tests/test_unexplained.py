@@ -114,8 +114,11 @@ def test_attention_outside_the_layers_is_warned_with_its_kernels() -> None:
 @pytest.mark.parametrize(
     ("trace", "warned"),
     [
-        # HunYuan-V4's indexer top-k read as sampling: the layers before it are lost
-        ("tests/cases/hy-v4-attention-outside-layers.json.xz", True),
+        # an indexer that sorts its scores (derived from HunYuan-V4): read as an LM head and a
+        # sampler, the layers before it are lost
+        ("tests/cases/derived-indexer-by-sort.json.xz", True),
+        # HunYuan-V4 itself: its indexer's top-k is the composed attention's key selection (STR057)
+        ("tests/cases/hy-v4-composed-sparse-attention.json.xz", False),
         # every attention kernel of a dense model and of a MoE model is a layer's
         ("tests/cases/gemma4-unified-qk-norms-before-update.json.xz", False),
         ("tests/cases/longcat-mla-rope-last-repeat.json.xz", False),

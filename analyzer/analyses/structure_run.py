@@ -114,7 +114,9 @@ class StructureRun:
             "rotary-tables": bool(self.trig.any()),
             "token-mixers": "linear_attention" in seen or launched("depthwise_conv_ops", "mixer_anchor_ops"),
             "gated-attention": launched("gate_activation_ops"),
-            "sparse-attention": bool(self.topk.any()) and any(s in ATTENTION for s in seen),
+            # an attention kernel by name, or a composed attention's softmax (the walk's attention)
+            "sparse-attention": bool(self.topk.any())
+            and (any(s in ATTENTION for s in seen) or bool(self.softmax.any())),
             "model-code-host-ops": op_column.null_count < len(op_column),
             "kv-cache-writes": launched("kv_write_ops") or "kv_cache_store" in seen,
         }

@@ -166,6 +166,21 @@ def recomputed_prefix(t: Trace) -> Trace:
     )
 
 
+def indexer_by_sort(t: Trace) -> Trace:
+    # a sparse attention whose indexer picks its keys by a full sort of the scores (aten::sort, a
+    # radix sort's kernels) rather than a top-k: no top-k candidate, so the sparse-attention rule
+    # does not run; the walk reads the indexer's GEMM and sort as an LM head and a sampler, and
+    # STR060 says that attention then lies outside every layer
+    h = t.host_ops
+    names = h["name"].combine_chunks().cast(pa.string())
+    renamed = pc.if_else(pc.equal(names, "aten::topk"), pa.scalar("aten::sort"), names)
+    renamed = renamed.dictionary_encode().cast(h.schema.field("name").type)
+    t = dataclasses.replace(t, host_ops=h.set_column(h.schema.get_field_index("name"), "name", renamed))
+    return _rename(
+        t, r"gatherTopK|sbtopk|bitonicSortKV", "void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel"
+    )
+
+
 DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
     ("derived-unknown-attention", "llama-sdpa-prefill-decode", unknown_attention,
      "An attention kernel no rule knows: the layer structure is not found with confidence, names kept"),
@@ -185,6 +200,8 @@ DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
      "Generation without a KV cache: the second step's attention runs 49 queries over 49 keys, the first step's 48 plus one: a decode that recomputes its prefix"),
     ("derived-foreign-gates", "llama-sdpa-prefill-decode", foreign_gates,
      "Gates of a recurrence where RoPE, norms and activations sit (aten::mul launched as aten::softplus): placed by position under foreign ops, announced"),
+    ("derived-indexer-by-sort", "hy-v4-composed-sparse-attention", indexer_by_sort,
+     "A sparse attention's indexer that sorts its scores instead of a top-k: no top-k, so the walk reads an LM head and a sampler inside the layers; attention outside every layer, announced (STR060)"),
 ]  # fmt: skip
 
 
