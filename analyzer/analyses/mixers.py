@@ -24,7 +24,7 @@ mixer (a sliding-window cache's shift in an attention layer): nothing changes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,7 @@ LINEAR_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
 BATCHED_OPS = BATCHED_GEMM_OPS
 ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
 CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))
+NORM_OPS = frozenset(KNOWLEDGE.set_of("region_ops_norm"))  # the ops a norm module is made of
 _MEMORY = frozenset(MEMORY_STAGES)
 _CORE = "linear_attention"
 _SOFTMAX = ATTENTION - {_CORE}  # softmax attention's kernels: never inside a mixer
@@ -74,9 +75,12 @@ def mark_mixers(
     why: Any,
     th: Any,
     launch: np.ndarray | None = None,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> int:
     """STR052 over one segment (kernel rows in launch order); returns the kernels relabelled.
-    ``launch`` (per kernel row): the launching op's id, so a split-K GEMM's kernels count as one."""
+    ``launch`` (per kernel row): the launching op's id, so a split-K GEMM's kernels count as one;
+    ``inputs`` (kernel row -> its op's input dims, on demand): an add of operands of two shapes
+    (a bias, a parameter) is no residual add."""
     rows = seq.tolist()
     n = len(rows)
     reach = int(th.mixer_reach)
@@ -85,7 +89,7 @@ def mark_mixers(
     for p in range(n):
         if p <= end or not _is_anchor(rows[p], stage, op_names, op_dims):
             continue
-        span = _span(rows, p, end, stage, op_names, reach, why, launch)
+        span = _span(rows, p, end, stage, op_names, reach, why, launch, inputs)
         if span is None:
             continue
         norm_at, start, out = span
@@ -111,8 +115,15 @@ def _span(
     reach: int,
     why: Any,
     launch: np.ndarray | None = None,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> tuple[int, int, int] | None:
     """(the input norm's last kernel, the input projection, the output projection) around anchor p."""
+
+    def residual(r: int) -> bool:  # an add of two operands of one shape (unknown shapes: any add)
+        if op_names[r] not in ADD_OPS:
+            return False
+        got = inputs(r) if inputs is not None else None
+        return got is None or len(got) < 2 or got[0] == got[1]
 
     def attention(r: int) -> bool:  # softmax attention by evidence, not a region's default
         return stage[r] in _SOFTMAX and int(why[r]) not in REGION_RULE_CODES
@@ -152,9 +163,7 @@ def _span(
             k += 1
         # the output projection's result is added to the residual before the next norm (a gate's
         # projection before the mixer's own gated norm is not)
-        if k >= len(rows) or (
-            stage[rows[k]] == "norm" and any(op_names[rows[j]] in ADD_OPS for j in range(after, k))
-        ):
+        if k >= len(rows) or (stage[rows[k]] == "norm" and any(residual(rows[j]) for j in range(after, k))):
             return s, start, g
         if _linear(rows[k], op_names) and _attention_branch(rows, k, stage, reach, attention):
             return s, start, g  # a parallel hybrid: the attention branch reads the same normed input
@@ -186,9 +195,10 @@ def _norms_between_projections(
 ) -> frozenset[int]:
     """The positions of norms on an input projection's output: a gap between two consecutive linear
     GEMMs of the span's input projections that holds a kernel already staged ``norm`` (a mean
-    reduction, an rsqrt) and only generic or memory kernels (no anchor's work, no batched GEMM) is a
-    norm module applied to the first projection's output before the next one reads it (Mamba's and
-    Jamba's dt / B / C RMSNorms between x_proj and dt_proj)."""
+    reduction, an rsqrt) and only kernels of a norm's ops (``region_ops_norm``: no anchor's work, no
+    gate, no recurrence) is a norm module applied to the first projection's output before the next
+    one reads it (Mamba's and Jamba's dt / B / C RMSNorms between x_proj and dt_proj; a delta rule's
+    decode step between its gate projections, with its q / k normalisation, is no norm)."""
     gemms = [i for i in range(start, out) if _gemm(rows[i], op_names)]
     found: set[int] = set()
     for a, b in zip(gemms, gemms[1:], strict=False):
@@ -197,7 +207,9 @@ def _norms_between_projections(
         gap = range(a + 1, b)
         if any(stage[rows[i]] == _CORE or op_names[rows[i]] in _ANCHOR_BY_OP for i in gap):
             continue  # the core's own work (a scan, a convolution by name) lies between them
-        if any(stage[rows[i]] == "norm" for i in gap):
+        if any(stage[rows[i]] == "norm" for i in gap) and all(
+            op_names[rows[i]] is None or op_names[rows[i]] in NORM_OPS for i in gap
+        ):
             found.update(gap)
     return frozenset(found)
 

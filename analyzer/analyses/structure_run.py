@@ -59,6 +59,7 @@ class StructureRun:
     counts: Counter = field(default_factory=Counter)
     groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
     suspects: list[int] = field(default_factory=list)  # kernel rows the layer grammar has no place for
+    inputs: Callable[[int], list[list[int]] | None] | None = None  # a kernel row's op's input dims, on demand
 
     @classmethod
     def of(
@@ -76,6 +77,7 @@ class StructureRun:
     ) -> StructureRun:
         norm = pylist(cols["norm_name"])
         int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column, join)
+        inputs = inputs_on_demand(kernels, host_ops, join)
         run = cls(
             stage, why, op_names, op_dims, norm,
             kernels["launch_op_id"].to_numpy(zero_copy_only=False),
@@ -83,10 +85,11 @@ class StructureRun:
             dict_isin(op_column, list(registry.POW_OPS)),
             eager_ops.reduction_rows(cols["norm_name"], op_column),
             eager_ops.softmax_rows(cols["norm_name"], op_column, stage),
-            int_cast, vec_scale, gemm_shapes_on_demand(kernels, host_ops, op_names, join), th,
+            int_cast, vec_scale, gemm_shapes_on_demand(op_names, inputs), th,
             np.full(kernels.num_rows, -1, np.int64),
         )  # fmt: skip
         run.trig = dict_isin(op_column, list(registry.KNOWLEDGE.set_of("rotary_trig_ops")))
+        run.inputs = inputs
         return run
 
     def count(self, rule: int, kernels: int) -> None:
@@ -198,7 +201,10 @@ def _sdpa_front_end(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
 def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     # before the walk: the walk takes a mixer's projections as they are (its block is not attention
     # and an MLP)
-    d.count(mixers.MIXER_SPAN, mixers.mark_mixers(seg, d.stage, r.op_names, r.op_dims, d.why, r.th, r.launch))
+    d.count(
+        mixers.MIXER_SPAN,
+        mixers.mark_mixers(seg, d.stage, r.op_names, r.op_dims, d.why, r.th, r.launch, r.inputs),
+    )
 
 
 def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
@@ -242,22 +248,36 @@ PASSES_AFTER_WALK = _in_registry_order(
 _GROUP_OF = {rule: g.name for g in registry.KNOWLEDGE.groups for rule in g.rules}
 
 
-def gemm_shapes_on_demand(
-    kernels: pa.Table, host_ops: pa.Table, op_names: list[str | None], join: launches.OpJoin | None = None
-) -> Callable[[int], tuple[int, int] | None] | None:
-    """Kernel row -> (K, N) of its launching GEMM op, read from the host ops when asked (the walk
-    asks for a few GEMMs: no per-kernel shape lists on a 10 GB trace); None without host ops."""
+def inputs_on_demand(
+    kernels: pa.Table, host_ops: pa.Table, join: launches.OpJoin | None = None
+) -> Callable[[int], list[list[int]] | None] | None:
+    """Kernel row -> the input dims of its launching op, read from the host ops when asked (a rule
+    asks for a few kernels: no per-kernel shape lists on a 10 GB trace); None without host ops."""
     found = launches.joined(kernels, host_ops, join)
-    if found is None:
+    if found is None or "input_dims" not in host_ops.column_names:
         return None
     ops, pos = found
     op_row, dims = ops["row"], host_ops["input_dims"]
 
-    def kn(r: int) -> tuple[int, int] | None:
+    def inputs(r: int) -> list[list[int]] | None:
         p = pos[r].as_py()
         if p is None:
             return None
         d = dims[op_row[p].as_py()].as_py()
-        return positions.gemm_shape(op_names[r], [list(x) for x in d] if d else None)
+        return [list(x) if x is not None else [] for x in d] if d else None
+
+    return inputs
+
+
+def gemm_shapes_on_demand(
+    op_names: list[str | None], inputs: Callable[[int], list[list[int]] | None] | None
+) -> Callable[[int], tuple[int, int] | None] | None:
+    """Kernel row -> (K, N) of its launching GEMM op (from :func:`inputs_on_demand`); None without
+    host ops."""
+    if inputs is None:
+        return None
+
+    def kn(r: int) -> tuple[int, int] | None:
+        return positions.gemm_shape(op_names[r], inputs(r))
 
     return kn
