@@ -55,6 +55,7 @@ from analyzer.analyses.walk.registry import (
     GEMM_STAGES,
     GENERIC,
     LONE_POW,
+    MLP_SUB_NORM,
     MOE_ROUTER,
     OUTPUT_ROWS,
     ROLE_DOWN,
@@ -106,7 +107,7 @@ WALK_STEPS = (
     ("output-row-gather",),
     ("moe-router",),
     ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "block-output-projection", "role-moe-gate", "host-input-boundary",
-     "role-gate-up", "role-down", "role-expert", "role-lm-head", "second-head", "role-none",
+     "role-gate-up", "role-down", "mlp-sub-norm", "role-expert", "role-lm-head", "second-head", "role-none",
      "block-without-mlp", "down-by-shape", "moe-sampling-topk"),
     ("embedding-projection",),
     ("pre-layer-sampling",),
@@ -114,6 +115,7 @@ WALK_STEPS = (
     ("position-ids",),
     ("tail-neg",),
     ("first-norm", "rotary-module", "moe-block", "moe-shared-gate", "moe-glu-product", "sandwich-norm",
+     "block-inner-norm",
      "router-cast", "residual-add", "kv-update", "kv-update-before-gemm", "kv-update-by-name",
      "attention-input-copies", "region-attn-in", "region-attn", "region-attn-out", "region-mlp-in",
      "region-mlp-out", "region-moe", "lm-head-epilogue", "region-tail", "next-forward-prologue"),
@@ -380,6 +382,7 @@ def _gemm_op(
     output projection is taken back from the head)."""
     rows, why = ks.rows, ks.why
     p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
+    region_before = region
     if ahead.router[p]:  # found by _mark_routers
         role, region, rid = "moe_gate_gemm", "moe", MOE_ROUTER
     elif why[rows[p]] == MIXER_SPAN:
@@ -430,12 +433,21 @@ def _gemm_op(
             ahead.norm_ahead[k],
             mem.after_mixer,
         )
+        if (
+            role == "down_gemm"
+            and region_before == "mlp_in"
+            and _same_shape(gemm_kn, rows[p], mem.gate_up_row)
+            and _norm_then_gemm(ks, ahead.gemm, b + 1)
+        ):
+            # the gate projection's own K and N, a norm and then a GEMM next: the up projection
+            # before an MLP's inner norm
+            role, region, rid = "gate_up_gemm", "mlp_in", MLP_SUB_NORM
         at = ahead.anchor_at[k]
         if role == "lm_head_gemm" and at < ks.n and ahead.boundary[at]:
             rid = HOST_INPUTS
         if opens and role == "qkv_gemm":
             mem.opened.append(k)
-    if rid in (NO_MLP, DOWN_BY_SHAPE):
+    if rid in (NO_MLP, DOWN_BY_SHAPE, MLP_SUB_NORM):
         ks.count(rid, b - p + 1)  # shape roles may restate the stage: the rule still decided
     if rid != MIXER_SPAN:
         mem.after_mixer = False
@@ -612,6 +624,26 @@ def _reads_gate_up(
         return False
     k, n = gate_up
     return kn is not None and kn[0] != k and kn[0] in (n, n // 2)
+
+
+def _norm_then_gemm(ks: KernelSequence, gemm: np.ndarray, q: int) -> bool:
+    """Whether from position ``q`` a norm runs before the next GEMM op, and no attention kernel."""
+    seen = False
+    while q < ks.n and not gemm[q]:
+        if ks.st[q] in ATTENTION:
+            return False
+        seen = seen or bool(ks.normish[q])
+        q += 1
+    return seen and q < ks.n
+
+
+def _same_shape(gemm_kn: GemmShapes | None, r: int, gate_up_row: int) -> bool:
+    """Whether the GEMM op at kernel row ``r`` has the (K, N) of the MLP's gate projection (at
+    ``gate_up_row``), K != N: it reads the MLP's input as that projection does (STR066)."""
+    if gemm_kn is None or gate_up_row < 0:
+        return False
+    kn, gate = gemm_kn(r), gemm_kn(gate_up_row)
+    return kn is not None and kn == gate and kn[0] != kn[1]
 
 
 def _positions_where(at: np.ndarray, rows: Sequence[int], stage: list[str], stages: Any) -> np.ndarray:

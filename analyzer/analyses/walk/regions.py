@@ -38,6 +38,7 @@ from analyzer.analyses.walk.registry import (
 from analyzer.knowledge.structure_rules import Thresholds
 
 SANDWICH_NORM = _ID("sandwich-norm")
+BLOCK_INNER_NORM = _ID("block-inner-norm")
 
 
 ROUTER_CAST = _ID("router-cast")
@@ -110,6 +111,8 @@ def _label_generic(
             _label_rotary_module(rows, p, q, stage, op_names, why, th)
         if not run or reg not in _REGION_STAGE:
             continue
+        if reg in ("attn", "mlp_in") and shape and clusters is not None:
+            run = _label_block_inner_norms(rows, run, p, q, clusters, shape, norm, stage, why)
         target = _REGION_STAGE[reg]
         if reg == "moe_experts":
             _label_moe_block(rows, run, p, q, stage, op_names, why)
@@ -216,6 +219,30 @@ def _inner_norms(
         return set()
     inside = _norm_windows(clusters, p, q, shape, rows, norm)
     return {i for i in inside if _OP_WRITES.get(op_names[rows[i]], 0) != STRONG_WRITE}
+
+
+def _label_block_inner_norms(
+    rows: Sequence[int],
+    run: list[int],
+    p: int,
+    q: int,
+    clusters: tuple[list[int], list[int]],
+    shape: dict[str, tuple[int, int]],
+    norm: Sequence[str],
+    stage: list[str],
+    why: Any,
+) -> list[int]:
+    """STR067: between an attention kernel and its O projection, or inside an MLP before its down
+    projection, the generic kernels a norm of the learned shape covers are that block's inner norm
+    (a sub-LN); returns the generic kernels left for the region's default."""
+    inside = _norm_windows(clusters, p, q, shape, rows, norm)
+    if not inside:
+        return run
+    for i in run:
+        if i in inside:
+            stage[rows[i]] = "norm"
+            why[rows[i]] = BLOCK_INNER_NORM
+    return [i for i in run if i not in inside]
 
 
 def _label_sandwich(

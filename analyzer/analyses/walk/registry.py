@@ -68,6 +68,7 @@ ROLE_POST_NORM_QKV = _ID("role-post-norm-qkv")
 
 
 BLOCK_OUTPUT_PROJECTION = _ID("block-output-projection")
+MLP_SUB_NORM = _ID("mlp-sub-norm")
 
 
 ROLE_MOE_GATE = _ID("role-moe-gate")
