@@ -140,8 +140,8 @@ def _roleless_gemms(
 ) -> str | None:
     """STR059's warning: GEMMs inside the layers (a layer number) that kept no role (``gemm``)."""
     roleless = (final == vocab["gemm"]) & (run.layer >= 0) if "gemm" in vocab else np.zeros(0, bool)
-    if roleless.any():  # a GEMM a named rule gave the role-free stage is explained (STR064)
-        roleless &= np.asarray(run.why) != registry.BLOCK_OUTPUT_PROJECTION
+    if roleless.any():  # a GEMM a named rule gave the role-free stage is explained (STR064, STR068)
+        roleless &= ~np.isin(np.asarray(run.why), registry.NAMED_ROLE_FREE)
     return unexplained.roleless_gemm_warning(roleless, run.norm, run.layer, dur, th, run.counts)
 
 

@@ -28,6 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.analyses.walk.between_ops import (
+    GemmShapes,
+    _add_before_gemm,
+    _gated_output,
+    _norm_then_gemm,
+    _reads_gate_up,
+    _same_shape,
+)
 from analyzer.analyses.walk.decisions import Decisions
 from analyzer.analyses.walk.eager_ops import (
     _demote_lone_pow,
@@ -44,12 +52,13 @@ from analyzer.analyses.walk.model_code import (
     _shift_prologue_to_next_layer,
 )
 from analyzer.analyses.walk.moe import _mark_routers
-from analyzer.analyses.walk.positions import _gemm_ops, _is_add, _next_where, _norm_like
+from analyzer.analyses.walk.positions import _gemm_ops, _next_where, _norm_like
 from analyzer.analyses.walk.regions import _label_generic
 from analyzer.analyses.walk.registry import (
     _ID,
     _V,
     ATTENTION,
+    ATTENTION_GATE_PROJECTION,
     BLOCK_OUTPUT_PROJECTION,
     DEFAULT_THRESHOLDS,
     GEMM_STAGES,
@@ -86,8 +95,6 @@ PROLOGUE_SHIFT = _ID("prologue-shift")
 _MOE_ROUTING = _V("moe_routing_stages")
 _ROUTING_LEADS = ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
 
-GemmShapes = Callable[[int], tuple[int, int] | None]
-
 
 def _every_rule(_: str) -> bool:
     return True
@@ -106,7 +113,8 @@ WALK_STEPS = (
     ("attention-index-topk",),
     ("output-row-gather",),
     ("moe-router",),
-    ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "block-output-projection", "role-moe-gate", "host-input-boundary",
+    ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "block-output-projection",
+     "attention-gate-projection", "role-moe-gate", "host-input-boundary",
      "role-gate-up", "role-down", "mlp-sub-norm", "role-expert", "role-lm-head", "second-head", "role-none",
      "block-without-mlp", "down-by-shape", "moe-sampling-topk"),
     ("embedding-projection",),
@@ -290,6 +298,7 @@ class _Memory:
 
     after_mixer: bool = False
     after_down: bool = False
+    last_o: int = -1  # the GEMM op that took the O role, if it was the last one
     gate_up_row: int = -1
     last_head: int = -1
     opened: list[int] = field(default_factory=list)
@@ -382,7 +391,6 @@ def _gemm_op(
     output projection is taken back from the head)."""
     rows, why = ks.rows, ks.why
     p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
-    region_before = region
     if ahead.router[p]:  # found by _mark_routers
         role, region, rid = "moe_gate_gemm", "moe", MOE_ROUTER
     elif why[rows[p]] == MIXER_SPAN:
@@ -397,10 +405,7 @@ def _gemm_op(
     elif region == "tail" and mem.last_head == k - 1 and ahead.anchor_at[k - 1] > p:
         # two GEMMs after the final norm with nothing between: an output projection, then the LM
         # head (OPT-350m's project_out): the last one is the head
-        for q in range(int(ahead.op_first[k - 1]), int(ahead.op_last[k - 1]) + 1):
-            if decided[0][q] == _ROLE_INDEX["lm_head_gemm"]:
-                decided[0][q] = _ROLE_INDEX["gemm"]
-                decided[1][q] = SECOND_HEAD
+        _take_back(decided, ahead, k - 1, "lm_head_gemm", SECOND_HEAD)
         role, rid = "lm_head_gemm", SECOND_HEAD
     elif (
         region == "mlp_in"
@@ -411,6 +416,18 @@ def _gemm_op(
         # a GEMM reading the gate / up projections' output is the down projection, whatever
         # follows it (a post-norm layer's q_proj before its q_norm)
         role, region, rid = "down_gemm", "mlp_out", DOWN_BY_SHAPE
+    elif (
+        region == "attn_out"
+        and not norm_seen
+        and mem.last_o == k - 1
+        and _gated_output(ks, int(ahead.op_last[k - 1]) + 1, p)
+    ):
+        # the GEMM after the attention projected a gate (softplus / sigmoid) multiplied into the
+        # attention's output: that one was the gate's projection, this one is the O projection
+        ks.count(
+            ATTENTION_GATE_PROJECTION, _take_back(decided, ahead, k - 1, "o_gemm", ATTENTION_GATE_PROJECTION)
+        )
+        role, rid = "o_gemm", ROLE_O
     elif region == "mlp_out" and not norm_seen and mem.after_down and ahead.follow[k] in ATTENTION:
         if ahead.norm_ahead[k] and k > 0 and int(ahead.op_last[k - 1]) + 1 == p:
             # right after the down projection, nothing between, and a norm before the attention: it
@@ -421,41 +438,74 @@ def _gemm_op(
             # right after an MLP's down projection, no norm between: a post-norm layer's QKV
             role, region, layer_no, rid = "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
     else:
-        opens = fresh and not ahead.rotary_next[k]
-        role, region, layer_no, rid = _role(
-            region,
-            ahead.follow[k],
-            ahead.gemm_ahead[k],
-            norm_seen,
-            layer_no,
-            ahead.lead[k] in _ROUTING_LEADS,
-            opens,
-            ahead.norm_ahead[k],
-            mem.after_mixer,
+        role, region, layer_no, rid = _by_position(
+            ks, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
         )
-        if (
-            role == "down_gemm"
-            and region_before == "mlp_in"
-            and _same_shape(gemm_kn, rows[p], mem.gate_up_row)
-            and _norm_then_gemm(ks, ahead.gemm, b + 1)
-        ):
-            # the gate projection's own K and N, a norm and then a GEMM next: the up projection
-            # before an MLP's inner norm
-            role, region, rid = "gate_up_gemm", "mlp_in", MLP_SUB_NORM
-        at = ahead.anchor_at[k]
-        if role == "lm_head_gemm" and at < ks.n and ahead.boundary[at]:
-            rid = HOST_INPUTS
-        if opens and role == "qkv_gemm":
-            mem.opened.append(k)
     if rid in (NO_MLP, DOWN_BY_SHAPE, MLP_SUB_NORM):
         ks.count(rid, b - p + 1)  # shape roles may restate the stage: the rule still decided
     if rid != MIXER_SPAN:
         mem.after_mixer = False
     mem.after_down = role == "down_gemm"
+    mem.last_o = k if role == "o_gemm" else -1
     if role == "gate_up_gemm":
         mem.gate_up_row = rows[p]
     mem.last_head = k if role == "lm_head_gemm" else -1
     return role, rid, region, layer_no
+
+
+def _by_position(
+    ks: KernelSequence,
+    ahead: _Ahead,
+    k: int,
+    region: str,
+    layer_no: int,
+    norm_seen: bool,
+    fresh: bool,
+    mem: _Memory,
+    gemm_kn: GemmShapes | None,
+) -> tuple[str, str, int, int]:
+    """(role, new region, layer number, deciding rule's code) of GEMM op ``k`` from where the walk
+    is and what comes next (:func:`_role`), but for the up projection before an MLP's inner norm."""
+    p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
+    opens = fresh and not ahead.rotary_next[k]
+    role, new_region, layer_no, rid = _role(
+        region,
+        ahead.follow[k],
+        ahead.gemm_ahead[k],
+        norm_seen,
+        layer_no,
+        ahead.lead[k] in _ROUTING_LEADS,
+        opens,
+        ahead.norm_ahead[k],
+        mem.after_mixer,
+    )
+    if (
+        role == "down_gemm"
+        and region == "mlp_in"
+        and _same_shape(gemm_kn, ks.rows[p], mem.gate_up_row)
+        and _norm_then_gemm(ks, ahead.gemm, b + 1)
+    ):
+        # the gate projection's own K and N, a norm and then a GEMM next: the up projection before
+        # an MLP's inner norm (STR066)
+        role, new_region, rid = "gate_up_gemm", "mlp_in", MLP_SUB_NORM
+    at = ahead.anchor_at[k]
+    if role == "lm_head_gemm" and at < ks.n and ahead.boundary[at]:
+        rid = HOST_INPUTS
+    if opens and role == "qkv_gemm":
+        mem.opened.append(k)
+    return role, new_region, layer_no, rid
+
+
+def _take_back(decided: tuple[np.ndarray, np.ndarray], ahead: _Ahead, k: int, role: str, rid: int) -> int:
+    """GEMM op ``k``'s kernels the walk gave ``role`` take the role-free ``gemm``, decided by rule
+    ``rid`` (a later GEMM showed what they were); returns how many."""
+    done = 0
+    for q in range(int(ahead.op_first[k]), int(ahead.op_last[k]) + 1):
+        if decided[0][q] == _ROLE_INDEX[role]:
+            decided[0][q] = _ROLE_INDEX["gemm"]
+            decided[1][q] = rid
+            done += 1
+    return done
 
 
 def _fix_ups(ks: KernelSequence, region_of: list[str], runs: Callable[[str], bool]) -> list[int]:
@@ -594,56 +644,6 @@ def _role(
         # a norm ended the expert block: what the next GEMM opens is not known, but no expert's
         return "gemm", "mlp_out", layer_no, ROLE_NONE
     return "gemm", region, layer_no, ROLE_NONE
-
-
-def _add_before_gemm(rows: list[int], q: int, gemm: np.ndarray, op_names: Sequence[str | None]) -> bool:
-    """Whether, from position ``q`` up to the next GEMM, an add op runs or nothing does: a block ends
-    there (a residual add, or a projection of the block's output). Between an MLP's gate / up and its
-    down projection its activation runs."""
-    if q < len(rows) and gemm[q]:
-        return True
-    while q < len(rows) and not gemm[q]:
-        if _is_add(rows[q], op_names):
-            return True
-        q += 1
-    return False
-
-
-def _reads_gate_up(
-    gemm_kn: Callable[[int], tuple[int, int] | None] | None,
-    r: int,
-    gate_up_row: int,
-) -> bool:
-    """Whether the GEMM op at kernel row ``r`` reads what the MLP's gate / up projection (at kernel
-    row ``gate_up_row``) wrote: its K is that projection's N (half of it for a fused gate and up),
-    and differs from that projection's K (a square MLP cannot tell)."""
-    if gemm_kn is None or gate_up_row < 0:
-        return False
-    kn, gate_up = gemm_kn(r), gemm_kn(gate_up_row)
-    if kn is None or gate_up is None:
-        return False
-    k, n = gate_up
-    return kn is not None and kn[0] != k and kn[0] in (n, n // 2)
-
-
-def _norm_then_gemm(ks: KernelSequence, gemm: np.ndarray, q: int) -> bool:
-    """Whether from position ``q`` a norm runs before the next GEMM op, and no attention kernel."""
-    seen = False
-    while q < ks.n and not gemm[q]:
-        if ks.st[q] in ATTENTION:
-            return False
-        seen = seen or bool(ks.normish[q])
-        q += 1
-    return seen and q < ks.n
-
-
-def _same_shape(gemm_kn: GemmShapes | None, r: int, gate_up_row: int) -> bool:
-    """Whether the GEMM op at kernel row ``r`` has the (K, N) of the MLP's gate projection (at
-    ``gate_up_row``), K != N: it reads the MLP's input as that projection does (STR066)."""
-    if gemm_kn is None or gate_up_row < 0:
-        return False
-    kn, gate = gemm_kn(r), gemm_kn(gate_up_row)
-    return kn is not None and kn == gate and kn[0] != kn[1]
 
 
 def _positions_where(at: np.ndarray, rows: Sequence[int], stage: list[str], stages: Any) -> np.ndarray:
