@@ -498,6 +498,15 @@ def _is_embedding_lookup(op: str, dims: Any, th: Any = registry.DEFAULT_THRESHOL
     )
 
 
+def _from_activations(op: str, dims: Any) -> bool:
+    """A gather whose recorded source has fewer rows than columns: rows of activations (a MoE
+    block's tokens), never a vocabulary's table; outside an embedding op."""
+    if op not in _GATHER_OPS or not dims or dims == EMBEDDING_OP:
+        return False
+    src = dims[0]
+    return isinstance(src, list) and len(src) == 2 and 0 < src[0] < src[1]
+
+
 def apply_op_hints(
     stage: list[str],
     op_names: Sequence[str | None],
@@ -517,7 +526,15 @@ def apply_op_hints(
     # once, then visit just their kernels
     wanted = {op: op in table or op in _GATHER_OPS for op in set(op_names) if op is not None}
     for i, op in enumerate(op_names):
-        if op is not None and wanted[op] and stage[i] in GENERIC:
+        if (
+            op is not None
+            and wanted[op]
+            and stage[i] == "embedding"
+            and _from_activations(op, op_dims.get(i))
+        ):
+            stage[i] = "elementwise"  # a lookup's kernel by name, gathering rows of activations
+            why[i] = EMBEDDING_LOOKUP
+        elif op is not None and wanted[op] and stage[i] in GENERIC:
             d = op_dims.get(i)
             if _is_embedding_lookup(op, d, th):
                 stage[i] = "embedding"

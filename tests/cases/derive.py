@@ -181,6 +181,16 @@ def indexer_by_sort(t: Trace) -> Trace:
     )
 
 
+def without_shapes(t: Trace) -> Trace:
+    # the same capture without record_shapes: no op's input dims, so a gather the names call an
+    # embedding lookup cannot be told from one by its source's shape
+    h = t.host_ops
+    i = h.schema.get_field_index("input_dims")
+    return dataclasses.replace(
+        t, host_ops=h.set_column(i, "input_dims", pa.nulls(h.num_rows, h.schema.field(i).type))
+    )
+
+
 DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
     ("derived-unknown-attention", "llama-sdpa-prefill-decode", unknown_attention,
      "An attention kernel no rule knows: the layer structure is not found with confidence, names kept"),
@@ -200,6 +210,8 @@ DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
      "Generation without a KV cache: the second step's attention runs 49 queries over 49 keys, the first step's 48 plus one: a decode that recomputes its prefix"),
     ("derived-foreign-gates", "llama-sdpa-prefill-decode", foreign_gates,
      "Gates of a recurrence where RoPE, norms and activations sit (aten::mul launched as aten::softplus): placed by position under foreign ops, announced"),
+    ("derived-token-gather-no-shapes", "aria-token-gather-in-layers", without_shapes,
+     "Aria's expert block without recorded shapes: its index_select token gather keeps the lookup's stage by name; every forward ends in its LM head, so a lookup after attention and before the LM head starts no forward (PHS037)"),
     ("derived-indexer-by-sort", "hy-v4-composed-sparse-attention", indexer_by_sort,
      "A sparse attention's indexer that sorts its scores instead of a top-k: no top-k, so the walk reads an LM head and a sampler inside the layers; attention outside every layer, announced (STR060)"),
 ]  # fmt: skip
