@@ -223,3 +223,22 @@ def test_continuous_batching_steps_on_the_batching_thread(tmp: Path) -> None:
     assert tokens == prompts + 4 * (3 - 1)  # every prompt token once, then one token per decode step
     truth = _ranges(events, "lkm::truth region=model")
     assert thread in truth  # the forward's ranges are on the batching thread too
+
+
+MAMBA = {"model_type": "mamba", "hidden_size": 64, "state_size": 8, "num_hidden_layers": 2, "vocab_size": 256,
+         "expand": 2, "conv_kernel": 4, "time_step_rank": 8}  # fmt: skip
+
+
+def test_a_projection_weight_used_outside_its_module_is_that_projection(tmp: Path) -> None:
+    # GIVEN Mamba-1's torch path, which applies dt_proj's weight by a matmul in the mixer's code
+    events, _ = _capture(tmp, "mamba", config=MAMBA, attn="eager")
+    truth = _ranges(events, "lkm::truth region=")
+    got: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("cat") == "cpu_op" and e["name"] == "aten::matmul":
+            spans = [s for s in truth[(e["pid"], e["tid"])] if s[0] <= e["ts"] <= s[1]]
+            got[max(spans, key=lambda s: s[0])[2].split("=", 1)[1]] += 1
+    # THEN every step's dt_proj matmul runs inside an input projection's range (with in_proj and
+    # x_proj, three per layer and step), not only in the mixer's core
+    steps = len(_steps(events))
+    assert got["mixer_in_proj"] == 3 * MAMBA["num_hidden_layers"] * steps

@@ -107,7 +107,7 @@ def classify_and_check(
     misplaced = unexplained.activation_in_attention_input_warning(
         run.suspects, run.norm, run.layer, dur, th, run.counts
     )
-    shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th, join)
+    shaped, disagree = _apply_shape_roles(kernels, host_ops, stage, model, th, join, why)
     final = _stage_codes(stage, vocab)
     roleless = _roleless_gemms(run, final, vocab, dur, th)
     lost = _attention_outside_layers(run, final, vocab, dur, th, ruleset.taxonomy.stage_category)
@@ -196,11 +196,15 @@ def _apply_shape_roles(
     model: Any,
     th: Any = registry.DEFAULT_THRESHOLDS,
     join: launches.OpJoin | None = None,
+    why: Any = None,
 ) -> tuple[np.ndarray, str | None]:
     """GEMM roles from recorded shapes (:mod:`analyzer.analyses.shape_roles`): taken where the
     layer walk gave none (``gemm``) or the same one; where the two disagree the walk's role stays
-    and, above ``th.shape_disagreement`` of the time shapes decide, the reason is reported.
-    Returns the kernels whose role shapes decided, and that reason (or None)."""
+    and, above ``th.shape_disagreement`` of the time shapes decide, the reason is reported. An O
+    projection the walk took right after an attention kernel (``why``: ROLE_O) is anchored by that
+    kernel: a shape cannot tell it from a down projection (MLA's heads x value size is no hidden
+    size), so it is not counted as a disagreement. Returns the kernels whose role shapes decided,
+    and that reason (or None)."""
     n = kernels.num_rows
     shaped = np.zeros(n, bool)
     if host_ops.num_rows == 0 or n == 0:
@@ -226,6 +230,8 @@ def _apply_shape_roles(
         if stage[r] == role or stage[r] == "gemm":
             stage[r] = role
             shaped[r] = True
+        elif why is not None and stage[r] == "o_gemm" and why[r] == registry.ROLE_O:
+            decided -= int(dur[r])  # anchored by the attention before it: shapes do not judge it
         else:
             other += int(dur[r])
             said[(stage[r], role)] += int(dur[r])

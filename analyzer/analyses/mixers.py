@@ -76,11 +76,13 @@ def mark_mixers(
     th: Any,
     launch: np.ndarray | None = None,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
+    layout: Callable[[int], bool] | None = None,
 ) -> int:
     """STR052 over one segment (kernel rows in launch order); returns the kernels relabelled.
     ``launch`` (per kernel row): the launching op's id, so a split-K GEMM's kernels count as one;
     ``inputs`` (kernel row -> its op's input dims, on demand): an add of operands of two shapes
-    (a bias, a parameter) is no residual add."""
+    (a bias, a parameter) is no residual add; ``layout`` (kernel row -> a layout-only copy, by
+    name): such a copy right before a projection is the projection's own."""
     rows = seq.tolist()
     n = len(rows)
     reach = int(th.mixer_reach)
@@ -93,7 +95,9 @@ def mark_mixers(
         if span is None:
             continue
         norm_at, start, out = span
-        done += _label(rows, norm_at, start, out, stage, op_names, why, launch, int(th.norm_cluster_gap))
+        done += _label(
+            rows, norm_at, start, out, stage, op_names, why, launch, int(th.norm_cluster_gap), layout, inputs
+        )
         end = out
     return done
 
@@ -214,6 +218,35 @@ def _norms_between_projections(
     return frozenset(found)
 
 
+def _projection_input_copy(
+    rows: list[int],
+    i: int,
+    out: int,
+    op_names: Sequence[str | None],
+    layout: Callable[[int], bool],
+    inputs: Callable[[int], list[list[int]] | None] | None,
+) -> bool:
+    """Position ``i`` is a layout-only copy (no dtype cast) right before one of the span's linear
+    projections, of as many elements as the projection reads (recorded shapes): the linear makes
+    its strided input contiguous (Mamba's transposed scan output before out_proj). A cast there, or
+    a copy of another tensor (a convolution's output before a gate projection of the hidden
+    states), is the mixer's own code."""
+    nxt = i + 1
+    if not (
+        nxt <= out and _linear(rows[nxt], op_names) and op_names[rows[i]] in CAST_OPS and layout(rows[i])
+    ):
+        return False
+    copied, read = (inputs(rows[i]), inputs(rows[nxt])) if inputs is not None else (None, None)
+    return bool(copied and read) and _numel(copied[0]) == _numel(read[0]) > 0
+
+
+def _numel(dims: list[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n if dims else 0
+
+
 def _label(
     rows: list[int],
     norm_at: int,
@@ -224,6 +257,8 @@ def _label(
     why: Any,
     launch: np.ndarray | None,
     gap: int = 3,
+    layout: Callable[[int], bool] | None = None,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> int:
     last_gemm = max((i for i in range(start, out) if _gemm(rows[i], op_names)), default=start)
     done = 0
@@ -247,6 +282,9 @@ def _label(
             continue
         if _linear(r, op_names):
             put(i, "qkv_gemm")
+        elif layout is not None and _projection_input_copy(rows, i, out, op_names, layout, inputs):
+            put(i, "elementwise")  # the linear's own copy of a strided input (a transposed scan output)
+            why[r] = MIXER_SPAN  # (its stage may be elementwise already: the span decided it)
         elif i >= own_norm or i in between:
             put(i, "norm")
         else:

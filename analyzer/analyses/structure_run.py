@@ -198,12 +198,18 @@ def _sdpa_front_end(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     d.label(seg[r.front[seg]].tolist(), registry.COMPOSED_ATTENTION, SDPA_FRONT_END)
 
 
+_LAYOUT_COPY_WORDS = registry.KNOWLEDGE.words("layout_copy_words")
+
+
 def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     # before the walk: the walk takes a mixer's projections as they are (its block is not attention
     # and an MLP)
+    def layout(row: int) -> bool:  # a layout-only copy by its name (no dtype cast)
+        return all(w in r.norm[row] for w in _LAYOUT_COPY_WORDS)
+
     d.count(
         mixers.MIXER_SPAN,
-        mixers.mark_mixers(seg, d.stage, r.op_names, r.op_dims, d.why, r.th, r.launch, r.inputs),
+        mixers.mark_mixers(seg, d.stage, r.op_names, r.op_dims, d.why, r.th, r.launch, r.inputs, layout),
     )
 
 

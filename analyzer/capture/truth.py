@@ -298,22 +298,31 @@ _GATHERS = frozenset({
 })  # fmt: skip
 
 
-class _ExpertWeightGathers(torch.overrides.TorchFunctionMode):
-    """Puts each gather from one of ``weights`` (parameter ids) inside an ``expert_weights`` range;
-    every other torch call passes through untouched."""
+_MATMULS = frozenset({
+    torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.mm,
+    torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.nn.functional.linear, torch.einsum,
+})  # fmt: skip
 
-    def __init__(self, weights: set[int]) -> None:
+
+class _WeightUses(torch.overrides.TorchFunctionMode):
+    """Puts each call of ``funcs`` that takes one of ``uses``' parameters (by id) as an argument
+    inside that parameter's truth range; every other torch call passes through untouched."""
+
+    def __init__(self, uses: dict[int, str], funcs: frozenset[Any], first_only: bool) -> None:
         super().__init__()
-        self.weights = weights
+        self.uses, self.funcs, self.first_only = uses, funcs, first_only
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in _GATHERS and args and id(args[0]) in self.weights:
-            r = _Range(truth_name("expert_weights"))
-            try:
-                return func(*args, **kwargs)
-            finally:
-                r.close()
+        if func in self.funcs and args:
+            seen = args[:1] if self.first_only else args
+            name = next((self.uses[id(a)] for a in seen if id(a) in self.uses), None)
+            if name is not None:
+                r = _Range(name)
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    r.close()
         return func(*args, **kwargs)
 
 
@@ -346,12 +355,15 @@ class Instrumentation:
             self._hooks.append(model.register_forward_pre_hook(self._forward_step, with_kwargs=True))
             self._patch_compiled_call(model)
         if self.truth:
-            for mod, region in module_regions(model).items():
+            regions = module_regions(model)
+            for mod, region in regions.items():
                 name = truth_name(region)
                 self._hooks.append(mod.register_forward_pre_hook(functools.partial(self._enter, name)))
                 self._hooks.append(mod.register_forward_hook(self._leave, always_call=True))
                 if region == "experts":
                     self._watch_expert_weights(mod)
+                elif region == "mixer":
+                    self._watch_mixer_weights(mod, regions)
             for pymod in modeling_modules(model):
                 self._patch_functions(pymod)
             self._patch_cache_updates()
@@ -434,15 +446,34 @@ class Instrumentation:
         """Inside the experts module's forward, an indexing of its own weights (``gate_up_proj[ids]``:
         the per-token gather of expert weights before a bmm) runs inside an ``expert_weights`` range.
         The range begins after the pre-hook's ``experts`` range, so it is the innermost one."""
-        weights = {id(p) for p in mod.parameters(recurse=False)}
-        if not weights:
+        name = truth_name("expert_weights")
+        uses = {id(p): name for p in mod.parameters(recurse=False)}
+        self._watch_weight_uses(mod, uses, _GATHERS, first_only=True)
+
+    def _watch_mixer_weights(self, mod: nn.Module, regions: dict[nn.Module, str]) -> None:
+        """Inside a mixer's forward, a matmul with one of its projections' weights outside that
+        projection's forward (Mamba-1's ``dt_proj.weight @ x``) runs inside the projection's range:
+        it is the projection's work, however the code calls it."""
+        uses = {
+            id(c.weight): truth_name(regions[c])
+            for c in mod.modules()
+            if regions.get(c) in ("mixer_in_proj", "mixer_out_proj")
+            and isinstance(getattr(c, "weight", None), torch.Tensor)
+        }
+        self._watch_weight_uses(mod, uses, _MATMULS, first_only=False)
+
+    def _watch_weight_uses(
+        self, mod: nn.Module, uses: dict[int, str], funcs: frozenset[Any], first_only: bool
+    ) -> None:
+        """During ``mod``'s forward, :class:`_WeightUses` of ``uses`` over ``funcs``."""
+        if not uses:
             return
         inst = self
 
         def pre(m: nn.Module, args: Any) -> None:
             if _compiling() or inst.suppressed:
                 return
-            mode = _ExpertWeightGathers(weights)
+            mode = _WeightUses(uses, funcs, first_only)
             mode.__enter__()
             m.__dict__.setdefault("_lkm_weight_modes", []).append(mode)
 

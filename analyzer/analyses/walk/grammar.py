@@ -21,6 +21,7 @@ sampling); ``pre`` before the first layer.
 
 from __future__ import annotations
 
+import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -580,6 +581,8 @@ def _label_regions(
     candidates = was_generic.copy()
     candidates[marks] = True
     candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
+    if isinstance(ks.why, array.array):  # a mixer span's own generic kernels (STR052): not the region's
+        candidates &= np.frombuffer(ks.why, np.int16)[ks.seq] != MIXER_SPAN
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     for d in _label_generic(
         ks.seq, ks.decide, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,

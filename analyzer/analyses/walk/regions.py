@@ -258,7 +258,10 @@ def _label_sandwich(
 ) -> None:
     """Sandwich norms (Gemma): norms may come before and after the residual add (STR028)."""
     for i in run:
-        if i in inside and not _between_fused_norms(rows, i, p, q, norm, op_names):
+        # a window's first kernel is the norm's leading cast: an add there is the residual add
+        # before the norm (Mamba's fp32 residual: no cast, the add right before the pow)
+        lead_add = i - 1 not in inside and _is_add(rows[i], op_names)
+        if i in inside and not lead_add and not _between_fused_norms(rows, i, p, q, norm, op_names):
             stage[rows[i]] = "norm"
         elif _is_add(rows[i], op_names) or stage[rows[i]] == "residual_add":
             stage[rows[i]] = "residual_add"  # by op, or the rule's 16-bit add
