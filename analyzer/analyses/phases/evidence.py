@@ -175,13 +175,17 @@ def _is_fill(kernels: pa.Table) -> np.ndarray:
     return pc.fill_null(fill, False).to_numpy(zero_copy_only=False) | dict_isin(kernels["kind"], ["memset"])
 
 
-def _is_layout_copy(kernels: pa.Table) -> np.ndarray:
-    """Copies that only change layout (every word of ``layout_copy_words`` in the name: no dtype cast)."""
-    names = dict_strings(kernels["name"])
-    hit = pc.fill_null(pc.match_substring(names.dictionary, _LAYOUT_COPY_WORDS[0]), False)
-    for w in _LAYOUT_COPY_WORDS[1:]:
-        hit = pc.and_(hit, pc.fill_null(pc.match_substring(names.dictionary, w), False))
-    return pc.fill_null(hit.take(names.indices), False).to_numpy(zero_copy_only=False)
+def _prologue_rows(kernels: pa.Table, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """The rows the walk's ``rule`` (STR062) found to be a forward's input preparation, and those of
+    them that are layout-only copies (every word of ``layout_copy_words`` in the name: no dtype
+    cast); kept as row numbers, a few per step (no per-kernel mask on a 10 GB trace)."""
+    if "stage_rule" not in kernels.column_names:
+        empty = np.zeros(0, np.int64)
+        return empty, empty
+    rows = np.flatnonzero(dict_isin(kernels["stage_rule"], (rule,)))
+    names = kernels["name"].take(pa.array(rows)).to_pylist() if len(rows) else []
+    layout = [all(w in (n or "") for w in _LAYOUT_COPY_WORDS) for n in names]
+    return rows, rows[np.asarray(layout, bool)] if len(rows) else rows
 
 
 def _lm_head_rows(kernels: pa.Table, host_ops: pa.Table, join: launches.OpJoin | None = None) -> np.ndarray:

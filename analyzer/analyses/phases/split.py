@@ -27,13 +27,13 @@ from analyzer.analyses.phases.evidence import (
     _as_evidence,
     _grid_sequences,
     _is_fill,
-    _is_layout_copy,
     _kernel_evidence,
     _key_lengths,
     _lm_head_rows,
     _m_regimes,
     _name_codes,
     _norm_rows,
+    _prologue_rows,
 )
 from analyzer.analyses.phases.registry import (
     DEFAULT_THRESHOLDS,
@@ -257,12 +257,7 @@ def _kernel_columns(
         "is_attn": dict_isin(kernels["stage"], ATTENTION_KERNEL_STAGES),
         "is_heavy": dict_isin(kernels["stage"], HEAVY_STAGES),
         "fill": _is_fill(kernels),
-        "prologue": (
-            dict_isin(kernels["stage_rule"], (PROLOGUE_RULE,))
-            if "stage_rule" in kernels.column_names
-            else np.zeros(n, bool)
-        ),
-        "layout_copy": _is_layout_copy(kernels),
+        "prologue": _prologue_rows(kernels, PROLOGUE_RULE),
         "corr": kernels["correlation"].to_numpy(zero_copy_only=False),
         "ext": kernels["launch_op_id"].to_numpy(zero_copy_only=False),
         "name": _name_codes(kernels),

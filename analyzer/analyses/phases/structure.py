@@ -211,7 +211,8 @@ def _cut_steps(
     found = forward_starts(taken, dropped)
     starts = _graph_launch_start(found, df["corr"][idx], df["graph"][idx], df["fill"][idx], th)
     moved = set(starts.tolist()) - set(found.tolist())  # starts a graph replay moved back
-    starts, opened = _prologue_start(starts, df["prologue"][idx], df["layout_copy"][idx])
+    rows, layout = df["prologue"]
+    starts, opened = _prologue_start(starts, np.isin(idx, rows), np.isin(idx, layout))
     source, finder = "forward", FORWARD_STARTS
     k_st = df["start"][idx]
     k_du = df["dur"][idx]
