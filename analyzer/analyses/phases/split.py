@@ -124,8 +124,8 @@ def label_phases(
 def not_inference(kernels: pa.Table, annotated: bool) -> tuple[str, str] | None:
     """(rule id, the warning to give: empty where the classification gave it) when the run is no
     LLM inference: a training run (an optimizer kernel, or backward kernels by name), or, without
-    engine step annotations, a run with neither an attention kernel nor a decoder layer (nothing
-    of an LLM's structure, e.g. a kernel benchmark)."""
+    engine step annotations, a run with neither an attention kernel, nor a decoder layer, nor an
+    embedding lookup and an LM head (nothing of an LLM's structure, e.g. a kernel benchmark)."""
     if kernels.num_rows == 0:
         return None
     if is_training(kernels):
@@ -134,10 +134,16 @@ def not_inference(kernels: pa.Table, annotated: bool) -> tuple[str, str] | None:
         return None
     attention = bool(dict_isin(kernels["stage"], ATTENTION_KERNEL_STAGES).any())
     layered = "layer" in kernels.column_names and kernels["layer"].null_count < kernels.num_rows
-    if attention or layered:
+    # a model's two ends, an embedding lookup and an LM head GEMM: its forwards can be cut and
+    # labelled though its layers were not found (a token mixer no rule knows)
+    ends = (
+        dict_isin(kernels["stage"], ("embedding",)).any()
+        and dict_isin(kernels["stage"], ("lm_head_gemm",)).any()
+    )
+    if attention or layered or ends:
         return None
     return NO_LLM_STRUCTURE, (
-        f"no LLM structure: no attention kernel and no decoder layer among {kernels.num_rows:,} GPU "
+        f"no LLM structure: no attention kernel, no decoder layer and no embedding lookup with an LM head among {kernels.num_rows:,} GPU "
         "activities, so no steps, phases or inference findings (stages and the roofline still hold)"
     )
 
