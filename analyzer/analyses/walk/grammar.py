@@ -86,6 +86,7 @@ from analyzer.knowledge.structure_rules import Thresholds
 from analyzer.tables.positions import row_sequence
 
 SECOND_HEAD = _ID("second-head")
+NARROW_HEAD = _ID("narrow-head")
 NO_MLP = _ID("block-without-mlp")
 DOWN_BY_SHAPE = _ID("down-by-shape")
 MIXER_SPAN = _ID("mixer-span")  # a mixer's projections, labelled before the walk (analyses/mixers.py)
@@ -116,7 +117,7 @@ WALK_STEPS = (
     ("moe-router",),
     ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "block-output-projection",
      "attention-gate-projection", "role-moe-gate", "host-input-boundary",
-     "role-gate-up", "role-down", "mlp-sub-norm", "role-expert", "role-lm-head", "second-head", "role-none",
+     "role-gate-up", "role-down", "mlp-sub-norm", "role-expert", "role-lm-head", "narrow-head", "second-head", "role-none",
      "block-without-mlp", "down-by-shape", "moe-sampling-topk"),
     ("embedding-projection",),
     ("pre-layer-sampling",),
@@ -489,12 +490,23 @@ def _by_position(
         # the gate projection's own K and N, a norm and then a GEMM next: the up projection before
         # an MLP's inner norm (STR066)
         role, new_region, rid = "gate_up_gemm", "mlp_in", MLP_SUB_NORM
+    if role == "lm_head_gemm" and not ahead.gemm_ahead[k] and _narrowing(gemm_kn, ks.rows[p]):
+        # fewer outputs than inputs and no GEMM right after (OPT's project_out before its LM head):
+        # no vocabulary (a mixing of the hidden state into a few values, DeepSeek-V4's
+        # hyper-connections), the walk stays where it was (STR069)
+        role, new_region, rid = "gemm", region, NARROW_HEAD
     at = ahead.anchor_at[k]
     if role == "lm_head_gemm" and at < ks.n and ahead.boundary[at]:
         rid = HOST_INPUTS
     if opens and role == "qkv_gemm":
         mem.opened.append(k)
     return role, new_region, layer_no, rid
+
+
+def _narrowing(gemm_kn: GemmShapes | None, r: int) -> bool:
+    """Whether the GEMM op at kernel row ``r`` has a recorded N smaller than its K."""
+    kn = gemm_kn(r) if gemm_kn is not None else None
+    return kn is not None and kn[1] < kn[0]
 
 
 def _take_back(decided: tuple[np.ndarray, np.ndarray], ahead: _Ahead, k: int, role: str, rid: int) -> int:
