@@ -455,6 +455,19 @@ def _gemm_op(
     return role, rid, region, layer_no
 
 
+def _expert_block_writes(ks: KernelSequence, region_of: list[str]) -> list[int]:
+    """STR025: the positions of index writes the op hints called a KV-cache store inside an expert
+    block (``index_copy_`` putting the experts' outputs back in token order): no attention reads a
+    cache there, so they are generic again and the block labels them (its combine)."""
+    at = [q for q in np.flatnonzero(ks.stages(("kv_cache_store",))).tolist() if region_of[q] == "moe_experts"]
+    if at:
+        d = ks.decide()
+        for q in at:
+            d.stage[ks.rows[q]] = "elementwise"
+        ks.apply(d)
+    return at
+
+
 def _by_position(
     ks: KernelSequence,
     ahead: _Ahead,
@@ -595,6 +608,7 @@ def _label_regions(
     candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
     if isinstance(ks.why, array.array):  # a mixer span's own generic kernels (STR052): not the region's
         candidates &= np.frombuffer(ks.why, np.int16)[ks.seq] != MIXER_SPAN
+    candidates[_expert_block_writes(ks, region_of)] = True
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     for d in _label_generic(
         ks.seq, ks.decide, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,
