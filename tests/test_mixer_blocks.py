@@ -184,3 +184,58 @@ def test_a_group_naming_an_unknown_rule_is_bad_input(tmp_path: Path) -> None:
     # THEN loading it fails with one clear error naming the key
     with pytest.raises(InputError, match="group token-mixers.rules"):
         load_structure(bad)
+
+
+def test_an_attention_input_gate_stops_at_the_attentions_first_matmul() -> None:
+    from analyzer.analyses.attention_gates import COMPOSED, INPUT_GATE, mark_input_gates
+
+    # GIVEN a projection, then a composed attention whose front holds a gate (softplus, scale, exp)
+    # and whose own QK^T matmul and softmax follow (an exp inside the attention too)
+    seq = [
+        ("qkv_gemm", "aten::mm", 0),
+        ("flash_attention", "aten::softplus", COMPOSED),
+        ("flash_attention", "aten::mul", COMPOSED),
+        ("flash_attention", "aten::exp", COMPOSED),
+        ("flash_attention", "aten::matmul", COMPOSED),
+        ("flash_attention", "aten::exp", COMPOSED),
+        ("flash_attention", "aten::matmul", COMPOSED),
+    ]
+    stage = [s for s, _, _ in seq]
+    ops = [o for _, o, _ in seq]
+    why = [c for _, _, c in seq]
+    n = mark_input_gates(np.arange(len(seq)), stage, ops, why, np.asarray(why, np.int16))
+    # THEN the gate is elementwise and the attention, from its first matmul on, stays attention
+    assert n == 3 and stage[1:4] == ["elementwise"] * 3 and why[1] == INPUT_GATE
+    assert stage[4:] == ["flash_attention"] * 3
+
+
+def test_a_gate_projected_after_the_attention_is_found_with_a_named_sigmoid() -> None:
+    from types import SimpleNamespace
+
+    from analyzer.analyses.walk.between_ops import _gated_output
+
+    # GIVEN between two GEMM ops a sigmoid (its name made it an activation) and a multiply
+    def ks(rows):
+        return SimpleNamespace(
+            rows=list(range(len(rows))), st=[s for s, _ in rows], op_names=[o for _, o in rows]
+        )
+
+    gate = ks([("elementwise", "aten::copy_"), ("activation", "aten::sigmoid"), ("elementwise", "aten::mul")])
+    # THEN it is a gate; an add between, or another activation, is not
+    assert _gated_output(gate, 0, 3)
+    assert not _gated_output(ks([("activation", "aten::sigmoid"), ("residual_add", "aten::add")]), 0, 2)
+    assert not _gated_output(ks([("activation", "aten::silu"), ("elementwise", "aten::mul")]), 0, 2)
+
+
+@pytest.mark.parametrize(
+    ("kn", "narrow"),
+    [
+        ((16384, 24), True),  # hyper-connections: the stacked streams mixed into a few weights
+        ((4096, 4000), False),  # a tensor-parallel rank's shard of a 32k vocabulary (TP8)
+        ((16384, 8016), False),  # ... of a 128k vocabulary (TP16)
+        ((4096, 32000), False),  # a whole vocabulary
+    ],
+)
+def test_a_narrow_gemm_is_no_lm_head_but_a_vocabulary_shard_is(kn, narrow) -> None:
+    # GIVEN a GEMM the walk would take for the LM head WHEN its N is far below its K THEN it is none
+    assert grammar._narrowing({0: kn}.get, 0, registry.DEFAULT_THRESHOLDS) is narrow

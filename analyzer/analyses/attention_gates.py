@@ -26,6 +26,7 @@ OUTPUT_GATE = KNOWLEDGE.code_of("attention-output-gate")
 INPUT_GATE = KNOWLEDGE.code_of("attention-input-gate")
 COMPOSED = KNOWLEDGE.code_of("composed-attention")
 INPUT_GATE_OPS = frozenset(KNOWLEDGE.set_of("attention_input_gate_ops"))
+GEMM_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops")) | frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))
 GATE_OPS = frozenset(KNOWLEDGE.set_of("gate_activation_ops"))
 SCALE_OPS = frozenset(KNOWLEDGE.set_of("scale_ops"))
 _SOFTMAX = ATTENTION - {"linear_attention"}
@@ -65,21 +66,23 @@ def _label(
     return done
 
 
-def mark_input_gates(seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any) -> int:
-    """STR065 over one segment (kernel rows in launch order); returns the kernels relabelled."""
-    rows = seq.tolist()
+def mark_input_gates(
+    seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any, codes: np.ndarray
+) -> int:
+    """STR065 over one segment (kernel rows in launch order); ``codes``: each kernel row's rule code
+    before this pass (the composed attentions are found from them at once). Returns the kernels
+    relabelled."""
+    comp = codes[seq] == COMPOSED
+    firsts = np.flatnonzero(comp[1:] & ~comp[:-1]) + 1  # a composed attention's first kernel
+    rows = seq.tolist() if len(firsts) else []
     done = 0
-    for p in range(1, len(rows)):
-        r = rows[p]
-        if (
-            int(why[r]) != COMPOSED
-            or int(why[rows[p - 1]]) == COMPOSED
-            or stage[rows[p - 1]] not in GEMM_STAGES
-        ):
-            continue  # not a composed attention's first kernel right after a GEMM op
+    for p in firsts.tolist():
+        if stage[rows[p - 1]] not in GEMM_STAGES:
+            continue  # not right after a GEMM op (its front reached the KV-cache write)
         last = -1
         q = p
-        while q < len(rows) and int(why[rows[q]]) == COMPOSED and stage[rows[q]] not in GEMM_STAGES:
+        # up to the attention's first GEMM op (its QK^T matmul, staged attention by STR002)
+        while q < len(rows) and comp[q] and op_names[rows[q]] not in GEMM_OPS:
             if op_names[rows[q]] in INPUT_GATE_OPS:
                 last = q
             q += 1

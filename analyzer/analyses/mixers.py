@@ -237,7 +237,9 @@ def _projection_input_copy(
     ):
         return False
     copied, read = (inputs(rows[i]), inputs(rows[nxt])) if inputs is not None else (None, None)
-    return bool(copied and read) and _numel(copied[0]) == _numel(read[0]) > 0
+    # the GEMM's activation input: addmm's second (its first is the bias), the others' first
+    at = 1 if op_names[rows[nxt]] == "aten::addmm" else 0
+    return bool(copied and read and len(read) > at) and _numel(copied[0]) == _numel(read[at]) > 0
 
 
 def _numel(dims: list[int]) -> int:

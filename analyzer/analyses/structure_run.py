@@ -15,6 +15,7 @@ list and the rule codes.
 
 from __future__ import annotations
 
+import array
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -218,7 +219,10 @@ def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
 
 
 def _input_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
-    d.count(attention_gates.INPUT_GATE, attention_gates.mark_input_gates(seg, d.stage, r.op_names, d.why))
+    codes = np.frombuffer(r.why, np.int16) if isinstance(r.why, array.array) else np.asarray(r.why, np.int16)
+    d.count(
+        attention_gates.INPUT_GATE, attention_gates.mark_input_gates(seg, d.stage, r.op_names, d.why, codes)
+    )
 
 
 def _rotary_tables(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:

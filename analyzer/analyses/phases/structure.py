@@ -115,18 +115,21 @@ def _graph_launch_start(
 
 
 def _prologue_start(
-    starts: np.ndarray, prologue: np.ndarray, layout_copy: np.ndarray
+    starts: np.ndarray, idx: np.ndarray, prologue: set[int], layout_copy: set[int]
 ) -> tuple[np.ndarray, set[int]]:
     """PHS038: the kernels right before a forward's start that the walk found to be its input
     preparation (STR062: after the previous step's stop check, the model's own code builds the next
     forward's positions and masks) open its step, but for their leading layout-only copies (the
-    caller's clones of its sliced ids); returns the starts and those moved back."""
+    caller's clones of its sliced ids); returns the starts and those moved back. ``idx``: the
+    trace's kernel rows in time order; ``prologue`` / ``layout_copy``: rows (a few per step)."""
+    if not prologue:
+        return starts, set()
     out, opened = [], set()
     for s in starts.tolist():
         t = s
-        while t > 0 and prologue[t - 1]:
+        while t > 0 and int(idx[t - 1]) in prologue:
             t -= 1
-        while t < s and layout_copy[t]:
+        while t < s and int(idx[t]) in layout_copy:
             t += 1
         if t < s:
             opened.add(t)
@@ -212,7 +215,7 @@ def _cut_steps(
     starts = _graph_launch_start(found, df["corr"][idx], df["graph"][idx], df["fill"][idx], th)
     moved = set(starts.tolist()) - set(found.tolist())  # starts a graph replay moved back
     rows, layout = df["prologue"]
-    starts, opened = _prologue_start(starts, np.isin(idx, rows), np.isin(idx, layout))
+    starts, opened = _prologue_start(starts, idx, set(rows.tolist()), set(layout.tolist()))
     source, finder = "forward", FORWARD_STARTS
     k_st = df["start"][idx]
     k_du = df["dur"][idx]

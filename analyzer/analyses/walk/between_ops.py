@@ -56,19 +56,22 @@ _MUL_OPS = _V("scale_ops")
 
 
 def _gated_output(ks: KernelSequence, lo: int, hi: int) -> bool:
-    """STR068: in positions [lo, hi) (between two GEMM ops) only generic kernels run, among them one
-    launched by a gate activation (``gate_projection_activation_ops``) and a multiply after it, no
-    add: a gate projected and multiplied into the attention's output before its O projection."""
-    act = -1
+    """STR068: in positions [lo, hi) (between two GEMM ops) no add runs and only generic kernels or a
+    gate activation's (``gate_projection_activation_ops``, whatever stage its name gave it), among
+    them that activation and a multiply after it: a gate projected and multiplied into the
+    attention's output before its O projection."""
+    act = found = False
     for q in range(lo, hi):
         op = ks.op_names[ks.rows[q]]
-        if _is_add(ks.rows[q], ks.op_names) or ks.st[q] not in GENERIC:
+        if _is_add(ks.rows[q], ks.op_names):
             return False
         if op in _GATE_PROJECTION_OPS:
-            act = q
-        elif act >= 0 and op in _MUL_OPS:
-            return True
-    return False
+            act = True
+        elif ks.st[q] not in GENERIC:
+            return False
+        elif act and op in _MUL_OPS:
+            found = True
+    return found
 
 
 def _norm_then_gemm(ks: KernelSequence, gemm: np.ndarray, q: int) -> bool:

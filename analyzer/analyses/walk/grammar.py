@@ -87,6 +87,7 @@ from analyzer.tables.positions import row_sequence
 
 SECOND_HEAD = _ID("second-head")
 NARROW_HEAD = _ID("narrow-head")
+_MOE_OPS = _V("region_ops_moe")  # an expert block's own ops (STR025's index writes among them)
 NO_MLP = _ID("block-without-mlp")
 DOWN_BY_SHAPE = _ID("down-by-shape")
 MIXER_SPAN = _ID("mixer-span")  # a mixer's projections, labelled before the walk (analyses/mixers.py)
@@ -459,7 +460,11 @@ def _expert_block_writes(ks: KernelSequence, region_of: list[str]) -> list[int]:
     """STR025: the positions of index writes the op hints called a KV-cache store inside an expert
     block (``index_copy_`` putting the experts' outputs back in token order): no attention reads a
     cache there, so they are generic again and the block labels them (its combine)."""
-    at = [q for q in np.flatnonzero(ks.stages(("kv_cache_store",))).tolist() if region_of[q] == "moe_experts"]
+    at = [
+        q
+        for q in np.flatnonzero(ks.stages(("kv_cache_store",))).tolist()
+        if region_of[q] == "moe_experts" and ks.op_names[ks.rows[q]] in _MOE_OPS
+    ]
     if at:
         d = ks.decide()
         for q in at:
@@ -503,7 +508,7 @@ def _by_position(
         # the gate projection's own K and N, a norm and then a GEMM next: the up projection before
         # an MLP's inner norm (STR066)
         role, new_region, rid = "gate_up_gemm", "mlp_in", MLP_SUB_NORM
-    if role == "lm_head_gemm" and not ahead.gemm_ahead[k] and _narrowing(gemm_kn, ks.rows[p]):
+    if role == "lm_head_gemm" and not ahead.gemm_ahead[k] and _narrowing(gemm_kn, ks.rows[p], ks.th):
         # fewer outputs than inputs and no GEMM right after (OPT's project_out before its LM head):
         # no vocabulary (a mixing of the hidden state into a few values, DeepSeek-V4's
         # hyper-connections), the walk stays where it was (STR069)
@@ -516,10 +521,11 @@ def _by_position(
     return role, new_region, layer_no, rid
 
 
-def _narrowing(gemm_kn: GemmShapes | None, r: int) -> bool:
-    """Whether the GEMM op at kernel row ``r`` has a recorded N smaller than its K."""
+def _narrowing(gemm_kn: GemmShapes | None, r: int, th: Thresholds) -> bool:
+    """Whether the GEMM op at kernel row ``r`` has a recorded N at most ``narrow_head_ratio`` of its
+    K: far narrower than any vocabulary, a tensor-parallel rank's vocabulary shard included."""
     kn = gemm_kn(r) if gemm_kn is not None else None
-    return kn is not None and kn[1] < kn[0]
+    return kn is not None and kn[1] <= th.narrow_head_ratio * kn[0]
 
 
 def _take_back(decided: tuple[np.ndarray, np.ndarray], ahead: _Ahead, k: int, role: str, rid: int) -> int:
@@ -606,8 +612,13 @@ def _label_regions(
     candidates = was_generic.copy()
     candidates[marks] = True
     candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
-    if isinstance(ks.why, array.array):  # a mixer span's own generic kernels (STR052): not the region's
-        candidates &= np.frombuffer(ks.why, np.int16)[ks.seq] != MIXER_SPAN
+    # a mixer span's own generic kernels (STR052): not the region's
+    codes = (
+        np.frombuffer(ks.why, np.int16)[ks.seq]
+        if isinstance(ks.why, array.array)
+        else np.fromiter((int(ks.why[r]) for r in rows), np.int64, n)
+    )
+    candidates &= codes != MIXER_SPAN
     candidates[_expert_block_writes(ks, region_of)] = True
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     for d in _label_generic(
