@@ -148,7 +148,7 @@ class StructureRun:
                 self.decide(step, seg).apply(self.stage, self.why, held)
         grammar.walk_sequence(
             seg, self.stage, self.norm, self.op_names, self.launch, self.layer, self.topk, self.pow_rows,
-            self.reduce_rows, self.why, self.th, self.counts, self.gemm_kn, self.runs, suspect,
+            self.reduce_rows, self.why, self.th, self.counts, self.gemm_kn, self.runs, suspect, self.inputs,
         )  # fmt: skip
         problem = selfcheck.structure_problem(seg, self.stage, self.layer, self.th)
         if problem:

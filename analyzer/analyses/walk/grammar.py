@@ -151,6 +151,7 @@ def walk_sequence(
     gemm_kn: GemmShapes | None = None,
     runs: Callable[[str], bool] | None = None,
     suspect: list[int] | None = None,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels ``seq``.
     Per kernel row: ``stage`` (read and written), ``norm`` (normalised names), ``op_names`` /
@@ -168,6 +169,7 @@ def walk_sequence(
     STR058)."""
     why = defaultdict(int) if why is None else why  # (read for the marks of the passes before)
     ks = KernelSequence(seq, row_sequence(seq), stage, why, norm, op_names, launch, th, fired)
+    ks.inputs = inputs
     runs = runs if runs is not None else _every_rule
     gemm, op_first, op_last, picked = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], runs)
     ahead = _look_ahead(ks, gemm, op_first, op_last)
@@ -623,7 +625,7 @@ def _label_regions(
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     for d in _label_generic(
         ks.seq, ks.decide, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,
-        ks.th, rows, kv,
+        ks.th, rows, kv, ks.inputs,
     ):  # fmt: skip
         ks.apply(d)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)

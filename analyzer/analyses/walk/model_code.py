@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -187,10 +187,13 @@ def _label_first_norm(
     op_names: Sequence[str | None],
     why: Any,
     th: Thresholds = DEFAULT_THRESHOLDS,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> None:
     """Before the first layer: the generic kernels of each norm there (the input norm of layer 0,
     and an embedding's own norm before it), each run of norm kernels (at most ``norm_cluster_gap``
-    apart) on its own.
+    apart) on its own. ``inputs`` (kernel row -> its op's input dims, on demand): a cast after a
+    fused norm kernel that copies another number of elements than the norm read is not its cast
+    back (an attention mask's).
 
     A norm composed of ATen kernels (pow, mean, rsqrt, mul) opens with one cast to fp32 and its
     generic kernels reach up to the next norm (``max_norm_tail`` of them at most) or, for the last
@@ -208,7 +211,12 @@ def _label_first_norm(
             start -= 1
         if _fused(norm, rows[b]):
             end = b + 1
-            while end < hi and op_names[rows[end]] in _CAST_OPS and stage[rows[end]] in GENERIC:
+            while (
+                end < hi
+                and op_names[rows[end]] in _CAST_OPS
+                and stage[rows[end]] in GENERIC
+                and _same_elements(inputs, rows[b], rows[end])
+            ):
                 end += 1
         else:
             end = hi if k == len(firsts) - 1 else min(b + 1 + int(th.max_norm_tail), firsts[k + 1])
@@ -219,6 +227,15 @@ def _label_first_norm(
         if k >= 0 and i < spans[k][1] and stage[rows[i]] in GENERIC:
             stage[rows[i]] = "norm"
             why[rows[i]] = FIRST_NORM
+
+
+def _same_elements(inputs: Callable[[int], list[list[int]] | None] | None, a: int, b: int) -> bool:
+    """Whether kernel rows ``a`` and ``b``'s ops read first inputs of as many elements (unknown
+    shapes: True)."""
+    x, y = (inputs(a), inputs(b)) if inputs is not None else (None, None)
+    if not x or not y or not x[0] or not y[0]:
+        return True
+    return int(np.prod(x[0])) == int(np.prod(y[0]))
 
 
 def _fused(norm: Sequence[str], r: int) -> bool:

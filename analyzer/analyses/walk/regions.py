@@ -77,6 +77,7 @@ def _label_generic(
     th: Thresholds = DEFAULT_THRESHOLDS,
     rows: Sequence[int] | None = None,  # seq as Python ints, where the caller holds them
     kv: bool = True,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> Iterator[Decisions]:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
@@ -107,7 +108,7 @@ def _label_generic(
         reg = region_of[p]
         run = generic_at[cut[k] : cut[k + 1]].tolist()  # one region's positions as ints at a time
         if run and reg == "pre":
-            _label_first_norm(rows, run, p, q, stage, norm, op_names, why, th)
+            _label_first_norm(rows, run, p, q, stage, norm, op_names, why, th, inputs)
             _label_rotary_module(rows, p, q, stage, op_names, why, th)
         if not run or reg not in _REGION_STAGE:
             continue

@@ -41,6 +41,7 @@ class KernelSequence:
     kinds: dict[str, int] = field(default_factory=dict)
     code: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     normish: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    inputs: Any = None  # kernel row -> its launching op's input dims, on demand (None: unknown)
 
     @property
     def n(self) -> int:
