@@ -69,10 +69,10 @@ def _label(
 def mark_input_gates(
     seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any, codes: np.ndarray
 ) -> int:
-    """STR065 over one segment (kernel rows in launch order); ``codes``: each kernel row's rule code
-    before this pass (the composed attentions are found from them at once). Returns the kernels
-    relabelled."""
-    comp = codes[seq] == COMPOSED
+    """STR065 over one segment (kernel rows in launch order); ``codes``: the rule code of each of its
+    kernels (by position) before this pass (the composed attentions are found from them at once).
+    Returns the kernels relabelled."""
+    comp = codes == COMPOSED
     firsts = np.flatnonzero(comp[1:] & ~comp[:-1]) + 1  # a composed attention's first kernel
     rows = seq.tolist() if len(firsts) else []
     done = 0

@@ -532,15 +532,12 @@ def apply_op_hints(
     # once, then visit just their kernels
     wanted = {op: op in table or op in _GATHER_OPS for op in set(op_names) if op is not None}
     for i, op in enumerate(op_names):
-        if (
-            op is not None
-            and wanted[op]
-            and stage[i] == "embedding"
-            and _from_activations(op, op_dims.get(i))
-        ):
+        if op is None or not wanted[op]:
+            continue
+        if stage[i] == "embedding" and _from_activations(op, op_dims.get(i)):
             stage[i] = "elementwise"  # a lookup's kernel by name, gathering rows of activations
             why[i] = EMBEDDING_LOOKUP
-        elif op is not None and wanted[op] and stage[i] in GENERIC:
+        elif stage[i] in GENERIC:
             d = op_dims.get(i)
             if _is_embedding_lookup(op, d, th):
                 stage[i] = "embedding"

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.walk.positions import _cluster_bounds
+from analyzer.analyses.walk.positions import _cluster_bounds, numel
 from analyzer.analyses.walk.registry import ATTENTION, KNOWLEDGE, REGION_RULE_CODES
 from analyzer.analyses.weight_gathers import BATCHED_GEMM_OPS
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
@@ -239,14 +239,7 @@ def _projection_input_copy(
     copied, read = (inputs(rows[i]), inputs(rows[nxt])) if inputs is not None else (None, None)
     # the GEMM's activation input: addmm's second (its first is the bias), the others' first
     at = 1 if op_names[rows[nxt]] == "aten::addmm" else 0
-    return bool(copied and read and len(read) > at) and _numel(copied[0]) == _numel(read[at]) > 0
-
-
-def _numel(dims: list[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n if dims else 0
+    return bool(copied and read and len(read) > at) and numel(copied[0]) == numel(read[at]) > 0
 
 
 def _label(

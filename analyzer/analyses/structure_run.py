@@ -15,7 +15,6 @@ list and the rule codes.
 
 from __future__ import annotations
 
-import array
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ import pyarrow as pa
 
 from analyzer.analyses import attention_gates, dequantize, mixers, rotary_tables, weight_gathers
 from analyzer.analyses.walk import eager_ops, grammar, moe, positions, registry, selfcheck
-from analyzer.analyses.walk.decisions import Decisions
+from analyzer.analyses.walk.decisions import Decisions, codes_at
 from analyzer.analyses.walk.registry import ATTENTION
 from analyzer.knowledge.structure_rules import StructureKnowledge
 from analyzer.tables import launches
@@ -219,7 +218,7 @@ def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
 
 
 def _input_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
-    codes = np.frombuffer(r.why, np.int16) if isinstance(r.why, array.array) else np.asarray(r.why, np.int16)
+    codes = codes_at(r.why, seg)
     d.count(
         attention_gates.INPUT_GATE, attention_gates.mark_input_gates(seg, d.stage, r.op_names, d.why, codes)
     )

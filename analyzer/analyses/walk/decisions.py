@@ -20,6 +20,14 @@ from typing import Any
 import numpy as np
 
 
+def codes_at(why: Any, rows: np.ndarray) -> np.ndarray:
+    """The rule codes of kernel rows ``rows``: read from a view of a typed code array where the run
+    keeps one, else row by row (a list or a mapping, as in the tests)."""
+    if isinstance(why, array.array):
+        return np.frombuffer(why, np.int16)[rows] if len(why) else np.zeros(len(rows), np.int16)
+    return np.fromiter((int(why[r]) for r in np.asarray(rows).tolist()), np.int64, len(rows))
+
+
 class _Overlay:
     """Per kernel row: a rule's own decision where it made one, the value underneath otherwise.
     Reads and writes by row index, as the rules read a stage list or a code array."""

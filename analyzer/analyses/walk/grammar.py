@@ -21,7 +21,6 @@ sampling); ``pre`` before the first layer.
 
 from __future__ import annotations
 
-import array
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from analyzer.analyses.walk.between_ops import (
     _reads_gate_up,
     _same_shape,
 )
-from analyzer.analyses.walk.decisions import Decisions
+from analyzer.analyses.walk.decisions import Decisions, codes_at
 from analyzer.analyses.walk.eager_ops import (
     _demote_lone_pow,
     _demote_output_row_gathers,
@@ -615,12 +614,7 @@ def _label_regions(
     candidates[marks] = True
     candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
     # a mixer span's own generic kernels (STR052): not the region's
-    codes = (
-        np.frombuffer(ks.why, np.int16)[ks.seq]
-        if isinstance(ks.why, array.array)
-        else np.fromiter((int(ks.why[r]) for r in rows), np.int64, n)
-    )
-    candidates &= codes != MIXER_SPAN
+    candidates &= codes_at(ks.why, ks.seq) != MIXER_SPAN
     candidates[_expert_block_writes(ks, region_of)] = True
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     for d in _label_generic(

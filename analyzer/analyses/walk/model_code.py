@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.walk.positions import _cluster_bounds
+from analyzer.analyses.walk.positions import _cluster_bounds, numel
 from analyzer.analyses.walk.registry import (
     _COPY_OPS,
     _FUSED_NORM_WORDS,
@@ -235,7 +235,7 @@ def _same_elements(inputs: Callable[[int], list[list[int]] | None] | None, a: in
     x, y = (inputs(a), inputs(b)) if inputs is not None else (None, None)
     if not x or not y or not x[0] or not y[0]:
         return True
-    return int(np.prod(x[0])) == int(np.prod(y[0]))
+    return numel(x[0]) == numel(y[0])
 
 
 def _fused(norm: Sequence[str], r: int) -> bool:

@@ -103,3 +103,11 @@ def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, 
     """(K, N) of a recorded dense GEMM op from its input shapes (``rules/work_ops.toml``, grouped
     products left out: their weights are experts); None when not a GEMM the table reads."""
     return WORK_OPS.dense_shape(op_name, dims)
+
+
+def numel(dims: Sequence[int]) -> int:
+    """The element count of a tensor of ``dims`` (0 for no dims recorded)."""
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n if len(dims) else 0
