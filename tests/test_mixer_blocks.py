@@ -167,10 +167,27 @@ def test_a_mixers_own_norm_is_its_last_norm_cluster() -> None:
     # (pow, mean, add, rsqrt) before the output projection at position 14
     stage = ["qkv_gemm", "norm", "elementwise", "elementwise", "elementwise", "norm", "elementwise",
              "elementwise", "elementwise", "elementwise", "norm", "norm", "elementwise", "norm", "o_gemm"]  # fmt: skip
+    ops: list[str | None] = [None] * 15
     # THEN the own norm starts at the pow (position 10), not at the core's first rsqrt
-    assert _own_norm(list(range(15)), 0, 14, stage, 3) == 10
+    assert _own_norm(list(range(15)), 0, 14, stage, ops, 3) == 10
     # AND with no norm after the core's last GEMM there is none
-    assert _own_norm(list(range(15)), 13, 14, stage, 3) == 14
+    assert _own_norm(list(range(15)), 13, 14, stage, ops, 3) == 14
+
+
+def test_a_composed_layer_norms_mean_and_variance_are_the_mixers_own_norm() -> None:
+    from analyzer.analyses.mixers import _own_norm
+
+    # GIVEN the core's last kernels, then a LayerNorm composed of ops (xLSTM): cast, mean, sub, var,
+    # add eps, rsqrt, mul, cast, before the output projection at position 10; only the mean and the
+    # rsqrt are norm kernels by name, four positions apart
+    ops = ["aten::mm", "aten::exp", "aten::copy_", "aten::mean", "aten::sub", "aten::var", "aten::add",
+           "aten::rsqrt", "aten::mul", "aten::copy_", "aten::mm"]  # fmt: skip
+    stage = ["qkv_gemm", "elementwise", "elementwise", "norm", "elementwise", "elementwise", "elementwise",
+             "norm", "elementwise", "elementwise", "o_gemm"]  # fmt: skip
+    # THEN the variance (a norm's op) joins them into one cluster: the own norm starts at the mean
+    assert _own_norm(list(range(11)), 0, 10, stage, ops, 3) == 3
+    # AND by the names alone the mean would be the core's (the cluster starts at the rsqrt)
+    assert _own_norm(list(range(11)), 0, 10, stage, [None] * 11, 3) == 7
 
 
 def test_a_group_naming_an_unknown_rule_is_bad_input(tmp_path: Path) -> None:

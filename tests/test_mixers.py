@@ -15,7 +15,7 @@ from analyzer.analyses.mixers import MIXER_SPAN, mark_mixers
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "fixtures" / "sweep"
-TH = SimpleNamespace(mixer_reach=400, norm_cluster_gap=3)
+TH = SimpleNamespace(mixer_reach=400, norm_cluster_gap=3, stabilizer_reach=4)
 CONV = "aten::_conv_depthwise2d"
 DEPTHWISE = [[2, 64, 1, 16], [64, 1, 1, 4]]
 
@@ -90,6 +90,53 @@ def test_no_mixer_without_its_own_evidence(change) -> None:
     before = [s for s, _, _ in seq]
     stage, _, n = _run(seq)
     assert n == 0 and stage == before
+
+
+# RWKV's time mixing: a fused LayerNorm, the token shift, key / value / receptance projections, the
+# WKV recurrence in ATen ops (a running maximum, the exp of the differences), the output projection
+RWKV_LAYER = [
+    ("norm", "aten::native_layer_norm", None),
+    ("elementwise", "aten::copy_", None),  # the token shift
+    ("elementwise", "aten::mul", None),
+    ("residual_add", "aten::add", None),
+    ("gemm", "aten::mm", None),  # key
+    ("gemm", "aten::mm", None),  # value
+    ("activation", "aten::sigmoid", None),
+    ("elementwise", "aten::maximum", None),  # the stabilizer
+    ("elementwise", "aten::sub", None),
+    ("elementwise", "aten::exp", None),
+    ("elementwise", "aten::div", None),
+    ("gemm", "aten::mm", None),  # output
+    ("residual_add", "aten::add", None),
+    ("norm", "aten::native_layer_norm", None),
+]
+
+
+def test_an_exponentially_gated_recurrence_is_a_mixer() -> None:
+    # GIVEN RWKV's time mixing, whose only mixer evidence is its log-space stabilizer
+    seq = list(RWKV_LAYER)
+    stage = [s for s, _, _ in seq]
+    ops = [o for _, o, _ in seq]
+    why = [0] * len(seq)
+    # WHEN the span is marked with the fused norm known by name
+    n = mark_mixers(np.arange(len(seq)), stage, ops, {}, why, TH, fused_norm=lambda r: r in (0, 13))
+    # THEN the token shift after the fused norm and the recurrence are the core, the projections the
+    # mixer's q / k / v and its output projection
+    assert n > 0
+    assert stage[1:4] == ["linear_attention"] * 3 and stage[7:11] == ["linear_attention"] * 4
+    assert stage[4:6] == ["qkv_gemm"] * 2 and stage[11] == "o_gemm" and stage[12] == "residual_add"
+    # AND without the fused norm's name the token shift is left to the walk
+    stage = [s for s, _, _ in seq]
+    mark_mixers(np.arange(len(seq)), stage, ops, {}, [0] * len(seq), TH)
+    assert stage[1:4] == ["elementwise", "elementwise", "residual_add"]
+
+
+def test_a_maximum_with_no_exp_after_it_is_no_recurrence() -> None:
+    # GIVEN the same layer where the maximum is a clamp: no exp of its difference follows
+    seq = [x if x[1] != "aten::exp" else ("elementwise", "aten::mul", None) for x in RWKV_LAYER]
+    stage, _, n = _run(seq)
+    # THEN nothing is a mixer
+    assert n == 0 and stage == [s for s, _, _ in seq]
 
 
 @pytest.mark.parametrize(("model_type", "floor"), [("mamba2", 0.99), ("zamba2", 0.98)])

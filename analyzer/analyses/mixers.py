@@ -37,12 +37,17 @@ from analyzer.knowledge.taxonomy import MEMORY_STAGES
 MIXER_SPAN = KNOWLEDGE.code_of("mixer-span")
 CONV_OPS = frozenset(KNOWLEDGE.set_of("depthwise_conv_ops"))
 ANCHOR_OPS = frozenset(KNOWLEDGE.set_of("mixer_anchor_ops"))
-_ANCHOR_BY_OP = CONV_OPS | ANCHOR_OPS  # ops of a mixer's own work, whatever their weights' shape
+STABILIZER_OPS = frozenset(KNOWLEDGE.set_of("stabilizer_ops"))
+EXP_OPS = frozenset(KNOWLEDGE.set_of("exp_ops"))
+_ANCHOR_BY_OP = (
+    CONV_OPS | ANCHOR_OPS | STABILIZER_OPS
+)  # ops of a mixer's own work, whatever their weights' shape
 LINEAR_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
 BATCHED_OPS = BATCHED_GEMM_OPS
 ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
 CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))
 NORM_OPS = frozenset(KNOWLEDGE.set_of("region_ops_norm"))  # the ops a norm module is made of
+NORM_SIGNAL_OPS = frozenset(KNOWLEDGE.set_of("norm_ops"))  # ops only a norm runs (its reductions, rsqrt)
 _MEMORY = frozenset(MEMORY_STAGES)
 _CORE = "linear_attention"
 _SOFTMAX = ATTENTION - {_CORE}  # softmax attention's kernels: never inside a mixer
@@ -58,12 +63,23 @@ def _depthwise(dims: Any) -> bool:
     return isinstance(w, list) and len(w) >= 3 and w[1] == 1
 
 
-def _is_anchor(r: int, stage: list[str], op_names: Sequence[str | None], op_dims: Mapping[int, Any]) -> bool:
+def _is_anchor(
+    rows: list[int],
+    p: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    op_dims: Mapping[int, Any],
+    th: Any,
+) -> bool:
+    r = rows[p]
     op = op_names[r]
     if stage[r] == _CORE:
         return True
     if op in CONV_OPS:
         return _depthwise(op_dims.get(r))
+    if op in STABILIZER_OPS:  # a running maximum is a recurrence's only when its difference is exponentiated
+        reach = int(th.stabilizer_reach)
+        return any(op_names[x] in EXP_OPS for x in rows[p + 1 : p + 1 + reach])
     return op in ANCHOR_OPS
 
 
@@ -77,26 +93,30 @@ def mark_mixers(
     launch: np.ndarray | None = None,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
     layout: Callable[[int], bool] | None = None,
+    fused_norm: Callable[[int], bool] | None = None,
 ) -> int:
     """STR052 over one segment (kernel rows in launch order); returns the kernels relabelled.
     ``launch`` (per kernel row): the launching op's id, so a split-K GEMM's kernels count as one;
     ``inputs`` (kernel row -> its op's input dims, on demand): an add of operands of two shapes
     (a bias, a parameter) is no residual add; ``layout`` (kernel row -> a layout-only copy, by
-    name): such a copy right before a projection is the projection's own."""
+    name): such a copy right before a projection is the projection's own; ``fused_norm`` (kernel
+    row -> a fused norm kernel, by name): the kernels between such an input norm and the first
+    input projection are the mixer's (a token shift)."""
     rows = seq.tolist()
     n = len(rows)
     reach = int(th.mixer_reach)
     done = 0
     end = -1  # the last output projection placed: spans never overlap
     for p in range(n):
-        if p <= end or not _is_anchor(rows[p], stage, op_names, op_dims):
+        if p <= end or not _is_anchor(rows, p, stage, op_names, op_dims, th):
             continue
         span = _span(rows, p, end, stage, op_names, reach, why, launch, inputs)
         if span is None:
             continue
         norm_at, start, out = span
+        lead = norm_at + 1 if fused_norm is not None and fused_norm(rows[norm_at]) else start
         done += _label(
-            rows, norm_at, start, out, stage, op_names, why, launch, int(th.norm_cluster_gap), layout, inputs
+            rows, lead, start, out, stage, op_names, why, launch, int(th.norm_cluster_gap), layout, inputs
         )
         end = out
     return done
@@ -123,11 +143,11 @@ def _span(
 ) -> tuple[int, int, int] | None:
     """(the input norm's last kernel, the input projection, the output projection) around anchor p."""
 
-    def residual(r: int) -> bool:  # an add of two operands of one shape (unknown shapes: any add)
+    def residual(r: int) -> bool:  # an add of two activations (unknown shapes: any add)
         if op_names[r] not in ADD_OPS:
             return False
         got = inputs(r) if inputs is not None else None
-        return got is None or len(got) < 2 or got[0] == got[1]
+        return got is None or len(got) < 2 or _activations(got[0], got[1])
 
     def attention(r: int) -> bool:  # softmax attention by evidence, not a region's default
         return stage[r] in _SOFTMAX and int(why[r]) not in REGION_RULE_CODES
@@ -174,6 +194,21 @@ def _span(
     return None
 
 
+def _activations(a: Any, b: Any) -> bool:
+    """Two operands of an add are activations of one batch: one shape, or one rank with the same batch
+    and hidden sizes (one broadcast over the positions: RWKV's decode adds its state's last position);
+    a bias or a parameter (its own rank, no batch) is not."""
+    if a == b:
+        return True
+    return (
+        isinstance(a, list)
+        and isinstance(b, list)
+        and len(a) == len(b) >= 2
+        and a[0] == b[0]
+        and a[-1] == b[-1]
+    )
+
+
 def _attention_branch(rows: list[int], k: int, stage: list[str], reach: int, attention: Any) -> bool:
     """Whether the linear GEMM at ``k`` opens a softmax-attention branch: attention follows it before
     the next norm (Falcon-H1 runs its Mamba-2 mixer and its attention side by side on one norm)."""
@@ -185,11 +220,21 @@ def _attention_branch(rows: list[int], k: int, stage: list[str], reach: int, att
     return False
 
 
-def _own_norm(rows: list[int], last_gemm: int, out: int, stage: list[str], gap: int) -> int:
+def _own_norm(
+    rows: list[int], last_gemm: int, out: int, stage: list[str], op_names: Sequence[str | None], gap: int
+) -> int:
     """Where the mixer's own norm starts: the first kernel of the last cluster of norm kernels (at
     most ``gap`` positions apart) before the output projection and after the core's last GEMM (a
-    delta rule's q / k normalisation inside the core is an earlier cluster); ``out`` when none."""
-    norms = np.asarray([i for i in range(last_gemm + 1, out) if stage[rows[i]] == "norm"], np.int64)
+    delta rule's q / k normalisation inside the core is an earlier cluster; a composed LayerNorm's
+    mean and variance are its kernels too, by their ops); ``out`` when none."""
+    norms = np.asarray(
+        [
+            i
+            for i in range(last_gemm + 1, out)
+            if stage[rows[i]] == "norm" or op_names[rows[i]] in NORM_SIGNAL_OPS
+        ],
+        np.int64,
+    )
     firsts, _ = _cluster_bounds(norms, gap)
     return firsts[-1] if firsts else out
 
@@ -244,7 +289,7 @@ def _projection_input_copy(
 
 def _label(
     rows: list[int],
-    norm_at: int,
+    lead: int,
     start: int,
     out: int,
     stage: list[str],
@@ -267,10 +312,13 @@ def _label(
             done += 1
 
     # the mixer's own (gated) norm: the last cluster of norm kernels before the output projection
-    own_norm = _own_norm(rows, last_gemm, out, stage, gap)
+    own_norm = _own_norm(rows, last_gemm, out, stage, op_names, gap)
     if own_norm < out and own_norm - 1 > last_gemm and op_names[rows[own_norm - 1]] in CAST_OPS:
         own_norm -= 1  # a composed norm's leading cast (to fp32) is the norm's
     between = _norms_between_projections(rows, start, out, stage, op_names)
+    for i in range(lead, start):  # after a fused input norm, before the first projection: a token shift
+        if stage[rows[i]] not in _KEEP:
+            put(i, _CORE)
     for i in range(start, out):
         r = rows[i]
         if stage[r] in _KEEP:

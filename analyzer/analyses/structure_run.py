@@ -115,7 +115,8 @@ class StructureRun:
             "composed-attention": bool(self.softmax.any()),
             "sdpa-front-end": bool(self.front.any()),
             "rotary-tables": bool(self.trig.any()),
-            "token-mixers": "linear_attention" in seen or launched("depthwise_conv_ops", "mixer_anchor_ops"),
+            "token-mixers": "linear_attention" in seen
+            or launched("depthwise_conv_ops", "mixer_anchor_ops", "stabilizer_ops"),
             "gated-attention": launched("gate_activation_ops"),
             # an attention kernel by name, or a composed attention's softmax (the walk's attention)
             "sparse-attention": bool(self.topk.any())
@@ -199,6 +200,7 @@ def _sdpa_front_end(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
 
 
 _LAYOUT_COPY_WORDS = registry.KNOWLEDGE.words("layout_copy_words")
+_FUSED_NORM_WORDS = registry.KNOWLEDGE.words("fused_norm_words")
 
 
 def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
@@ -207,9 +209,14 @@ def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     def layout(row: int) -> bool:  # a layout-only copy by its name (no dtype cast)
         return all(w in r.norm[row] for w in _LAYOUT_COPY_WORDS)
 
+    def fused_norm(row: int) -> bool:  # a norm of one kernel, by its name
+        return any(w in r.norm[row] for w in _FUSED_NORM_WORDS)
+
     d.count(
         mixers.MIXER_SPAN,
-        mixers.mark_mixers(seg, d.stage, r.op_names, r.op_dims, d.why, r.th, r.launch, r.inputs, layout),
+        mixers.mark_mixers(
+            seg, d.stage, r.op_names, r.op_dims, d.why, r.th, r.launch, r.inputs, layout, fused_norm
+        ),
     )
 
 

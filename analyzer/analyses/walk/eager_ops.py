@@ -331,6 +331,7 @@ def _norm_shape(
     was_generic: np.ndarray,
     qkv_l: list[int],
     th: Thresholds = DEFAULT_THRESHOLDS,
+    stage: Sequence[str] = (),
 ) -> dict[str, tuple[int, int]] | None:
     """(lead, tail) of each composed norm of the model, learned from the layers' input norms.
 
@@ -339,7 +340,9 @@ def _norm_shape(
     generic kernels between its last norm-like kernel and that GEMM are its tail, a cast right
     before its first norm-like kernel its lead. Keyed by the name of the norm's first norm-like
     kernel (an eager norm and a compiled one differ); None when no input norm is found.
-    ``qkv_l``: the positions where a run of QKV GEMMs begins, in order.
+    ``qkv_l``: the positions where a run of QKV GEMMs begins, in order. A fused norm (one kernel by
+    name) followed by more than ``max_norm_tail`` kernels, each generic or a token mixer's
+    (``stage``: STR052's token shift), before the GEMM is a whole norm: tail 0 (STR041).
     """
     n = len(rows)
     if not qkv_l:
@@ -354,7 +357,24 @@ def _norm_shape(
     tail = nxt - last - 1
     # only generic kernels between the cluster and the GEMM (none when the GEMM comes right after)
     other = np.concatenate([[0], np.cumsum(~was_generic)])
-    ok = (tail <= th.max_norm_tail) & (other[np.maximum(nxt, last + 1)] == other[last + 1])
+    only_generic = other[np.maximum(nxt, last + 1)] == other[last + 1]
+    short = (tail <= th.max_norm_tail) & only_generic
+    # a fused norm (one kernel by name) is the whole norm: a long run of generic kernels after it, or
+    # of a token mixer's (STR052's token shift), is the block's own input work; its tail is none
+    fused = np.asarray(
+        [
+            c0 == c1 and _fused_norm(norm[rows[c0]])
+            for c0, c1 in zip(first.tolist(), last.tolist(), strict=True)
+        ],
+        bool,
+    )
+    whole = fused & ~short
+    for k in np.flatnonzero(whole).tolist():
+        whole[k] = bool(stage) and all(
+            was_generic[i] or stage[rows[i]] == "linear_attention" for i in range(last[k] + 1, nxt[k])
+        )
+    ok = short | whole
+    tail = np.where(whole, 0, tail)
     cast_before = (first > 0) & was_generic[np.maximum(first - 1, 0)]
     for c0, t, c, g in zip(
         first[ok].tolist(), tail[ok].tolist(), cast_before[ok].tolist(), nxt[ok].tolist(), strict=True
@@ -366,6 +386,10 @@ def _norm_shape(
     if not seen:
         return None
     return {k: (int(np.bincount(lv).argmax()), int(np.bincount(tv).argmax())) for k, (lv, tv) in seen.items()}
+
+
+def _fused_norm(name: str) -> bool:
+    return any(w in name for w in _FUSED_NORM_WORDS)
 
 
 def _label_inner_norms(
@@ -418,7 +442,7 @@ def _between_fused_norms(
     residual add of a sandwich, not a composed norm's epsilon add."""
 
     def fused(j: int) -> bool:
-        return lo <= j < hi and any(w in norm[rows[j]] for w in _FUSED_NORM_WORDS)
+        return lo <= j < hi and _fused_norm(norm[rows[j]])
 
     return _is_add(rows[i], op_names) and fused(i - 1) and fused(i + 1)
 

@@ -605,7 +605,7 @@ def _label_regions(
         while q > 0 and stage[rows[q - 1]] == "quantize":
             q -= 1
         gemm_inputs.append(q)
-    shape = _norm_shape(rows, ks.names, ks.op_names, ks.normish, was_generic, gemm_inputs, ks.th)
+    shape = _norm_shape(rows, ks.names, ks.op_names, ks.normish, was_generic, gemm_inputs, ks.th, stage)
     regions = {r: i for i, r in enumerate(dict.fromkeys(region_of))}
     region_code = np.fromiter(map(regions.__getitem__, region_of), np.int32, n)
     # the generic kernels now: the fix-ups made generic kernels of marked ones only (and took

@@ -173,7 +173,8 @@ def _label_lm_head_epilogue(
     if op_names[rows[first]] in _ADD_OPS and stage[rows[first]] in GENERIC:
         picked = [first]
     else:
-        t = next((i for i in (first, first + 1) if i < q and op_names[rows[i]] in _SOFTCAP_OPS), None)
+        # (a cast of the logits to fp32 may come first: divide, tanh, multiply after it)
+        t = next((i for i in range(first, first + 3) if i < q and op_names[rows[i]] in _SOFTCAP_OPS), None)
         if t is None or t + 1 >= q:
             return run
         picked = [i for i in range(first, t + 2) if i == t or stage[rows[i]] in GENERIC]
@@ -258,12 +259,17 @@ def _label_sandwich(
     why: Any,
 ) -> None:
     """Sandwich norms (Gemma): norms may come before and after the residual add (STR028)."""
+    last = max(inside)
     for i in run:
         # a window's first kernel is the norm's leading cast: an add there is the residual add
         # before the norm (Mamba's fp32 residual: no cast, the add right before the pow)
         lead_add = i - 1 not in inside and _is_add(rows[i], op_names)
         if i in inside and not lead_add and not _between_fused_norms(rows, i, p, q, norm, op_names):
             stage[rows[i]] = "norm"
+        elif i > last + 1 or (i == last + 1 and not _is_add(rows[i], op_names)):
+            # after the region's last norm: the next block's input work (a post-norm block's
+            # residual add comes right after its norm)
+            stage[rows[i]] = "elementwise"
         elif _is_add(rows[i], op_names) or stage[rows[i]] == "residual_add":
             stage[rows[i]] = "residual_add"  # by op, or the rule's 16-bit add
         else:
