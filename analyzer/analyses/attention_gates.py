@@ -57,7 +57,10 @@ def _label(
         if op_names[rows[p]] in GATE_OPS:
             mul = next((q for q in range(p + 1, o_gemm) if op_names[rows[q]] in SCALE_OPS), None)
             for q in (p, mul):
-                if q is not None and stage[rows[q]] != "elementwise":
+                # (a gate the region's default already made elementwise is still the gate's)
+                if q is not None and (
+                    stage[rows[q]] != "elementwise" or int(why[rows[q]]) in REGION_RULE_CODES
+                ):
                     stage[rows[q]] = "elementwise"
                     why[rows[q]] = OUTPUT_GATE
                     done += 1

@@ -67,18 +67,12 @@ from analyzer.analyses.walk.registry import (
     MLP_SUB_NORM,
     MOE_ROUTER,
     OUTPUT_ROWS,
-    ROLE_DOWN,
-    ROLE_EXPERT,
-    ROLE_GATE_UP,
-    ROLE_LM_HEAD,
-    ROLE_MOE_GATE,
-    ROLE_NONE,
     ROLE_O,
     ROLE_POST_NORM_QKV,
-    ROLE_QKV,
-    ROLE_QKV_MORE,
     SAMPLING_LIKE,
+    SIDE_BLOCK,
 )
+from analyzer.analyses.walk.roles import NO_MLP, _role
 from analyzer.analyses.walk.sequence import KernelSequence
 from analyzer.analyses.walk.sparse_attention import _demote_attention_index_topk
 from analyzer.knowledge.structure_rules import Thresholds
@@ -87,7 +81,6 @@ from analyzer.tables.positions import row_sequence
 SECOND_HEAD = _ID("second-head")
 NARROW_HEAD = _ID("narrow-head")
 _MOE_OPS = _V("region_ops_moe")  # an expert block's own ops (STR025's index writes among them)
-NO_MLP = _ID("block-without-mlp")
 DOWN_BY_SHAPE = _ID("down-by-shape")
 MIXER_SPAN = _ID("mixer-span")  # a mixer's projections, labelled before the walk (analyses/mixers.py)
 MOE_SAMPLING_TOPK = _ID("moe-sampling-topk")
@@ -95,6 +88,7 @@ TAIL_NEG = _ID("tail-neg")
 HOST_INPUTS = _ID("host-input-boundary")
 PROLOGUE_SHIFT = _ID("prologue-shift")
 _MOE_ROUTING = _V("moe_routing_stages")
+_FORWARD_END = ("sampling", "embedding", "")  # what follows a forward's last GEMM (:func:`_role`)
 _ROUTING_LEADS = ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
 
 
@@ -117,7 +111,7 @@ WALK_STEPS = (
     ("moe-router",),
     ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "block-output-projection",
      "attention-gate-projection", "role-moe-gate", "host-input-boundary",
-     "role-gate-up", "role-down", "mlp-sub-norm", "role-expert", "role-lm-head", "narrow-head", "second-head", "role-none",
+     "layer-side-block", "role-gate-up", "role-down", "mlp-sub-norm", "role-expert", "role-lm-head", "narrow-head", "second-head", "role-none",
      "block-without-mlp", "down-by-shape", "moe-sampling-topk"),
     ("embedding-projection",),
     ("pre-layer-sampling",),
@@ -305,6 +299,7 @@ class _Memory:
     last_o: int = -1  # the GEMM op that took the O role, if it was the last one
     gate_up_row: int = -1
     last_head: int = -1
+    side_next: int = -1  # the GEMM op that ends a layer's side block (STR070)
     opened: list[int] = field(default_factory=list)
 
 
@@ -488,6 +483,13 @@ def _by_position(
     """(role, new region, layer number, deciding rule's code) of GEMM op ``k`` from where the walk
     is and what comes next (:func:`_role`), but for the up projection before an MLP's inner norm."""
     p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
+    if mem.side_next == k:  # the side block's second GEMM (STR070)
+        return "gemm", region, layer_no, SIDE_BLOCK
+    if region == "mlp_out" and norm_seen and _side_block(ks, ahead, k):
+        # after the MLP and a norm, a GEMM, an activation and a GEMM, a norm before the attention:
+        # a side block of this layer (Gemma 4's per-layer input), not the next layer's QKV (STR070)
+        mem.side_next = k + 1
+        return "gemm", region, layer_no, SIDE_BLOCK
     opens = fresh and not ahead.rotary_next[k]
     role, new_region, layer_no, rid = _role(
         region,
@@ -520,6 +522,24 @@ def _by_position(
     if opens and role == "qkv_gemm":
         mem.opened.append(k)
     return role, new_region, layer_no, rid
+
+
+def _side_block(ks: KernelSequence, ahead: _Ahead, k: int) -> bool:
+    """Whether GEMM op ``k`` opens a side block: attention (or the forward's end) follows, but first an
+    activation, the next GEMM op (before any norm) and a norm after that one, before any other GEMM."""
+    follow = ahead.follow[k]
+    if not (
+        (follow in ATTENTION or follow in _FORWARD_END)
+        and ahead.gemm_ahead[k]
+        and k + 1 < len(ahead.op_first)
+    ):
+        return False
+    nxt = int(ahead.op_first[k + 1])
+    return (
+        ahead.norm_ahead[k + 1]
+        and not ahead.gemm_ahead[k + 1]
+        and any(ks.st[q] == "activation" for q in range(int(ahead.op_last[k]) + 1, nxt))
+    )
 
 
 def _narrowing(gemm_kn: GemmShapes | None, r: int, th: Thresholds) -> bool:
@@ -631,55 +651,6 @@ def _label_regions(
     )
     ks.apply(d)
     ks.count(PROLOGUE_SHIFT, _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts))
-
-
-def _role(
-    region: str,
-    follow: str,
-    gemm_ahead: bool,
-    norm_seen: bool,
-    layer_no: int,
-    routing_next: bool = False,
-    opens_forward: bool = False,
-    norm_ahead: bool = True,
-    after_mixer: bool = False,
-) -> tuple[str, str, int, str]:
-    """(role, new region, layer number, the deciding rule's id) of a GEMM from where we are and
-    what comes next. ``opens_forward``: the first GEMM op after an embedding lookup, no RoPE kernel
-    right after it."""
-    if region == "attn":
-        return "o_gemm", "attn_out", layer_no, ROLE_O
-    if region == "attn_in":
-        return "qkv_gemm", "attn_in", layer_no, ROLE_QKV_MORE
-    if region in ("attn_out", "mlp_in"):
-        # a norm, then GEMMs that reach the next anchor with no norm between: this layer has no MLP
-        # (a token mixer's block); the GEMMs are the next layer's projections or the LM head
-        no_mlp = region == "attn_out" and norm_seen and not norm_ahead
-        if no_mlp and after_mixer and not gemm_ahead and follow in ("sampling", "embedding", ""):
-            return "lm_head_gemm", "tail", layer_no, NO_MLP
-        if region == "attn_out" and routing_next:
-            return "moe_gate_gemm", "moe", layer_no, ROLE_MOE_GATE
-        if no_mlp and follow in ATTENTION:
-            return "qkv_gemm", "attn_in", layer_no + 1, NO_MLP
-        if gemm_ahead:
-            return "gate_up_gemm", "mlp_in", layer_no, ROLE_GATE_UP
-        return "down_gemm", "mlp_out", layer_no, ROLE_DOWN
-    if region == "moe":
-        return "moe_expert_gemm", "moe_experts", layer_no, ROLE_EXPERT
-    if region == "moe_experts" and not norm_seen:
-        return "moe_expert_gemm", "moe_experts", layer_no, ROLE_EXPERT
-    # pre, mlp_out, moe_experts (after a norm), tail
-    if norm_seen and follow in ATTENTION:
-        return "qkv_gemm", "attn_in", layer_no + 1, ROLE_QKV
-    if norm_seen and follow in ("sampling", "embedding", ""):
-        return "lm_head_gemm", "tail", layer_no, ROLE_LM_HEAD
-    if region == "pre" and follow in ATTENTION and opens_forward:
-        # the first projection of a post-norm block (OLMo-2: no norm before layer 0's q_proj)
-        return "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
-    if region == "moe_experts":
-        # a norm ended the expert block: what the next GEMM opens is not known, but no expert's
-        return "gemm", "mlp_out", layer_no, ROLE_NONE
-    return "gemm", region, layer_no, ROLE_NONE
 
 
 def _positions_where(at: np.ndarray, rows: Sequence[int], stage: list[str], stages: Any) -> np.ndarray:

@@ -115,6 +115,8 @@ def _label_generic(
         if reg in ("attn", "mlp_in") and shape and clusters is not None:
             run = _label_block_inner_norms(rows, run, p, q, clusters, shape, norm, stage, why)
         target = _REGION_STAGE[reg]
+        if reg == "attn":
+            run = _label_attention_module_work(rows, run, stage, op_names, why)
         if reg == "moe_experts":
             _label_moe_block(rows, run, p, q, stage, op_names, why)
             continue
@@ -147,6 +149,25 @@ def _label_generic(
 
 
 _BATCH = 1 << 16  # decisions per set (each a few tens of bytes)
+_ATTENTION_OUTPUT_OPS = KNOWLEDGE.set_of("attention_output_ops")
+
+
+def _label_attention_module_work(
+    rows: Sequence[int], run: list[int], stage: list[str], op_names: Sequence[str | None], why: Any
+) -> list[int]:
+    """STR035: between the attention kernel and the O GEMM, a generic kernel whose op is no part of the
+    interface's output work (a copy, a cast, dropout) is the attention module's own arithmetic
+    (DiffLlama's difference of two attention maps): elementwise; returns the kernels left for the
+    region's default (attention). A kernel with no launching op stays attention."""
+    left = []
+    for i in run:
+        op = op_names[rows[i]]
+        if op is None or op in _ATTENTION_OUTPUT_OPS:
+            left.append(i)
+        else:
+            stage[rows[i]] = "elementwise"
+            why[rows[i]] = _REGION_RULE["attn"]
+    return left
 
 
 NEXT_FORWARD_PROLOGUE = _ID("next-forward-prologue")
