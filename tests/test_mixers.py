@@ -153,3 +153,52 @@ def test_swept_ssm_mixers_agree_with_their_truth(model_type: str, floor: float, 
     assert r["stage"]["agreement"] >= floor
     for region in ("mixer", "mixer_in_proj", "mixer_out_proj"):
         assert regions[region] >= 0.95, (region, regions[region])
+
+
+# MiniMax's lightning attention in torch: projections, decays, batched products with no softmax, its
+# own norm, then an output gate's projection before the output projection
+LIGHTNING_LAYER = [
+    ("norm", "aten::rsqrt", None),
+    ("gemm", "aten::mm", None),  # qkv
+    ("activation", "aten::silu", None),
+    ("elementwise", "aten::exp", None),  # the decays
+    ("gemm", "aten::bmm", [[16, 16, 128], [16, 128, 16]]),  # q k^T within a block
+    ("elementwise", "aten::mul", None),
+    ("gemm", "aten::bmm", [[16, 16, 16], [16, 16, 128]]),
+    ("norm", "aten::rsqrt", None),  # the mixer's own norm
+    ("elementwise", "aten::mul", None),
+    ("gemm", "aten::mm", None),  # the output gate's projection
+    ("activation", "aten::sigmoid", None),
+    ("elementwise", "aten::mul", None),
+    ("gemm", "aten::mm", None),  # out_proj
+    ("residual_add", "aten::add", None),
+    ("norm", "aten::rsqrt", None),
+]
+
+
+def test_batched_products_with_no_softmax_are_a_mixer() -> None:
+    # GIVEN a lightning attention layer WHEN marked
+    stage, _, n = _run(LIGHTNING_LAYER)
+    # THEN its products and decays are the core, its norm ends at the gate's projection
+    assert n > 0
+    assert stage[3:7] == ["linear_attention"] * 4 and stage[7:9] == ["norm", "norm"]
+    assert stage[9] == "qkv_gemm" and stage[10:12] == ["linear_attention"] * 2 and stage[12] == "o_gemm"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # a softmax after the products: attention composed of ops that no pass placed
+        lambda s: s.__setitem__(5, ("elementwise", "aten::amax", None)),
+        # an outer product (a rotary table's inv_freq by the positions): it reduces over one
+        lambda s: (
+            s.__setitem__(4, ("gemm", "aten::bmm", [[1, 64, 1], [1, 1, 16]]))
+            or s.__setitem__(6, ("gemm", "aten::bmm", [[1, 64, 1], [1, 1, 16]]))
+        ),
+    ],
+)
+def test_products_of_attention_or_a_rotary_table_are_no_mixer(change) -> None:
+    seq = list(LIGHTNING_LAYER)
+    change(seq)
+    stage, _, n = _run(seq)
+    assert n == 0 and stage == [s for s, _, _ in seq]

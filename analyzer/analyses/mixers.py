@@ -49,12 +49,18 @@ CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))
 NORM_OPS = frozenset(KNOWLEDGE.set_of("region_ops_norm"))  # the ops a norm module is made of
 NORM_SIGNAL_OPS = frozenset(KNOWLEDGE.set_of("norm_ops"))  # ops only a norm runs (its reductions, rsqrt)
 _MEMORY = frozenset(MEMORY_STAGES)
+PRODUCT_OPS = frozenset(KNOWLEDGE.set_of("mixer_product_ops"))
+NORMALIZER_OPS = frozenset(KNOWLEDGE.set_of("normalizer_ops"))
 _CORE = "linear_attention"
 _SOFTMAX = ATTENTION - {_CORE}  # softmax attention's kernels: never inside a mixer
 _KEEP = _MEMORY | {"quantize"}  # copies and an activation quantization keep their own stage
 # ops of other work (experts' batched GEMMs, a router's top-k or sort): never between a mixer's input
 # projection and its anchor
-_OTHER_WORK = BATCHED_OPS | frozenset(KNOWLEDGE.set_of("topk_ops")) | frozenset(KNOWLEDGE.set_of("sort_ops"))
+_OTHER_WORK = (
+    (BATCHED_OPS - PRODUCT_OPS)
+    | frozenset(KNOWLEDGE.set_of("topk_ops"))
+    | frozenset(KNOWLEDGE.set_of("sort_ops"))
+)
 
 
 def _depthwise(dims: Any) -> bool:
@@ -80,7 +86,23 @@ def _is_anchor(
     if op in STABILIZER_OPS:  # a running maximum is a recurrence's only when its difference is exponentiated
         reach = int(th.stabilizer_reach)
         return any(op_names[x] in EXP_OPS for x in rows[p + 1 : p + 1 + reach])
+    if op in PRODUCT_OPS and stage[r] == "gemm":
+        # a batched product no softmax attention took (composed attention is placed before this
+        # pass), reducing over more than one (a rotary table's outer product reduces over one)
+        return _reduces(op_dims.get(r))
     return op in ANCHOR_OPS
+
+
+def _reduces(dims: Any) -> bool:
+    """A batched product's recorded first operand ``[..., M, K]`` reduces over K > 1."""
+    a = dims[0] if isinstance(dims, list) and dims else None
+    return isinstance(a, list) and len(a) >= 2 and isinstance(a[-1], int) and a[-1] > 1
+
+
+def has_products(op_names: Sequence[str | None], op_dims: Mapping[int, Any]) -> bool:
+    """Whether a batched product that could anchor a mixer ran (recorded shapes reducing over more
+    than one): the token-mixers group's precondition, beside its anchor ops."""
+    return any(op_names[r] in PRODUCT_OPS and _reduces(d) for r, d in op_dims.items())
 
 
 def mark_mixers(
@@ -164,12 +186,16 @@ def _span(
         return None
     # between the input projection and the anchor only the mixer's own work: a batched GEMM or a
     # router's or experts' kernel there is other work (an MoE block) between a norm and this anchor
-    if any(op_names[rows[i]] in _OTHER_WORK for i in range(start, p)):
+    # (a batched product there is the mixer's own unless an expert's: a router's top-k comes first)
+    if any(op_names[rows[i]] in _OTHER_WORK or stage[rows[i]].startswith("moe_") for i in range(start, p)):
         return None
+    product = op_names[rows[p]] in PRODUCT_OPS and stage[rows[p]] != _CORE  # anchored by a product
+    if product and any(op_names[rows[i]] in NORMALIZER_OPS for i in range(start, p)):
+        return None  # (a product after a softmax is attention's)
     for g in range(p + 1, min(len(rows), p + reach)):
         r = rows[g]
-        if attention(r):
-            return None
+        if attention(r) or (product and op_names[r] in NORMALIZER_OPS):
+            return None  # (a product normalised by a softmax is attention's)
         if not _linear(r, op_names) or (launch is not None and launch[r] == launch[rows[g - 1]]):
             continue  # not a linear GEMM op's first kernel (a split-K reduce belongs to its GEMM)
         k = g + 1
@@ -300,7 +326,12 @@ def _label(
     layout: Callable[[int], bool] | None = None,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> int:
-    last_gemm = max((i for i in range(start, out) if _gemm(rows[i], op_names)), default=start)
+    # the core's last GEMM: its last batched product where it has one (a gate's projection may
+    # follow the mixer's own norm, MiniMax's lightning attention), else its last GEMM
+    last_gemm = max(
+        (i for i in range(start, out) if op_names[rows[i]] in BATCHED_OPS),
+        default=max((i for i in range(start, out) if _gemm(rows[i], op_names)), default=start),
+    )
     done = 0
 
     def put(i: int, s: str) -> None:
@@ -315,6 +346,8 @@ def _label(
     own_norm = _own_norm(rows, last_gemm, out, stage, op_names, gap)
     if own_norm < out and own_norm - 1 > last_gemm and op_names[rows[own_norm - 1]] in CAST_OPS:
         own_norm -= 1  # a composed norm's leading cast (to fp32) is the norm's
+    # the own norm ends at a gate's projection after it (MiniMax: norm, gate GEMM, sigmoid, multiply)
+    norm_end = next((i for i in range(own_norm, out) if _linear(rows[i], op_names)), out)
     between = _norms_between_projections(rows, start, out, stage, op_names)
     for i in range(lead, start):  # after a fused input norm, before the first projection: a token shift
         if stage[rows[i]] not in _KEEP:
@@ -328,7 +361,7 @@ def _label(
         elif layout is not None and _projection_input_copy(rows, i, out, op_names, layout, inputs):
             put(i, "elementwise")  # the linear's own copy of a strided input (a transposed scan output)
             why[r] = MIXER_SPAN  # (its stage may be elementwise already: the span decided it)
-        elif i >= own_norm or i in between:
+        elif own_norm <= i < norm_end or i in between:
             put(i, "norm")
         else:
             put(i, _CORE)

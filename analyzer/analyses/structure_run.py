@@ -116,7 +116,8 @@ class StructureRun:
             "sdpa-front-end": bool(self.front.any()),
             "rotary-tables": bool(self.trig.any()),
             "token-mixers": "linear_attention" in seen
-            or launched("depthwise_conv_ops", "mixer_anchor_ops", "stabilizer_ops"),
+            or launched("depthwise_conv_ops", "mixer_anchor_ops", "stabilizer_ops")
+            or mixers.has_products(self.op_names, self.op_dims),
             "gated-attention": launched("gate_activation_ops"),
             # an attention kernel by name, or a composed attention's softmax (the walk's attention)
             "sparse-attention": bool(self.topk.any())

@@ -26,6 +26,7 @@ from analyzer.analyses.walk.registry import (
 from analyzer.knowledge.structure_rules import Thresholds
 
 EMBEDDING_PROJECTION = _ID("embedding-projection")
+_MIXER_SPAN = _ID("mixer-span")  # a token mixer's projections, labelled before the walk (analyses/mixers.py)
 
 
 PRE_LAYER_SAMPLING = _ID("pre-layer-sampling")
@@ -123,7 +124,8 @@ def _demote_embedding_projection(
     """A GEMM that opened a forward as its first layer's first projection (``opened``: the GEMM op
     indices) whose layer then runs one QKV GEMM op more than the other layers do is the embeddings'
     own projection (OPT-350m's project_in, before the learned positions are added): role-free,
-    before the first layer, and the work up to the next projection with it."""
+    before the first layer, and the work up to the next projection with it. The other layers are
+    those of softmax attention (a hybrid's mixer layers run other projections)."""
     if not opened:
         return
     first = op_first.tolist()
@@ -139,7 +141,10 @@ def _demote_embedding_projection(
             head = k
             runs[k] = 1
     firsts = set(opened)
-    counts = Counter(v for k, v in runs.items() if k not in firsts)
+    # a token mixer's layers run their own projections (STR052): compared only with attention layers
+    counts = Counter(
+        v for k, v in runs.items() if k not in firsts and int(why[rows[first[k]]]) != _MIXER_SPAN
+    )
     if not counts:
         return
     usual = counts.most_common(1)[0][0]

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ MOE_GLU_PRODUCT = _ID("moe-glu-product")
 
 # what follows a router's top-k and still computes the routing weights (gather, renormalise, scale)
 _ROUTING_TAIL_OPS = _V("routing_tail_ops")
+_SCALE_OPS = _V("scale_ops")
 _FLOOR_OPS, _DIVISION_OPS = _V("routing_floor_ops"), _V("division_ops")
 
 
@@ -164,11 +165,13 @@ def _label_moe_block(
     stage: list[str],
     op_names: Sequence[str | None],
     why: Any,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> None:
     """Expert block: dispatch before the last expert GEMM, combine after it, then residual + norm (a
     post-norm block: norm, then the residual add). A sort or scan the names call sampling before the
     last expert GEMM sorts the tokens by expert (AFMoE's argsort, a histogram's cumulative sum):
-    dispatch too."""
+    dispatch too. Multiplies by a scalar right before the residual add (``inputs``: recorded
+    shapes) scale the residual or the block's output (MiniMax's alpha and beta): generic."""
     gemms = [i for i in range(lo, hi) if stage[rows[i]] == "moe_expert_gemm"]
     last = gemms[-1] if gemms else lo - 1
     for i in range(lo, last):
@@ -196,6 +199,7 @@ def _label_moe_block(
             post_norm = first_norm
             if first_norm - 1 > last and op_names[rows[first_norm - 1]] in _CAST_OPS:
                 post_norm -= 1
+    scaled = _residual_scaling(rows, add, last, op_names, inputs) if add is not None else set()
     gate = False
     for i in range(last + 1, first_norm if first_norm is not None else hi):
         if stage[rows[i]] == "activation":
@@ -217,6 +221,8 @@ def _label_moe_block(
             stage[rows[i]] = "moe_sort"
         elif post_norm is not None and post_add is not None and i >= post_norm:
             stage[rows[i]] = "residual_add" if i == post_add else "norm"
+        elif i in scaled:
+            stage[rows[i]] = "elementwise"
         elif add is None or i < add:
             stage[rows[i]] = "moe_accumulate"
         elif i == add:
@@ -224,6 +230,26 @@ def _label_moe_block(
         else:
             stage[rows[i]] = "norm"
         why[rows[i]] = MOE_BLOCK
+
+
+def _residual_scaling(
+    rows: list[int],
+    add: int,
+    last: int,
+    op_names: Sequence[str | None],
+    inputs: Callable[[int], list[list[int]] | None] | None,
+) -> set[int]:
+    """The positions right before the residual add at ``add`` (after the last expert GEMM at
+    ``last``) of multiplies by a scalar (a zero-dimensional second operand)."""
+    found: set[int] = set()
+    i = add - 1
+    while i > last and inputs is not None and op_names[rows[i]] in _SCALE_OPS:
+        got = inputs(rows[i])
+        if not got or len(got) < 2 or got[1] != []:
+            break
+        found.add(i)
+        i -= 1
+    return found
 
 
 def _glu_product(rows: list[int], i: int, lo: int, stage: list[str]) -> bool:

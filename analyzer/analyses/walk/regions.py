@@ -118,7 +118,7 @@ def _label_generic(
         if reg == "attn":
             run = _label_attention_module_work(rows, run, stage, op_names, why)
         if reg == "moe_experts":
-            _label_moe_block(rows, run, p, q, stage, op_names, why)
+            _label_moe_block(rows, run, p, q, stage, op_names, why, inputs)
             continue
         if reg in ("attn_out", "mlp_out"):
             inside = (
