@@ -242,3 +242,25 @@ def test_a_projection_weight_used_outside_its_module_is_that_projection(tmp: Pat
     # x_proj, three per layer and step), not only in the mixer's core
     steps = len(_steps(events))
     assert got["mixer_in_proj"] == 3 * MAMBA["num_hidden_layers"] * steps
+
+
+def test_items_of_a_list_of_attentions_are_that_attention() -> None:
+    import transformers
+
+    # GIVEN LongCat-Flash: two MLA attentions per layer in an nn.ModuleList `self_attn` (items `0`, `1`)
+    cfg = transformers.AutoConfig.for_model(
+        "longcat_flash", hidden_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
+        ffn_hidden_size=128, expert_ffn_hidden_size=64, n_routed_experts=4, moe_topk=2, kv_lora_rank=16,
+        q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    regions = module_regions(model)
+    by_name = {n: regions.get(m) for n, m in model.named_modules()}
+    # THEN the list and each of its items (the calls that run) are the attention module, no `layer`
+    assert by_name["model.layers.0.self_attn"] == "attention_module"
+    assert (
+        by_name["model.layers.0.self_attn.0"] == by_name["model.layers.0.self_attn.1"] == "attention_module"
+    )
+    assert by_name["model.layers.0.self_attn.1.o_proj"] == "o_proj"
+    # AND the layer itself is still a layer
+    assert by_name["model.layers.0"] == "layer"

@@ -219,6 +219,10 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...], parent: str = ""
         return "attention_module"
     if "mlp" in low or "feedforward" in low or lname in ("mlp", "feed_forward", "ffn", "ff"):
         return "mlp"
+    if name.isdigit() and inner in ("attention_module", "mlp"):
+        # an item of a list of attentions or MLPs (LongCat-Flash's two per layer): its list's region
+        # (a list never runs: its items' calls are the ranges)
+        return inner
     if name.isdigit() or low.endswith("decoderlayer") or low.endswith("block"):
         return "layer"
     if low.endswith("model") and any(isinstance(c, nn.ModuleList) for c in mod.children()):
