@@ -8,8 +8,9 @@ where the walk looks for the layer's projections and would be read as one. A bat
 kernel (``batched_gemm_ops``: the matmul of the expanded frequencies by the positions; a layer's
 projection is a linear) whose reduction is one long where its shape was recorded (an outer
 product), followed across at most ``rotary_table_reach`` generic kernels (the cat) by a cos or sin
-kernel (``rotary_trig_ops``), is RoPE's, with up to ``rope_module_lead`` copies before it (the
-frequencies' and positions' float casts) and the generic kernels between it and the cos / sin; the
+kernel (``rotary_trig_ops``), is RoPE's, with up to ``rope_module_lead`` copies before it (the frequencies' and positions' float casts),
+and LongRoPE's max of the positions with the + 1 right after it (``rope_longest_position_ops``)
+before those; memory transfers between them keep their stage and the generic kernels between it and the cos / sin; the
 region defaults and STR024 take the rest of the module. (A projection right before a model's own
 cos / sin code is a linear, not an outer product: it stays a projection.)
 """
@@ -27,6 +28,8 @@ ROTARY_TABLE = KNOWLEDGE.code_of("rotary-table")
 _GEMM_OPS = _V("linear_gemm_ops") | _V("batched_gemm_ops")
 _TABLE_OPS = _V("batched_gemm_ops")
 _COPY_OPS = _V("copy_ops")
+_LONGEST = KNOWLEDGE.words("rope_longest_position_ops")  # (the max, the add), in their order
+_MEMORY = frozenset(("memcpy", "memset"))
 
 
 def mark_rotary_tables(
@@ -66,9 +69,20 @@ def mark_rotary_tables(
         kn = gemm_kn(row(g)) if gemm_kn is not None else None
         if kn is not None and kn[0] != 1:
             continue  # a product over a hidden dimension: no outer product of frequencies and positions
-        a = g
-        while a > 0 and g - a < lead and stage[row(a - 1)] in GENERIC and op_names[row(a - 1)] in _COPY_OPS:
-            a -= 1
+        a, taken, i = g, 0, g - 1
+        while i >= 0 and taken < lead:  # the module's own work before it; transfers keep their stage
+            if stage[row(i)] in _MEMORY:
+                i -= 1
+                continue
+            op = op_names[row(i)]
+            if stage[row(i)] not in GENERIC or not (op in _COPY_OPS or op == _LONGEST[1]):
+                break
+            if op == _LONGEST[1]:  # LongRoPE's max + 1 of the positions: the add right after the max
+                if i == 0 or op_names[row(i - 1)] != _LONGEST[0] or stage[row(i - 1)] not in GENERIC:
+                    break
+                a, i = i - 1, i - 2  # (besides the copies the lead counts)
+                continue
+            a, taken, i = i, taken + 1, i - 1
         for i in range(a, p):
             r = row(i)
             if i == g or stage[r] in GENERIC:

@@ -56,6 +56,9 @@ class StructureRun:
     layer: np.ndarray
     front: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     trig: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # launched by a cos / sin op
+    select: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, bool)
+    )  # a row maximum's (a router's selection)
     counts: Counter = field(default_factory=Counter)
     groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
     suspects: list[int] = field(default_factory=list)  # kernel rows the layer grammar has no place for
@@ -89,6 +92,7 @@ class StructureRun:
             np.full(kernels.num_rows, -1, np.int64),
         )  # fmt: skip
         run.trig = dict_isin(op_column, list(registry.KNOWLEDGE.set_of("rotary_trig_ops")))
+        run.select = dict_isin(op_column, list(registry.KNOWLEDGE.set_of("selection_ops")))
         run.inputs = inputs
         return run
 
@@ -110,7 +114,8 @@ class StructureRun:
         held = {
             "quantized-linears": bool(self.int_cast.any())
             or launched("quantized_gemm_ops", "weight_only_gemm_ops", "float_out_gemm_ops"),
-            "expert-weights": bool(self.topk.any()),
+            "expert-weights": bool(self.topk.any())
+            or (bool(self.select.any()) and weight_gathers.has_stacked_gathers(self.op_names, self.op_dims)),
             "mixture-of-experts": bool(self.topk.any()) or any(s.startswith("moe_") for s in seen),
             "composed-attention": bool(self.softmax.any()),
             "sdpa-front-end": bool(self.front.any()),
@@ -188,7 +193,9 @@ def _weight_dequantize(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
 
 
 def _expert_weight_gathers(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
-    weight_gathers.mark_expert_weight_gathers(seg, d.stage, r.op_names, r.op_dims, r.topk, d.why, r.th)
+    # a router's top-k, or where none ran its selection by row maximum (a sparse mixer)
+    chosen = r.topk if r.topk.any() or not len(r.select) else r.select
+    weight_gathers.mark_expert_weight_gathers(seg, d.stage, r.op_names, r.op_dims, chosen, d.why, r.th)
 
 
 def _composed_attention(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:

@@ -66,6 +66,11 @@ def _adds_to(dims: Any, bias: tuple[int, int] | None) -> bool:
     )
 
 
+def has_stacked_gathers(op_names: Sequence[str | None], op_dims: Mapping[int, Any]) -> bool:
+    """Whether a gather op read stacked matrices (a rank >= 3 source, recorded shapes)."""
+    return any(op_names[r] in WEIGHT_GATHER_OPS and _matrices(d) is not None for r, d in op_dims.items())
+
+
 def mark_expert_weight_gathers(
     seq: np.ndarray,
     stage: list[str],

@@ -42,6 +42,7 @@ _SOFTMAX_OPS = _V("softmax_ops")
 # ops that end the stretch of work before a composed attention: the KV-cache write (and a paged
 # cache's gathers of it), RoPE's final add
 _BEFORE_ATTENTION_STOP = _V("attention_front_stop_ops")
+_LINEAR_OPS = _V("linear_gemm_ops")  # a linear layer's GEMM: never one of attention's two products
 
 
 _KV_WRITE_WORDS = KNOWLEDGE.words("kv_write_words")
@@ -222,6 +223,8 @@ class _Composition:
             b0 += 1
         if b0 >= n or not kind(b0)[0]:
             return None  # a norm, an embedding, a routing kernel ... first: not one attention
+        if self.op_names[self.rows[a1]] in _LINEAR_OPS or self.op_names[self.rows[b0]] in _LINEAR_OPS:
+            return None  # a linear layer's GEMM (a router's, before its softmax): no attention's product
         lo = a1
         while lo - 1 >= 0 and kind(lo - 1)[0] and self.joins(lo):
             lo -= 1

@@ -122,7 +122,7 @@ WALK_STEPS = (
      "block-inner-norm",
      "router-cast", "residual-add", "kv-update", "kv-update-before-gemm", "kv-update-by-name",
      "attention-input-copies", "region-attn-in", "region-attn", "region-attn-out", "region-mlp-in",
-     "region-mlp-out", "region-moe", "lm-head-epilogue", "region-tail", "next-forward-prologue"),
+     "region-mlp-out", "region-moe", "selection-router", "lm-head-epilogue", "region-tail", "next-forward-prologue"),
     ("inner-norms", "qk-norm-input-copy"),
     ("prologue-shift",),
 )  # fmt: skip

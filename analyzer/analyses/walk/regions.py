@@ -117,6 +117,8 @@ def _label_generic(
         target = _REGION_STAGE[reg]
         if reg == "attn":
             run = _label_attention_module_work(rows, run, stage, op_names, why)
+        if reg == "moe":
+            run = _label_selection_router(rows, run, p, q, stage, op_names, why)
         if reg == "moe_experts":
             _label_moe_block(rows, run, p, q, stage, op_names, why, inputs)
             continue
@@ -149,6 +151,45 @@ def _label_generic(
 
 
 _BATCH = 1 << 16  # decisions per set (each a few tens of bytes)
+SELECTION_ROUTER = _ID("selection-router")
+_SELECTION_OPS = KNOWLEDGE.set_of("selection_ops")
+_SCORE_OPS = KNOWLEDGE.set_of("score_ops")
+_TOPK_OPS = KNOWLEDGE.set_of("topk_ops")
+_ROUTING_TAIL = KNOWLEDGE.set_of("routing_tail_ops") | {"aten::cat"}
+
+
+def _label_selection_router(
+    rows: Sequence[int],
+    run: list[int],
+    p: int,
+    q: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
+) -> list[int]:
+    """STR071: in a MoE region [p, q) with no top-k op, a router that selects by row maximum ends at
+    the last score normaliser after its first selection and the routing tail after it: its generic
+    kernels are routing (moe_topk); returns the kernels left for the region's default (dispatch)."""
+    ops = [op_names[rows[i]] for i in range(p, q)]
+    sel = next((i for i, op in enumerate(ops) if op in _SELECTION_OPS), None)
+    if sel is None or any(op in _TOPK_OPS for op in ops):
+        return run
+    scored = [i for i in range(sel, len(ops)) if ops[i] in _SCORE_OPS]
+    if not scored:
+        return run
+    end = scored[-1]
+    while end + 1 < len(ops) and ops[end + 1] in _ROUTING_TAIL:
+        end += 1
+    left = []
+    for i in run:
+        if i <= p + end:
+            stage[rows[i]] = "moe_topk"
+            why[rows[i]] = SELECTION_ROUTER
+        else:
+            left.append(i)
+    return left
+
+
 _ATTENTION_OUTPUT_OPS = KNOWLEDGE.set_of("attention_output_ops")
 
 
