@@ -197,7 +197,10 @@ def test_a_group_naming_an_unknown_rule_is_bad_input(tmp_path: Path) -> None:
     # GIVEN the registry with a group that names no registered rule
     text = (ROOT / "rules" / "structure.toml").read_text(encoding="utf-8")
     bad = tmp_path / "structure.toml"
-    bad.write_text(text.replace('rules = ["mixer-span"]', 'rules = ["no-such-rule"]'), encoding="utf-8")
+    bad.write_text(
+        text.replace('rules = ["mixer-span", "convolution-gemm"]', 'rules = ["no-such-rule"]'),
+        encoding="utf-8",
+    )
     # THEN loading it fails with one clear error naming the key
     with pytest.raises(InputError, match="group token-mixers.rules"):
         load_structure(bad)

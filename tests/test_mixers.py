@@ -202,3 +202,15 @@ def test_products_of_attention_or_a_rotary_table_are_no_mixer(change) -> None:
     change(seq)
     stage, _, n = _run(seq)
     assert n == 0 and stage == [s for s, _, _ in seq]
+
+
+def test_a_convolutions_gemm_kernels_are_no_projection() -> None:
+    from analyzer.analyses.convolutions import CONVOLUTION_GEMM, mark_convolution_gemms
+
+    # GIVEN cuDNN's implicit-GEMM kernel under a convolution op (a GEMM by its name) and a linear's GEMM
+    stage = ["gemm", "elementwise", "gemm"]
+    ops = ["aten::cudnn_convolution", "aten::cudnn_convolution", "aten::mm"]
+    why = [0, 0, 0]
+    # WHEN marked THEN the convolution's GEMM is generic work, the linear's GEMM stays a GEMM
+    assert mark_convolution_gemms(np.arange(3), stage, ops, why) == 1
+    assert stage == ["elementwise", "elementwise", "gemm"] and why[0] == CONVOLUTION_GEMM

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from analyzer.analyses import attention_gates, dequantize, mixers, rotary_tables, weight_gathers
+from analyzer.analyses import attention_gates, convolutions, dequantize, mixers, rotary_tables, weight_gathers
 from analyzer.analyses.walk import eager_ops, grammar, moe, positions, registry, selfcheck
 from analyzer.analyses.walk.decisions import Decisions, codes_at
 from analyzer.analyses.walk.registry import ATTENTION
@@ -228,6 +228,12 @@ def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     )
 
 
+def _convolution_gemms(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
+    d.count(
+        convolutions.CONVOLUTION_GEMM, convolutions.mark_convolution_gemms(seg, d.stage, r.op_names, d.why)
+    )
+
+
 def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     d.count(attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, d.stage, r.op_names, d.why))
 
@@ -261,6 +267,7 @@ PASSES_BEFORE_WALK = _in_registry_order(
     Pass("composed-attention", _composed_attention),
     Pass("sdpa-front-end", _sdpa_front_end),
     MIXER_SPAN,
+    Pass("convolution-gemm", _convolution_gemms),
     Pass("rotary-table", _rotary_tables),
 )
 
