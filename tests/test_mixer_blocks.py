@@ -198,7 +198,9 @@ def test_a_group_naming_an_unknown_rule_is_bad_input(tmp_path: Path) -> None:
     text = (ROOT / "rules" / "structure.toml").read_text(encoding="utf-8")
     bad = tmp_path / "structure.toml"
     bad.write_text(
-        text.replace('rules = ["mixer-span", "convolution-gemm"]', 'rules = ["no-such-rule"]'),
+        text.replace(
+            'rules = ["mixer-span", "convolution-gemm", "short-convolution"]', 'rules = ["no-such-rule"]'
+        ),
         encoding="utf-8",
     )
     # THEN loading it fails with one clear error naming the key

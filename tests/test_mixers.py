@@ -214,3 +214,22 @@ def test_a_convolutions_gemm_kernels_are_no_projection() -> None:
     # WHEN marked THEN the convolution's GEMM is generic work, the linear's GEMM stays a GEMM
     assert mark_convolution_gemms(np.arange(3), stage, ops, why) == 1
     assert stage == ["elementwise", "elementwise", "gemm"] and why[0] == CONVOLUTION_GEMM
+
+
+def test_a_short_convolution_after_a_projection_is_a_mixers_core() -> None:
+    from analyzer.analyses.convolutions import SHORT_CONVOLUTION, mark_short_convolutions
+
+    # GIVEN a key projection, then a short convolution (pad copy, depthwise conv, residual add) the
+    # walk placed by position as RoPE (code 7: a region rule's), then the value projection
+    placed = frozenset({7})
+    stage = ["qkv_gemm", "rope", "rope", "rope", "qkv_gemm"]
+    ops = ["aten::mm", "aten::copy_", "aten::_conv_depthwise2d", "aten::add", "aten::mm"]
+    dims = {2: [[2, 64, 1, 16], [64, 1, 1, 4]]}
+    why = [1, 7, 7, 7, 1]
+    # WHEN marked after the walk THEN the convolution's kernels are linear_attention
+    assert mark_short_convolutions(np.arange(5), stage, ops, dims, why, placed) == 3
+    assert stage == ["qkv_gemm", *["linear_attention"] * 3, "qkv_gemm"] and why[2] == SHORT_CONVOLUTION
+    # AND a full convolution (not depthwise) is left alone
+    stage, why = ["qkv_gemm", "rope", "rope", "rope", "qkv_gemm"], [1, 7, 7, 7, 1]
+    full = {2: [[2, 64, 1, 16], [64, 64, 1, 4]]}
+    assert mark_short_convolutions(np.arange(5), stage, ops, full, why, placed) == 0

@@ -26,7 +26,7 @@ import pyarrow as pa
 from analyzer.analyses import attention_gates, convolutions, dequantize, mixers, rotary_tables, weight_gathers
 from analyzer.analyses.walk import eager_ops, grammar, moe, positions, registry, selfcheck
 from analyzer.analyses.walk.decisions import Decisions, codes_at
-from analyzer.analyses.walk.registry import ATTENTION
+from analyzer.analyses.walk.registry import ATTENTION, REGION_RULE_CODES
 from analyzer.knowledge.structure_rules import StructureKnowledge
 from analyzer.tables import launches
 from analyzer.tables.dictionaries import dict_isin, pylist
@@ -234,6 +234,13 @@ def _convolution_gemms(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     )
 
 
+def _short_convolutions(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
+    d.count(
+        convolutions.SHORT_CONVOLUTION,
+        convolutions.mark_short_convolutions(seg, d.stage, r.op_names, r.op_dims, d.why, REGION_RULE_CODES),
+    )
+
+
 def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     d.count(attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, d.stage, r.op_names, d.why))
 
@@ -273,7 +280,9 @@ PASSES_BEFORE_WALK = _in_registry_order(
 
 #: The passes after the walk and its self-check, in the registry's order.
 PASSES_AFTER_WALK = _in_registry_order(
-    Pass("attention-output-gate", _output_gates), Pass("attention-input-gate", _input_gates)
+    Pass("attention-output-gate", _output_gates),
+    Pass("attention-input-gate", _input_gates),
+    Pass("short-convolution", _short_convolutions),
 )
 
 _GROUP_OF = {rule: g.name for g in registry.KNOWLEDGE.groups for rule in g.rules}
