@@ -511,10 +511,10 @@ def _by_position(
         # the gate projection's own K and N, a norm and then a GEMM next: the up projection before
         # an MLP's inner norm (STR066)
         role, new_region, rid = "gate_up_gemm", "mlp_in", MLP_SUB_NORM
-    if role == "lm_head_gemm" and not ahead.gemm_ahead[k] and _narrowing(gemm_kn, ks.rows[p], ks.th):
-        # fewer outputs than inputs and no GEMM right after (OPT's project_out before its LM head):
-        # no vocabulary (a mixing of the hidden state into a few values, DeepSeek-V4's
-        # hyper-connections), the walk stays where it was (STR069)
+    if role == "lm_head_gemm" and _narrowing(gemm_kn, ks.rows[p], ks.th):
+        # far fewer outputs than inputs, whatever follows: no vocabulary (a mixing of the hidden
+        # state into a few values, DeepSeek-V4's hyper-connections; its hash router's scores before
+        # the experts), the walk stays where it was (STR069)
         role, new_region, rid = "gemm", region, NARROW_HEAD
     at = ahead.anchor_at[k]
     if role == "lm_head_gemm" and at < ks.n and ahead.boundary[at]:
