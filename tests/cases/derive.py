@@ -213,7 +213,7 @@ DERIVED: list[tuple[str, str, Callable[[Trace], Trace], str]] = [
     ("derived-token-gather-no-shapes", "aria-token-gather-in-layers", without_shapes,
      "Aria's expert block without recorded shapes: its index_select token gather keeps the lookup's stage by name; every forward ends in its LM head, so a lookup after attention and before the LM head starts no forward (PHS037)"),
     ("derived-indexer-by-sort", "hy-v4-composed-sparse-attention", indexer_by_sort,
-     "A sparse attention's indexer that sorts its scores instead of a top-k: no top-k, so the walk reads an LM head and a sampler inside the layers; attention outside every layer, announced (STR060)"),
+     "A sparse attention's indexer that sorts its scores instead of a top-k: no top-k, so the walk misreads the layers (its narrow scoring GEMM is no LM head, STR069); attention outside every layer, announced (STR060)"),
 ]  # fmt: skip
 
 
