@@ -15,7 +15,7 @@ from analyzer.analyses.mixers import MIXER_SPAN, mark_mixers
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "fixtures" / "sweep"
-TH = SimpleNamespace(mixer_reach=400, norm_cluster_gap=3, stabilizer_reach=4)
+TH = SimpleNamespace(mixer_reach=400, norm_cluster_gap=3, stabilizer_reach=4, max_norm_tail=2)
 CONV = "aten::_conv_depthwise2d"
 DEPTHWISE = [[2, 64, 1, 16], [64, 1, 1, 4]]
 
@@ -233,3 +233,44 @@ def test_a_short_convolution_after_a_projection_is_a_mixers_core() -> None:
     stage, why = ["qkv_gemm", "rope", "rope", "rope", "qkv_gemm"], [1, 7, 7, 7, 1]
     full = {2: [[2, 64, 1, 16], [64, 64, 1, 4]]}
     assert mark_short_convolutions(np.arange(5), stage, ops, full, why, placed) == 0
+
+
+def test_a_residual_add_adds_two_activations() -> None:
+    from analyzer.analyses.mixers import _activations
+
+    # one shape, or one rank with batch and hidden equal (a broadcast over the positions): activations
+    assert _activations([2, 16, 64], [2, 16, 64]) and _activations([2, 1, 64], [2, 2, 64])
+    # a bias (its own rank) or another batch: not
+    assert not _activations([64], [2, 16, 64]) and not _activations([3, 1, 64], [2, 2, 64])
+
+
+def test_a_router_that_selects_by_row_maximum_is_routing_up_to_its_last_softmax() -> None:
+    from analyzer.analyses.walk.regions import SELECTION_ROUTER, _label_selection_router
+
+    # GIVEN a MoE region after its router GEMM: max, a mask, a softmax, a gather (twice), a
+    # concatenation, then dispatch (an arange and an index)
+    ops = ["aten::max", "aten::gt", "aten::masked_fill_", "aten::_softmax", "aten::gather",
+           "aten::max", "aten::_softmax", "aten::gather", "aten::cat", "aten::arange", "aten::index"]  # fmt: skip
+    stage = ["elementwise"] * len(ops)
+    why = [0] * len(ops)
+    left = _label_selection_router(list(range(len(ops))), list(range(len(ops))), 0, len(ops), stage, ops, why)
+    # THEN the selection through its tail is routing, the rest is left for the dispatch default
+    assert stage[:9] == ["moe_topk"] * 9 and why[0] == SELECTION_ROUTER and left == [9, 10]
+    # AND with a top-k op in the region nothing changes (a top-k router is STR005's)
+    ops2 = ["aten::topk", *ops[1:]]
+    stage2 = ["elementwise"] * len(ops2)
+    assert _label_selection_router(list(range(len(ops2))), [0, 1], 0, len(ops2), stage2, ops2, why) == [0, 1]
+    assert stage2 == ["elementwise"] * len(ops2)
+
+
+def test_scalar_multiplies_before_the_residual_add_scale_it() -> None:
+    from analyzer.analyses.walk.moe import _residual_scaling
+
+    # GIVEN the last expert GEMM at 0, the combine's copy at 1, two scalar multiplies, the residual add
+    ops = ["aten::bmm", "aten::copy_", "aten::mul", "aten::mul", "aten::add"]
+    dims = {2: [[2, 16, 64], []], 3: [[2, 16, 64], []], 1: [[32, 64], [32, 64]]}
+    # THEN the two multiplies are the residual's scaling, the copy is not
+    assert _residual_scaling(list(range(5)), 4, 0, ops, dims.get) == {2, 3}
+    # AND a multiply by a tensor (the routing weights) is no scaling
+    dims[3] = [[2, 16, 64], [2, 16, 1]]
+    assert _residual_scaling(list(range(5)), 4, 0, ops, dims.get) == set()

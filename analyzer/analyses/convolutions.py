@@ -20,16 +20,22 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.walk.registry import GEMM_STAGES, KNOWLEDGE
+from analyzer.analyses.mixers import CONV_OPS, depthwise
+from analyzer.analyses.walk.registry import ATTENTION, GEMM_STAGES, KNOWLEDGE
+from analyzer.knowledge.taxonomy import ALL_GEMM_STAGES, MEMORY_STAGES
 
 CONVOLUTION_GEMM = KNOWLEDGE.code_of("convolution-gemm")
-CONV_OPS = frozenset(KNOWLEDGE.set_of("depthwise_conv_ops"))
+SHORT_CONVOLUTION = KNOWLEDGE.code_of("short-convolution")
+_GEMMS = frozenset(ALL_GEMM_STAGES)
+_STOP = ATTENTION | {"norm", "embedding", "sampling"}  # the short convolution's end, besides a GEMM
+_MEMORY = frozenset(MEMORY_STAGES)
 
 
 def mark_convolution_gemms(
     seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any
 ) -> int:
-    """STR072 over one segment (kernel rows); returns the kernels relabelled."""
+    """STR072 over kernel rows ``seq`` (the caller passes those a convolution op launched); returns
+    the kernels relabelled."""
     done = 0
     for r in seq.tolist():
         if op_names[r] in CONV_OPS and stage[r] in GEMM_STAGES:
@@ -39,17 +45,6 @@ def mark_convolution_gemms(
     return done
 
 
-SHORT_CONVOLUTION = KNOWLEDGE.code_of("short-convolution")
-_GEMMS = GEMM_STAGES | {"moe_expert_gemm", "moe_gate_gemm", "lm_head_gemm"}
-_STOP = frozenset({"norm", "flash_attention", "paged_attention", "linear_attention", "embedding", "sampling"})
-
-
-def _depthwise(dims: Any) -> bool:
-    """A convolution's weight ``[channels, 1, ...]`` (input 1): one filter per channel."""
-    w = dims[1] if dims and len(dims) > 1 else None
-    return isinstance(w, list) and len(w) >= 3 and w[1] == 1
-
-
 def mark_short_convolutions(
     seq: np.ndarray,
     stage: list[str],
@@ -57,24 +52,30 @@ def mark_short_convolutions(
     op_dims: Any,
     why: Any,
     placed: frozenset[int],
+    convs: np.ndarray | None = None,
 ) -> int:
     """STR073 (after the walk) over one segment; returns the kernels relabelled. A depthwise
     convolution the walk placed by position only (``placed``: the region rules' codes) right after
-    a projection: the kernels from that projection to the next GEMM, norm or attention kernel are a
-    short convolution on the projection's output (Inkling's on its keys and values), a token
-    mixer's core: ``linear_attention``."""
+    a projection (only kernels placed by position, or by no rule, between them): the kernels from
+    that projection to the next GEMM, norm or attention kernel are a short convolution on the
+    projection's output (Inkling's on its keys and values), a token mixer's core:
+    ``linear_attention``. ``convs`` (per kernel row, optional): the kernels a convolution op
+    launched, the only ones tried."""
     rows = seq.tolist()
     n, done, end = len(rows), 0, -1
-    for p, r in enumerate(rows):
+    between = placed | {0}  # placed by position, or by no rule at all
+    tried = np.flatnonzero(convs[seq]).tolist() if convs is not None else range(n)
+    for p in tried:
+        r = rows[p]
         if (
             p <= end
             or op_names[r] not in CONV_OPS
             or int(why[r]) not in placed
-            or not _depthwise(op_dims.get(r))
+            or not depthwise(op_dims.get(r))
         ):
             continue
         a = p - 1
-        while a >= 0 and int(why[rows[a]]) in placed | {0} and stage[rows[a]] not in _GEMMS:
+        while a >= 0 and int(why[rows[a]]) in between and stage[rows[a]] not in _GEMMS:
             a -= 1
         if a < 0 or stage[rows[a]] not in GEMM_STAGES:
             continue  # no projection right before it
@@ -83,7 +84,7 @@ def mark_short_convolutions(
             b += 1
         for q in range(a + 1, b):
             x = rows[q]
-            if int(why[x]) in placed and stage[x] not in ("memcpy", "memset"):
+            if int(why[x]) in placed and stage[x] not in _MEMORY:
                 stage[x] = "linear_attention"
                 why[x] = SHORT_CONVOLUTION
                 done += 1

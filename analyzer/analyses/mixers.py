@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 
 from analyzer.analyses.walk.positions import _cluster_bounds, numel
-from analyzer.analyses.walk.registry import ATTENTION, KNOWLEDGE, REGION_RULE_CODES
+from analyzer.analyses.walk.registry import ATTENTION, KNOWLEDGE, MIXER_SPAN, REGION_RULE_CODES
 from analyzer.analyses.weight_gathers import BATCHED_GEMM_OPS
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
 
-MIXER_SPAN = KNOWLEDGE.code_of("mixer-span")
 CONV_OPS = frozenset(KNOWLEDGE.set_of("depthwise_conv_ops"))
 ANCHOR_OPS = frozenset(KNOWLEDGE.set_of("mixer_anchor_ops"))
 STABILIZER_OPS = frozenset(KNOWLEDGE.set_of("stabilizer_ops"))
@@ -63,7 +62,7 @@ _OTHER_WORK = (
 )
 
 
-def _depthwise(dims: Any) -> bool:
+def depthwise(dims: Any) -> bool:
     """A convolution's weight ``[channels, 1, ...]`` (input 1): one filter per channel."""
     w = dims[1] if dims and len(dims) > 1 else None
     return isinstance(w, list) and len(w) >= 3 and w[1] == 1
@@ -82,27 +81,34 @@ def _is_anchor(
     if stage[r] == _CORE:
         return True
     if op in CONV_OPS:
-        return _depthwise(op_dims.get(r))
+        return depthwise(op_dims.get(r))
     if op in STABILIZER_OPS:  # a running maximum is a recurrence's only when its difference is exponentiated
         reach = int(th.stabilizer_reach)
         return any(op_names[x] in EXP_OPS for x in rows[p + 1 : p + 1 + reach])
     if op in PRODUCT_OPS and stage[r] == "gemm":
         # a batched product no softmax attention took (composed attention is placed before this
         # pass), reducing over more than one (a rotary table's outer product reduces over one)
-        return _reduces(op_dims.get(r))
+        return _reduces(op, op_dims.get(r))
     return op in ANCHOR_OPS
 
 
-def _reduces(dims: Any) -> bool:
-    """A batched product's recorded first operand ``[..., M, K]`` reduces over K > 1."""
-    a = dims[0] if isinstance(dims, list) and dims else None
+def _reduces(op: str | None, dims: Any) -> bool:
+    """A batched product's recorded left operand ``[..., M, K]`` reduces over K > 1 (``baddbmm``'s
+    first input is the term it adds: its left factor is the second)."""
+    at = 1 if op == "aten::baddbmm" else 0
+    a = dims[at] if isinstance(dims, list) and len(dims) > at else None
     return isinstance(a, list) and len(a) >= 2 and isinstance(a[-1], int) and a[-1] > 1
 
 
 def has_products(op_names: Sequence[str | None], op_dims: Mapping[int, Any]) -> bool:
     """Whether a batched product that could anchor a mixer ran (recorded shapes reducing over more
     than one): the token-mixers group's precondition, beside its anchor ops."""
-    return any(op_names[r] in PRODUCT_OPS and _reduces(d) for r, d in op_dims.items())
+    return any(op_names[r] in PRODUCT_OPS and _reduces(op_names[r], d) for r, d in op_dims.items())
+
+
+#: the ops a mixer's anchor may be launched by (besides a linear_attention kernel by name): the
+#: caller finds their kernels at once (``candidates``), so the span search visits only those
+ANCHOR_CANDIDATE_OPS = CONV_OPS | ANCHOR_OPS | STABILIZER_OPS | PRODUCT_OPS
 
 
 def mark_mixers(
@@ -116,6 +122,7 @@ def mark_mixers(
     inputs: Callable[[int], list[list[int]] | None] | None = None,
     layout: Callable[[int], bool] | None = None,
     fused_norm: Callable[[int], bool] | None = None,
+    candidates: np.ndarray | None = None,
 ) -> int:
     """STR052 over one segment (kernel rows in launch order); returns the kernels relabelled.
     ``launch`` (per kernel row): the launching op's id, so a split-K GEMM's kernels count as one;
@@ -123,20 +130,32 @@ def mark_mixers(
     (a bias, a parameter) is no residual add; ``layout`` (kernel row -> a layout-only copy, by
     name): such a copy right before a projection is the projection's own; ``fused_norm`` (kernel
     row -> a fused norm kernel, by name): the kernels between such an input norm and the first
-    input projection are the mixer's (a token shift)."""
+    input projection are the mixer's (a token shift); ``candidates`` (per kernel row, optional):
+    the kernels whose op may anchor a mixer (:data:`ANCHOR_CANDIDATE_OPS`) or whose stage is
+    ``linear_attention``; only those are tried as anchors."""
     rows = seq.tolist()
-    n = len(rows)
     reach = int(th.mixer_reach)
     done = 0
     end = -1  # the last output projection placed: spans never overlap
-    for p in range(n):
+    blocked = -1  # the last anchor refused for other work (an MoE block) before it
+    tried = np.flatnonzero(candidates[seq]).tolist() if candidates is not None else range(len(rows))
+    for p in tried:
         if p <= end or not _is_anchor(rows, p, stage, op_names, op_dims, th):
             continue
+        if blocked >= 0 and not any(stage[rows[i]] == "norm" for i in range(blocked + 1, p)):
+            continue  # the same input norm as the refused anchor: the same other work lies between
         span = _span(rows, p, end, stage, op_names, reach, why, launch, inputs)
-        if span is None:
+        if span is None or span == _BLOCKED:
+            blocked = p if span == _BLOCKED else blocked
             continue
+        blocked = -1
         norm_at, start, out = span
-        lead = norm_at + 1 if fused_norm is not None and fused_norm(rows[norm_at]) else start
+        # a fused input norm (one kernel) with more than max_norm_tail kernels before the first
+        # projection: those are the mixer's own (a token shift), as the learned norm shape says
+        shift = (
+            fused_norm is not None and fused_norm(rows[norm_at]) and start - norm_at - 1 > th.max_norm_tail
+        )
+        lead = norm_at + 1 if shift else start
         done += _label(
             rows, lead, start, out, stage, op_names, why, launch, int(th.norm_cluster_gap), layout, inputs
         )
@@ -150,6 +169,9 @@ def _linear(r: int, op_names: Sequence[str | None]) -> bool:
 
 def _gemm(r: int, op_names: Sequence[str | None]) -> bool:
     return op_names[r] in LINEAR_OPS or op_names[r] in BATCHED_OPS
+
+
+_BLOCKED = (-1, -1, -1)  # _span's answer where other work lies between the input projection and the anchor
 
 
 def _span(
@@ -188,7 +210,7 @@ def _span(
     # router's or experts' kernel there is other work (an MoE block) between a norm and this anchor
     # (a batched product there is the mixer's own unless an expert's: a router's top-k comes first)
     if any(op_names[rows[i]] in _OTHER_WORK or stage[rows[i]].startswith("moe_") for i in range(start, p)):
-        return None
+        return _BLOCKED
     product = op_names[rows[p]] in PRODUCT_OPS and stage[rows[p]] != _CORE  # anchored by a product
     if product and any(op_names[rows[i]] in NORMALIZER_OPS for i in range(start, p)):
         return None  # (a product after a softmax is attention's)
@@ -223,7 +245,8 @@ def _span(
 def _activations(a: Any, b: Any) -> bool:
     """Two operands of an add are activations of one batch: one shape, or one rank with the same batch
     and hidden sizes (one broadcast over the positions: RWKV's decode adds its state's last position);
-    a bias or a parameter (its own rank, no batch) is not."""
+    a bias or a parameter of another rank is not (one of the same rank, ``[1, 1, H]``, passes at a
+    batch of one: shapes alone cannot tell it)."""
     if a == b:
         return True
     return (

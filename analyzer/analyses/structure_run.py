@@ -56,9 +56,10 @@ class StructureRun:
     layer: np.ndarray
     front: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     trig: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # launched by a cos / sin op
-    select: np.ndarray = field(
-        default_factory=lambda: np.zeros(0, bool)
-    )  # a row maximum's (a router's selection)
+    # launched by a row maximum (a router's selection), by an op a mixer's anchor may be, by a convolution
+    select: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    anchors: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    convs: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     counts: Counter = field(default_factory=Counter)
     groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
     suspects: list[int] = field(default_factory=list)  # kernel rows the layer grammar has no place for
@@ -93,6 +94,8 @@ class StructureRun:
         )  # fmt: skip
         run.trig = dict_isin(op_column, list(registry.KNOWLEDGE.set_of("rotary_trig_ops")))
         run.select = dict_isin(op_column, list(registry.KNOWLEDGE.set_of("selection_ops")))
+        run.anchors = dict_isin(op_column, list(mixers.ANCHOR_CANDIDATE_OPS))
+        run.convs = dict_isin(op_column, list(convolutions.CONV_OPS))
         run.inputs = inputs
         return run
 
@@ -208,7 +211,6 @@ def _sdpa_front_end(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
 
 
 _LAYOUT_COPY_WORDS = registry.KNOWLEDGE.words("layout_copy_words")
-_FUSED_NORM_WORDS = registry.KNOWLEDGE.words("fused_norm_words")
 
 
 def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
@@ -218,26 +220,41 @@ def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
         return all(w in r.norm[row] for w in _LAYOUT_COPY_WORDS)
 
     def fused_norm(row: int) -> bool:  # a norm of one kernel, by its name
-        return any(w in r.norm[row] for w in _FUSED_NORM_WORDS)
+        return eager_ops._fused_norm(r.norm[row])
 
+    # the anchors' candidates at once: kernels of an anchor's op, and linear_attention ones by name
+    core = np.fromiter((s == "linear_attention" for s in r.stage), bool, len(r.stage))
     d.count(
         mixers.MIXER_SPAN,
         mixers.mark_mixers(
-            seg, d.stage, r.op_names, r.op_dims, d.why, r.th, r.launch, r.inputs, layout, fused_norm
-        ),
+            seg,
+            d.stage,
+            r.op_names,
+            r.op_dims,
+            d.why,
+            r.th,
+            r.launch,
+            r.inputs,
+            layout,
+            fused_norm,
+            r.anchors | core,
+        ),  # fmt: skip
     )
 
 
 def _convolution_gemms(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     d.count(
-        convolutions.CONVOLUTION_GEMM, convolutions.mark_convolution_gemms(seg, d.stage, r.op_names, d.why)
+        convolutions.CONVOLUTION_GEMM,
+        convolutions.mark_convolution_gemms(seg[r.convs[seg]], d.stage, r.op_names, d.why),
     )
 
 
 def _short_convolutions(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
     d.count(
         convolutions.SHORT_CONVOLUTION,
-        convolutions.mark_short_convolutions(seg, d.stage, r.op_names, r.op_dims, d.why, REGION_RULE_CODES),
+        convolutions.mark_short_convolutions(
+            seg, d.stage, r.op_names, r.op_dims, d.why, REGION_RULE_CODES, r.convs
+        ),
     )
 
 

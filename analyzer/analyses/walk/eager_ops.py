@@ -364,14 +364,10 @@ def _norm_shape(
     short = (tail <= th.max_norm_tail) & only_generic
     # a fused norm (one kernel by name) is the whole norm: a long run of generic kernels after it, or
     # of a token mixer's (STR052's token shift), is the block's own input work; its tail is none
-    fused = np.asarray(
-        [
-            c0 == c1 and _fused_norm(norm[rows[c0]])
-            for c0, c1 in zip(first.tolist(), last.tolist(), strict=True)
-        ],
-        bool,
-    )
-    whole = fused & ~short
+    # (only the clusters with no short tail are looked at: the names of a few kernels)
+    whole = np.zeros(len(first), bool)
+    for k in np.flatnonzero(~short).tolist():
+        whole[k] = first[k] == last[k] and _fused_norm(norm[rows[int(first[k])]])
     for k in np.flatnonzero(whole).tolist():
         whole[k] = bool(stage) and all(
             was_generic[i] or stage[rows[i]] == "linear_attention" for i in range(last[k] + 1, nxt[k])

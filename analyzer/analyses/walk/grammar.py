@@ -64,6 +64,7 @@ from analyzer.analyses.walk.registry import (
     GEMM_STAGES,
     GENERIC,
     LONE_POW,
+    MIXER_SPAN,
     MLP_SUB_NORM,
     MOE_ROUTER,
     OUTPUT_ROWS,
@@ -72,7 +73,7 @@ from analyzer.analyses.walk.registry import (
     SAMPLING_LIKE,
     SIDE_BLOCK,
 )
-from analyzer.analyses.walk.roles import NO_MLP, _role
+from analyzer.analyses.walk.roles import _FORWARD_END, NO_MLP, _role
 from analyzer.analyses.walk.sequence import KernelSequence
 from analyzer.analyses.walk.sparse_attention import _demote_attention_index_topk
 from analyzer.knowledge.structure_rules import Thresholds
@@ -82,13 +83,11 @@ SECOND_HEAD = _ID("second-head")
 NARROW_HEAD = _ID("narrow-head")
 _MOE_OPS = _V("region_ops_moe")  # an expert block's own ops (STR025's index writes among them)
 DOWN_BY_SHAPE = _ID("down-by-shape")
-MIXER_SPAN = _ID("mixer-span")  # a mixer's projections, labelled before the walk (analyses/mixers.py)
 MOE_SAMPLING_TOPK = _ID("moe-sampling-topk")
 TAIL_NEG = _ID("tail-neg")
 HOST_INPUTS = _ID("host-input-boundary")
 PROLOGUE_SHIFT = _ID("prologue-shift")
 _MOE_ROUTING = _V("moe_routing_stages")
-_FORWARD_END = ("sampling", "embedding", "")  # what follows a forward's last GEMM (:func:`_role`)
 _ROUTING_LEADS = ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
 
 

@@ -22,11 +22,11 @@ from analyzer.analyses.walk.registry import (
     DEFAULT_THRESHOLDS,
     GEMM_STAGES,
     GENERIC,
+    MIXER_SPAN,
 )
 from analyzer.knowledge.structure_rules import Thresholds
 
 EMBEDDING_PROJECTION = _ID("embedding-projection")
-_MIXER_SPAN = _ID("mixer-span")  # a token mixer's projections, labelled before the walk (analyses/mixers.py)
 
 
 PRE_LAYER_SAMPLING = _ID("pre-layer-sampling")
@@ -142,15 +142,13 @@ def _demote_embedding_projection(
             runs[k] = 1
     firsts = set(opened)
     # a token mixer's layers run their own projections (STR052): compared only with attention layers
-    counts = Counter(
-        v for k, v in runs.items() if k not in firsts and int(why[rows[first[k]]]) != _MIXER_SPAN
-    )
+    counts = Counter(v for k, v in runs.items() if k not in firsts and int(why[rows[first[k]]]) != MIXER_SPAN)
     if not counts:
         return
     usual = counts.most_common(1)[0][0]
     for k in opened:
-        if runs.get(k) != usual + 1 or k + 1 >= len(first):
-            continue
+        if runs.get(k) != usual + 1 or k + 1 >= len(first) or int(why[rows[first[k]]]) == MIXER_SPAN:
+            continue  # (a mixer's projections, STR052's, are no embedding projection)
         for q in range(first[k], first[k + 1]):
             if stage[rows[q]] == "qkv_gemm" and q <= int(op_last[k]):
                 stage[rows[q]] = "gemm"

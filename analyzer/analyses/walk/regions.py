@@ -115,12 +115,8 @@ def _label_generic(
         if reg in ("attn", "mlp_in") and shape and clusters is not None:
             run = _label_block_inner_norms(rows, run, p, q, clusters, shape, norm, stage, why)
         target = _REGION_STAGE[reg]
-        if reg == "attn":
-            run = _label_attention_module_work(rows, run, stage, op_names, why)
-        if reg == "moe":
-            run = _label_selection_router(rows, run, p, q, stage, op_names, why)
+        run = _label_module_work(reg, rows, run, p, q, stage, op_names, why, inputs)
         if reg == "moe_experts":
-            _label_moe_block(rows, run, p, q, stage, op_names, why, inputs)
             continue
         if reg in ("attn_out", "mlp_out"):
             inside = (
@@ -151,11 +147,37 @@ def _label_generic(
 
 
 _BATCH = 1 << 16  # decisions per set (each a few tens of bytes)
+
+
+def _label_module_work(
+    reg: str,
+    rows: Sequence[int],
+    run: list[int],
+    p: int,
+    q: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
+    inputs: Callable[[int], list[list[int]] | None] | None,
+) -> list[int]:
+    """The named rules of one region [p, q) before its default: the attention module's arithmetic
+    after the attention kernel (STR035), a router's selection without a top-k (STR071), the expert
+    block (STR025, which labels all of its kernels); returns the kernels left for the default."""
+    if reg == "attn":
+        return _label_attention_module_work(rows, run, stage, op_names, why)
+    if reg == "moe":
+        return _label_selection_router(rows, run, p, q, stage, op_names, why)
+    if reg == "moe_experts":
+        _label_moe_block(rows, run, p, q, stage, op_names, why, inputs)
+        return []
+    return run
+
+
 SELECTION_ROUTER = _ID("selection-router")
 _SELECTION_OPS = KNOWLEDGE.set_of("selection_ops")
 _SCORE_OPS = KNOWLEDGE.set_of("score_ops")
 _TOPK_OPS = KNOWLEDGE.set_of("topk_ops")
-_ROUTING_TAIL = KNOWLEDGE.set_of("routing_tail_ops") | {"aten::cat"}
+_ROUTING_TAIL = KNOWLEDGE.set_of("routing_tail_ops") | KNOWLEDGE.set_of("selection_tail_ops")
 
 
 def _label_selection_router(

@@ -70,6 +70,7 @@ ROLE_POST_NORM_QKV = _ID("role-post-norm-qkv")
 BLOCK_OUTPUT_PROJECTION = _ID("block-output-projection")
 ATTENTION_GATE_PROJECTION = _ID("attention-gate-projection")
 SIDE_BLOCK = _ID("layer-side-block")
+MIXER_SPAN = _ID("mixer-span")  # a token mixer's projections, labelled before the walk (analyses/mixers.py)
 # the rules that give a GEMM the role-free stage `gemm` by name: STR059 does not warn of them
 NAMED_ROLE_FREE = (BLOCK_OUTPUT_PROJECTION, ATTENTION_GATE_PROJECTION, SIDE_BLOCK)
 MLP_SUB_NORM = _ID("mlp-sub-norm")

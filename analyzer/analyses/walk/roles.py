@@ -23,6 +23,7 @@ from analyzer.analyses.walk.registry import (
 )
 
 NO_MLP = _ID("block-without-mlp")
+_FORWARD_END = ("sampling", "embedding", "")  # what follows a forward's last GEMM: its end
 
 
 def _role(
@@ -47,7 +48,7 @@ def _role(
         # a norm, then GEMMs that reach the next anchor with no norm between: this layer has no MLP
         # (a token mixer's block); the GEMMs are the next layer's projections or the LM head
         no_mlp = region == "attn_out" and norm_seen and not norm_ahead
-        if no_mlp and after_mixer and not gemm_ahead and follow in ("sampling", "embedding", ""):
+        if no_mlp and after_mixer and not gemm_ahead and follow in _FORWARD_END:
             return "lm_head_gemm", "tail", layer_no, NO_MLP
         if region == "attn_out" and routing_next:
             return "moe_gate_gemm", "moe", layer_no, ROLE_MOE_GATE
@@ -63,7 +64,7 @@ def _role(
     # pre, mlp_out, moe_experts (after a norm), tail
     if norm_seen and follow in ATTENTION:
         return "qkv_gemm", "attn_in", layer_no + 1, ROLE_QKV
-    if norm_seen and follow in ("sampling", "embedding", ""):
+    if norm_seen and follow in _FORWARD_END:
         return "lm_head_gemm", "tail", layer_no, ROLE_LM_HEAD
     if region == "pre" and follow in ATTENTION and opens_forward:
         # the first projection of a post-norm block (OLMo-2: no norm before layer 0's q_proj)
