@@ -467,3 +467,51 @@ def test_a_rotary_tables_outer_product_is_rope_and_a_batched_projection_is_not()
     )
     # THEN the first table's cast, bmm and cat are RoPE; the second bmm stays a GEMM
     assert n == 3 and stage[:3] == ["rope"] * 3 and stage[6] == "gemm"
+
+
+def test_a_side_block_after_the_mlp_is_the_layers_own():
+    # GIVEN two sandwich-norm layers (the MLP's output normed before its residual add) where the first
+    # ends with a side block (Gemma 4's per-layer input: a GEMM, an activation, a multiply, a GEMM, a
+    # norm, the residual add)
+    mul: Kernel = ("elementwise", "vectorized_elementwise_kernel<mul>", "aten::mul")
+    side = [GEMM, ("activation", "gelu_kernel", None), mul, GEMM, NORM, ADD]
+    sandwich = [*LAYER[:-1], NORM, ADD]
+    stage, layer = walk(HEAD + sandwich + side + sandwich + TAIL)
+    first = 1 + len(sandwich)
+    # THEN both side GEMMs are role-free `gemm` of layer 0, not the next layer's projections
+    assert [stage[first], stage[first + 3]] == ["gemm", "gemm"]
+    assert layer[first] == layer[first + 3] == layer[first - 1]
+    # AND the next layer still opens at its own QKV projection after its input norm
+    nxt = first + len(side)
+    assert stage[nxt + 1] == "qkv_gemm" and layer[nxt + 1] == layer[first] + 1
+    assert stage.count("qkv_gemm") == 2
+
+
+def test_a_gemm_and_an_activation_with_no_norm_after_them_stay_the_next_layers():
+    # GIVEN the same first layer, but no norm after the second GEMM: attention follows directly (a
+    # block that computes an MLP first and its attention after)
+    mul: Kernel = ("elementwise", "vectorized_elementwise_kernel<mul>", "aten::mul")
+    sandwich = [*LAYER[:-1], NORM, ADD]
+    after = [GEMM, ("activation", "gelu_kernel", None), mul, GEMM, ROPE, KV, ATTN, GEMM, ADD]
+    stage, _ = walk(HEAD + sandwich + after + TAIL)
+    first = 1 + len(sandwich)
+    # THEN no side block (STR070 needs that norm): the first GEMM opens the next layer
+    assert stage[first] == "qkv_gemm"
+
+
+def test_after_a_regions_last_norm_only_an_add_right_after_it_is_a_residual_add():
+    from analyzer.analyses.walk.regions import _label_sandwich
+
+    # GIVEN a region after a projection: a fused norm (position 0), then a token shift (a copy, a
+    # multiply, an add) before the next block's projection
+    ops = ["aten::native_layer_norm", "aten::copy_", "aten::mul", "aten::add"]
+    stage = ["norm", "elementwise", "elementwise", "residual_add"]
+    why = [0] * 4
+    _label_sandwich(list(range(4)), [1, 2, 3], 0, 4, {0}, stage, ops, ["layer_norm_kernel"] * 4, why)
+    # THEN the shift's add is the next block's input work, not a residual add
+    assert stage == ["norm", "elementwise", "elementwise", "elementwise"]
+    # AND a post-norm block's add right after its norm is its residual add
+    stage = ["norm", "residual_add", "elementwise", "elementwise"]
+    ops = ["aten::native_layer_norm", "aten::add", "aten::mul", "aten::copy_"]
+    _label_sandwich(list(range(4)), [1, 2, 3], 0, 4, {0}, stage, ops, ["layer_norm_kernel"] * 4, why)
+    assert stage[1] == "residual_add" and stage[2:] == ["elementwise", "elementwise"]
