@@ -220,10 +220,12 @@ def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
         return all(w in r.norm[row] for w in _LAYOUT_COPY_WORDS)
 
     def fused_norm(row: int) -> bool:  # a norm of one kernel, by its name
-        return eager_ops._fused_norm(r.norm[row])
+        return positions._fused_norm(r.norm[row])
 
-    # the anchors' candidates at once: kernels of an anchor's op, and linear_attention ones by name
-    core = np.fromiter((s == "linear_attention" for s in r.stage), bool, len(r.stage))
+    # the anchors' candidates at once: kernels of an anchor's op, and this segment's linear_attention
+    # ones by name
+    candidates = r.anchors.copy()
+    candidates[[x for x in seg.tolist() if r.stage[x] == "linear_attention"]] = True
     d.count(
         mixers.MIXER_SPAN,
         mixers.mark_mixers(
@@ -237,7 +239,7 @@ def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
             r.inputs,
             layout,
             fused_norm,
-            r.anchors | core,
+            candidates,
         ),  # fmt: skip
     )
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from analyzer.analyses.walk.positions import (
     _cluster_bounds,
+    _fused_norm,
     _is_add,
     _is_cast,
     _is_reduce,
@@ -22,7 +23,6 @@ from analyzer.analyses.walk.positions import (
 )
 from analyzer.analyses.walk.registry import (
     _ADD_OPS,
-    _FUSED_NORM_WORDS,
     _ID,
     _V,
     COMPOSED_ATTENTION,
@@ -385,10 +385,6 @@ def _norm_shape(
     if not seen:
         return None
     return {k: (int(np.bincount(lv).argmax()), int(np.bincount(tv).argmax())) for k, (lv, tv) in seen.items()}
-
-
-def _fused_norm(name: str) -> bool:
-    return any(w in name for w in _FUSED_NORM_WORDS)
 
 
 def _label_inner_norms(

@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.walk.positions import _cluster_bounds, numel
+from analyzer.analyses.walk.positions import _cluster_bounds, _fused_norm, numel
 from analyzer.analyses.walk.registry import (
     _COPY_OPS,
-    _FUSED_NORM_WORDS,
     _ID,
     _V,
     DEFAULT_THRESHOLDS,
@@ -243,7 +242,7 @@ def _same_elements(inputs: Callable[[int], list[list[int]] | None] | None, a: in
 
 def _fused(norm: Sequence[str], r: int) -> bool:
     """Kernel row ``r`` is a fused norm kernel, by its name's words."""
-    return bool(norm) and any(w in norm[r] for w in _FUSED_NORM_WORDS)
+    return bool(norm) and _fused_norm(norm[r])
 
 
 def _label_rotary_module(

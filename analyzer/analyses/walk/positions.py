@@ -9,7 +9,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from analyzer.analyses.walk.registry import _ADD_OPS, _COPY_OPS, DEFAULT_THRESHOLDS, KNOWLEDGE, WORK_OPS
+from analyzer.analyses.walk.registry import (
+    _ADD_OPS,
+    _COPY_OPS,
+    _FUSED_NORM_WORDS,
+    DEFAULT_THRESHOLDS,
+    KNOWLEDGE,
+    WORK_OPS,
+)
 
 _COPY_WORDS = KNOWLEDGE.words("copy_words")
 
@@ -61,6 +68,11 @@ def _norm_like(stage: str, name: str) -> bool:
 def _is_cast(r: int, norm: Sequence[str], op_names: Sequence[str | None]) -> bool:
     op = op_names[r]
     return op in _COPY_OPS if op is not None else any(w in norm[r] for w in _COPY_WORDS)
+
+
+def _fused_norm(name: str) -> bool:
+    """A fused norm kernel (one kernel is the whole norm), by its name's words."""
+    return any(w in name for w in _FUSED_NORM_WORDS)
 
 
 def _norm_windows(

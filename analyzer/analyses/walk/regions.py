@@ -202,14 +202,7 @@ def _label_selection_router(
     end = scored[-1]
     while end + 1 < len(ops) and ops[end + 1] in _ROUTING_TAIL:
         end += 1
-    left = []
-    for i in run:
-        if i <= p + end:
-            stage[rows[i]] = "moe_topk"
-            why[rows[i]] = SELECTION_ROUTER
-        else:
-            left.append(i)
-    return left
+    return _label_where(rows, run, lambda i: i <= p + end, stage, why, "moe_topk", SELECTION_ROUTER)
 
 
 _ATTENTION_OUTPUT_OPS = KNOWLEDGE.set_of("attention_output_ops")
@@ -222,14 +215,32 @@ def _label_attention_module_work(
     interface's output work (a copy, a cast, dropout) is the attention module's own arithmetic
     (DiffLlama's difference of two attention maps): elementwise; returns the kernels left for the
     region's default (attention). A kernel with no launching op stays attention."""
+
+    def own(i: int) -> bool:
+        op = op_names[rows[i]]
+        return op is not None and op not in _ATTENTION_OUTPUT_OPS
+
+    return _label_where(rows, run, own, stage, why, "elementwise", _REGION_RULE["attn"])
+
+
+def _label_where(
+    rows: Sequence[int],
+    run: list[int],
+    take: Callable[[int], bool],
+    stage: list[str],
+    why: Any,
+    s: str,
+    code: int,
+) -> list[int]:
+    """The positions of ``run`` that ``take`` holds for take stage ``s``, decided by rule ``code``;
+    returns the others (left for the region's default)."""
     left = []
     for i in run:
-        op = op_names[rows[i]]
-        if op is None or op in _ATTENTION_OUTPUT_OPS:
-            left.append(i)
+        if take(i):
+            stage[rows[i]] = s
+            why[rows[i]] = code
         else:
-            stage[rows[i]] = "elementwise"
-            why[rows[i]] = _REGION_RULE["attn"]
+            left.append(i)
     return left
 
 
@@ -284,11 +295,7 @@ def _label_next_forward_prologue(
     )
     if sync is None:
         return run
-    for i in run:
-        if i > sync:
-            stage[rows[i]] = "elementwise"
-            why[rows[i]] = NEXT_FORWARD_PROLOGUE
-    return [i for i in run if i < sync]
+    return _label_where(rows, run, lambda i: i > sync, stage, why, "elementwise", NEXT_FORWARD_PROLOGUE)
 
 
 def _inner_norms(
