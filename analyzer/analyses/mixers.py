@@ -38,9 +38,8 @@ CONV_OPS = frozenset(KNOWLEDGE.set_of("depthwise_conv_ops"))
 ANCHOR_OPS = frozenset(KNOWLEDGE.set_of("mixer_anchor_ops"))
 STABILIZER_OPS = frozenset(KNOWLEDGE.set_of("stabilizer_ops"))
 EXP_OPS = frozenset(KNOWLEDGE.set_of("exp_ops"))
-_ANCHOR_BY_OP = (
-    CONV_OPS | ANCHOR_OPS | STABILIZER_OPS
-)  # ops of a mixer's own work, whatever their weights' shape
+# ops of a mixer's own work, whatever their weights' shape
+_ANCHOR_BY_OP = CONV_OPS | ANCHOR_OPS | STABILIZER_OPS
 LINEAR_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops"))
 BATCHED_OPS = BATCHED_GEMM_OPS
 ADD_OPS = frozenset(KNOWLEDGE.set_of("add_ops"))
@@ -108,7 +107,7 @@ def has_products(op_names: Sequence[str | None], op_dims: Mapping[int, Any]) -> 
 
 #: the ops a mixer's anchor may be launched by (besides a linear_attention kernel by name): the
 #: caller finds their kernels at once (``candidates``), so the span search visits only those
-ANCHOR_CANDIDATE_OPS = CONV_OPS | ANCHOR_OPS | STABILIZER_OPS | PRODUCT_OPS
+ANCHOR_CANDIDATE_OPS = _ANCHOR_BY_OP | PRODUCT_OPS
 
 
 def mark_mixers(
@@ -145,8 +144,9 @@ def mark_mixers(
         if blocked >= 0 and not any(stage[rows[i]] == "norm" for i in range(blocked + 1, p)):
             continue  # the same input norm as the refused anchor: the same other work lies between
         span = _span(rows, p, end, stage, op_names, reach, why, launch, inputs)
+        if span == _BLOCKED:
+            blocked = p
         if span is None or span == _BLOCKED:
-            blocked = p if span == _BLOCKED else blocked
             continue
         blocked = -1
         norm_at, start, out = span
