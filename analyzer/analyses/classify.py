@@ -203,7 +203,8 @@ def _apply_shape_roles(
     and, above ``th.shape_disagreement`` of the time shapes decide, the reason is reported. An O
     projection the walk took right after an attention kernel (``why``: ROLE_O) is anchored by that
     kernel: a shape cannot tell it from a down projection (MLA's heads x value size is no hidden
-    size), so it is not counted as a disagreement. Returns the kernels whose role shapes decided,
+    size), so it is not counted as a disagreement; nor is a token mixer's projection (``why``:
+    MIXER_SPAN, anchored by its scan or convolution: an MLP's shapes). Returns the kernels whose role shapes decided,
     and that reason (or None)."""
     n = kernels.num_rows
     shaped = np.zeros(n, bool)
@@ -230,8 +231,12 @@ def _apply_shape_roles(
         if stage[r] == role or stage[r] == "gemm":
             stage[r] = role
             shaped[r] = True
-        elif why is not None and stage[r] == "o_gemm" and why[r] == registry.ROLE_O:
-            decided -= int(dur[r])  # anchored by the attention before it: shapes do not judge it
+        elif why is not None and (
+            (stage[r] == "o_gemm" and why[r] == registry.ROLE_O) or why[r] == registry.MIXER_SPAN
+        ):
+            # anchored by the attention before it, or by a token mixer's anchor (its scan or
+            # convolution) between its projections: shapes do not judge it
+            decided -= int(dur[r])
         else:
             other += int(dur[r])
             said[(stage[r], role)] += int(dur[r])

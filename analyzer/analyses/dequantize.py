@@ -19,7 +19,7 @@ work, never that region's. Needs host ops and their input types; without them no
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,9 @@ from analyzer.tables.dictionaries import dict_isin
 WEIGHT_DEQUANTIZE = KNOWLEDGE.code_of("weight-dequantize")
 CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))
 INTEGER_TYPES = frozenset(KNOWLEDGE.set_of("integer_types"))
+NARROW_FLOATS = frozenset(KNOWLEDGE.set_of("narrow_float_types"))
+WIDE_FLOATS = frozenset(KNOWLEDGE.set_of("wide_float_types"))
+MASK_TYPES = frozenset(KNOWLEDGE.set_of("mask_types"))
 PACKED_GEMM_OPS = frozenset(KNOWLEDGE.set_of("weight_only_gemm_ops"))
 PAD_OPS = frozenset(KNOWLEDGE.set_of("pad_fill_ops"))
 FLOAT_OUT_OPS = frozenset(KNOWLEDGE.set_of("float_out_gemm_ops"))
@@ -41,23 +44,33 @@ GEMM_OPS = LINEAR_OPS | BATCHED_OPS | PACKED_GEMM_OPS
 _PARTS = frozenset(KNOWLEDGE.set_of("quantize_parts"))
 
 
+class OperandFacts(NamedTuple):
+    """Per kernel row, what its launching op's operands say (:func:`operand_facts`)."""
+
+    int_cast: np.ndarray  # a cast whose source is an integer tensor (a quantized weight)
+    vec_scale: np.ndarray  # a multiply or add by a vector ([N] or [N, 1]: a per-channel scale, a bias)
+    widen: np.ndarray  # a copy from a 16-bit float into a wider float (a residual kept in fp32)
+    masked: np.ndarray  # a multiply by an integer or boolean tensor (a mask)
+
+
 def operand_facts(
     kernels: pa.Table, host_ops: pa.Table, op_column: pa.Array, join: launches.OpJoin | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per kernel row: launched by a cast whose source is an integer tensor, and launched by a
-    multiply or add whose second operand is a vector (``[N]`` or ``[N, 1]``: a per-channel scale,
-    a bias). ``op_column``: each kernel's launching op name (``classify.launching_ops``). Only the
-    casts' input types and the multiplies' and adds' input shapes are read, vectorised; all False
-    without host ops."""
+) -> OperandFacts:
+    """The :class:`OperandFacts` of every kernel row. ``op_column``: each kernel's launching op name
+    (``classify.launching_ops``). Only the casts' and multiplies' input types and the multiplies'
+    and adds' input shapes are read, vectorised; all False without host ops."""
     n = kernels.num_rows
-    int_cast, vec_scale = np.zeros(n, bool), np.zeros(n, bool)
+    facts = OperandFacts(*(np.zeros(n, bool) for _ in range(4)))
     found = launches.joined(kernels, host_ops, join)
     if found is None or n == 0:
-        return int_cast, vec_scale
+        return facts
     ops, pos = found
 
     def inputs(at: np.ndarray, column: str) -> Any:
         return host_ops[column].take(ops["row"].take(pos.take(pa.array(at))))
+
+    def where(values: Any) -> np.ndarray:
+        return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
 
     casts = np.flatnonzero(dict_isin(op_column, sorted(CAST_OPS)))
     if len(casts):
@@ -65,17 +78,27 @@ def operand_facts(
         # copy_(dst, src) reads its second input; _to_copy / to their first
         copy = dict_isin(op_column.take(pa.array(casts)), ["aten::copy_"])
         src = pc.if_else(pa.array(copy), _element(types, 1), _element(types, 0))
-        int_cast[casts] = pc.fill_null(pc.is_in(src, pa.array(sorted(INTEGER_TYPES))), False).to_numpy(
-            zero_copy_only=False
+        facts.int_cast[casts] = where(pc.is_in(src, pa.array(sorted(INTEGER_TYPES))))
+        wider = pc.and_(
+            pc.is_in(src, pa.array(sorted(NARROW_FLOATS))),
+            pc.is_in(_element(types, 0), pa.array(sorted(WIDE_FLOATS))),
         )
+        facts.widen[casts] = copy & where(wider)
     scales = np.flatnonzero(dict_isin(op_column, sorted(SCALE_OPS | ADD_OPS)))
     if len(scales):
         second = _element(inputs(scales, "input_dims"), 1)
         shape = pc.list_value_length(second)
         last = _element(second, -1)
         vector = pc.or_(pc.equal(shape, 1), pc.and_(pc.equal(shape, 2), pc.equal(last, 1)))
-        vec_scale[scales] = pc.fill_null(vector, False).to_numpy(zero_copy_only=False)
-    return int_cast, vec_scale
+        facts.vec_scale[scales] = where(vector)
+    muls = np.flatnonzero(dict_isin(op_column, sorted(SCALE_OPS)))
+    if len(muls):
+        types = inputs(muls, "input_types")
+        masks = pa.array(sorted(MASK_TYPES))
+        facts.masked[muls] = where(
+            pc.or_(pc.is_in(_element(types, 0), masks), pc.is_in(_element(types, 1), masks))
+        )
+    return facts
 
 
 def _element(lists: Any, i: int) -> Any:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.analyses.walk.positions import _cluster_bounds, numel
-from analyzer.analyses.walk.registry import ATTENTION, KNOWLEDGE, MIXER_SPAN, REGION_RULE_CODES
+from analyzer.analyses.walk.registry import ATTENTION, GENERIC, KNOWLEDGE, MIXER_SPAN, REGION_RULE_CODES
 from analyzer.analyses.weight_gathers import BATCHED_GEMM_OPS
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
 
@@ -122,6 +122,7 @@ def mark_mixers(
     layout: Callable[[int], bool] | None = None,
     fused_norm: Callable[[int], bool] | None = None,
     candidates: np.ndarray | None = None,
+    masked: np.ndarray | None = None,
 ) -> int:
     """STR052 over one segment (kernel rows in launch order); returns the kernels relabelled.
     ``launch`` (per kernel row): the launching op's id, so a split-K GEMM's kernels count as one;
@@ -131,7 +132,9 @@ def mark_mixers(
     row -> a fused norm kernel, by name): the kernels between such an input norm and the first
     input projection are the mixer's (a token shift); ``candidates`` (per kernel row, optional):
     the kernels whose op may anchor a mixer (:data:`ANCHOR_CANDIDATE_OPS`) or whose stage is
-    ``linear_attention``; only those are tried as anchors."""
+    ``linear_attention``; only those are tried as anchors. ``masked`` (per kernel row, optional): a
+    multiply by an integer or boolean mask; one between the input norm and the first projection
+    is the mixer's own (its padding mask on its input), never the norm's."""
     rows = seq.tolist()
     reach = int(th.mixer_reach)
     done = 0
@@ -156,6 +159,11 @@ def mark_mixers(
             fused_norm is not None and fused_norm(rows[norm_at]) and start - norm_at - 1 > th.max_norm_tail
         )
         lead = norm_at + 1 if shift else start
+        if masked is not None:
+            for i in range(norm_at + 1, lead):
+                if masked[rows[i]] and stage[rows[i]] in GENERIC:
+                    stage[rows[i]], why[rows[i]] = _CORE, MIXER_SPAN
+                    done += 1
         done += _label(
             rows, lead, start, out, stage, op_names, why, launch, int(th.norm_cluster_gap), layout, inputs
         )

@@ -60,6 +60,10 @@ class StructureRun:
     select: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     anchors: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     convs: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    # a copy into a wider float (a residual kept in fp32); a multiply by an integer or boolean mask
+    widen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    masked: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    module_copy: np.ndarray | None = None  # launched inside a module's own copying op (STR033)
     counts: Counter = field(default_factory=Counter)
     groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
     suspects: list[int] = field(default_factory=list)  # kernel rows the layer grammar has no place for
@@ -80,7 +84,7 @@ class StructureRun:
         join: launches.OpJoin,
     ) -> StructureRun:
         norm = pylist(cols["norm_name"])
-        int_cast, vec_scale = dequantize.operand_facts(kernels, host_ops, op_column, join)
+        facts = dequantize.operand_facts(kernels, host_ops, op_column, join)
         inputs = inputs_on_demand(kernels, host_ops, join)
         run = cls(
             stage, why, op_names, op_dims, norm,
@@ -89,7 +93,7 @@ class StructureRun:
             dict_isin(op_column, list(registry.POW_OPS)),
             eager_ops.reduction_rows(cols["norm_name"], op_column),
             eager_ops.softmax_rows(cols["norm_name"], op_column, stage),
-            int_cast, vec_scale, gemm_shapes_on_demand(op_names, inputs), th,
+            facts.int_cast, facts.vec_scale, gemm_shapes_on_demand(op_names, inputs), th,
             np.full(kernels.num_rows, -1, np.int64),
         )  # fmt: skip
         run.trig = dict_isin(op_column, list(registry.KNOWLEDGE.set_of("rotary_trig_ops")))
@@ -97,6 +101,8 @@ class StructureRun:
         run.anchors = dict_isin(op_column, list(mixers.ANCHOR_CANDIDATE_OPS))
         run.convs = dict_isin(op_column, list(convolutions.CONV_OPS))
         run.inputs = inputs
+        run.widen, run.masked = facts.widen, facts.masked
+        run.module_copy = module_copies(kernels, host_ops, join)
         return run
 
     def count(self, rule: int, kernels: int) -> None:
@@ -158,6 +164,7 @@ class StructureRun:
         grammar.walk_sequence(
             seg, self.stage, self.norm, self.op_names, self.launch, self.layer, self.topk, self.pow_rows,
             self.reduce_rows, self.why, self.th, self.counts, self.gemm_kn, self.runs, suspect, self.inputs,
+            self.widen if len(self.widen) else None, self.module_copy,
         )  # fmt: skip
         problem = selfcheck.structure_problem(seg, self.stage, self.layer, self.th)
         if problem:
@@ -240,6 +247,7 @@ def _mixer_spans(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
             layout,
             fused_norm,
             candidates,
+            r.masked if len(r.masked) else None,
         ),  # fmt: skip
     )
 
@@ -305,6 +313,31 @@ PASSES_AFTER_WALK = _in_registry_order(
 )
 
 _GROUP_OF = {rule: g.name for g in registry.KNOWLEDGE.groups for rule in g.rules}
+
+
+_MODULE_COPY_OPS = sorted(registry.KNOWLEDGE.set_of("module_copy_ops"))
+
+
+def module_copies(
+    kernels: pa.Table, host_ops: pa.Table, join: launches.OpJoin | None = None
+) -> np.ndarray | None:
+    """Per kernel row: launched inside an op of a module's own code that copies
+    (``module_copy_ops``: ``Tensor.repeat``); None where no such op ran (the usual trace)."""
+    if host_ops.num_rows == 0 or not dict_isin(host_ops["name"], _MODULE_COPY_OPS).any():
+        return None
+    found = launches.joined(kernels, host_ops, join)
+    if found is None:
+        return None
+    ops, pos = found
+    valid = pos.is_valid().to_numpy(zero_copy_only=False)
+    out = np.zeros(kernels.num_rows, bool)
+    at = np.flatnonzero(valid)
+    op_rows = ops["row"].take(pos.take(pa.array(at))).to_numpy(zero_copy_only=False)
+    outer = np.flatnonzero(
+        dict_isin(host_ops["name"], _MODULE_COPY_OPS) & dict_isin(host_ops["category"], ["cpu_op"])
+    )
+    out[at] = launches.enclosing_op(host_ops, outer, op_rows) >= 0
+    return out
 
 
 def inputs_on_demand(

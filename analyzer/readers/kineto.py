@@ -47,7 +47,7 @@ from analyzer.tables.dictionaries import dict_isin, dict_take
 from analyzer.tables.launches import launch_calls
 
 FORMAT = "kineto"
-READER_VERSION = "6"
+READER_VERSION = "7"
 STREAMS = True  # read() takes a progress callback
 TAKES_POLICY = True  # read() takes a ReadPolicy (analyzer.readers.read_trace passes it on)
 
@@ -211,8 +211,9 @@ def _record_session(meta: InputMeta, host: list[pa.Table], base: int) -> None:
 
 #: cpu_ops kept although no GPU activity names them: they launch through ops nested in them and say
 #: what those ops do (``F.embedding`` dispatches to ``aten::index_select`` / ``aten::gather``; the
-#: SDPA front end's copies and mask work run inside it)
-CONTEXT_OPS = ("aten::embedding", "aten::embedding_bag", "aten::scaled_dot_product_attention")
+#: SDPA front end's copies and mask work run inside it; ``Tensor.repeat``'s copy is a module's own,
+#: rules/structure.toml ``module_copy_ops``)
+CONTEXT_OPS = ("aten::embedding", "aten::embedding_bag", "aten::scaled_dot_product_attention", "aten::repeat")
 
 
 def _host_ops(parts: list[pa.Table], wanted: pa.Array | None, base: int, rank: int) -> pa.Table:

@@ -52,7 +52,7 @@ from analyzer.analyses.walk.model_code import (
     _shift_prologue_to_next_layer,
 )
 from analyzer.analyses.walk.moe import _mark_routers
-from analyzer.analyses.walk.positions import _gemm_ops, _next_where, _norm_like
+from analyzer.analyses.walk.positions import _gemm_ops, _next_where, _norm_like, widens_activation
 from analyzer.analyses.walk.regions import _label_generic
 from analyzer.analyses.walk.registry import (
     _ID,
@@ -144,6 +144,8 @@ def walk_sequence(
     runs: Callable[[str], bool] | None = None,
     suspect: list[int] | None = None,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
+    widen: np.ndarray | None = None,
+    module_copy: np.ndarray | None = None,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels ``seq``.
     Per kernel row: ``stage`` (read and written), ``norm`` (normalised names), ``op_names`` /
@@ -158,10 +160,11 @@ def walk_sequence(
     routing / expert stage there is no router to find, without host ops no model code's host op,
     without a KV write op or store kernel no KV-cache update. ``suspect`` (optional): filled with the
     kernel rows the layer grammar has no place for (an activation inside an attention input,
-    STR058)."""
+    STR058). ``widen`` (per kernel row, optional): a copy into a wider float, never a norm's tail;
+    ``module_copy`` (per kernel row, optional): launched inside a module's own copying op (STR033)."""
     why = defaultdict(int) if why is None else why  # (read for the marks of the passes before)
     ks = KernelSequence(seq, row_sequence(seq), stage, why, norm, op_names, launch, th, fired)
-    ks.inputs = inputs
+    ks.inputs, ks.widen, ks.module_copy = inputs, widen, module_copy
     runs = runs if runs is not None else _every_rule
     gemm, op_first, op_last, picked = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], runs)
     ahead = _look_ahead(ks, gemm, op_first, op_last)
@@ -319,6 +322,10 @@ def _walk(
     fresh = False  # no GEMM op since an embedding lookup (a trace may begin mid-forward)
     region_of = [""] * n
     layer_of = [-1] * n  # lists: numpy item assignment per kernel is slower
+
+    def why_at(q: int) -> int:
+        return int(ks.why[rows[q]])
+
     p = 0
     for e in ahead.events:
         if e < p:
@@ -352,6 +359,10 @@ def _walk(
             continue
         if s == "embedding" or boundary[p]:
             region, layer_no, norm_seen, fresh = "pre", -1, False, True
+        elif s in ATTENTION and why_at(p) == MIXER_SPAN and region not in ("attn_in", "attn"):
+            # a token mixer's own work before its input projection (a token shift, a padding
+            # mask: STR052) opens its layer, as the projection would
+            region, layer_no, norm_seen = "attn_in", layer_no + 1, False
         elif s in ATTENTION:
             region, norm_seen = "attn", False
         elif s in _MOE_ROUTING and region in ("attn_out", "mlp_in", "moe"):
@@ -426,15 +437,19 @@ def _gemm_op(
             ATTENTION_GATE_PROJECTION, _take_back(decided, ahead, k - 1, "o_gemm", ATTENTION_GATE_PROJECTION)
         )
         role, rid = "o_gemm", ROLE_O
-    elif region == "mlp_out" and not norm_seen and mem.after_down and ahead.follow[k] in ATTENTION:
+    elif region == "mlp_out" and not norm_seen and mem.after_down and _block_follows(ahead, k):
         if ahead.norm_ahead[k] and k > 0 and int(ahead.op_last[k - 1]) + 1 == p:
             # right after the down projection, nothing between, and a norm before the attention: it
             # projects the block's output (Zamba's shared block's output linear), the next layer
             # opens after it
             role, rid = "gemm", BLOCK_OUTPUT_PROJECTION
-        else:
+        elif ahead.follow[k] in ATTENTION:
             # right after an MLP's down projection, no norm between: a post-norm layer's QKV
             role, region, layer_no, rid = "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
+        else:
+            role, region, layer_no, rid = _by_position(
+                ks, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
+            )
     else:
         role, region, layer_no, rid = _by_position(
             ks, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
@@ -521,6 +536,13 @@ def _by_position(
     if opens and role == "qkv_gemm":
         mem.opened.append(k)
     return role, new_region, layer_no, rid
+
+
+def _block_follows(ahead: _Ahead, k: int) -> bool:
+    """After GEMM op ``k`` comes an attention or token mixer, or the forward's end (the last layer's
+    block output, then the final norm: RWKV's receptance)."""
+    follow = ahead.follow[k]
+    return follow in ATTENTION or (follow in _FORWARD_END and bool(ahead.norm_ahead[k]))
 
 
 def _side_block(ks: KernelSequence, ahead: _Ahead, k: int) -> bool:
@@ -617,11 +639,13 @@ def _label_regions(
         for q in op_first.tolist()
         if stage[rows[q]] == "qkv_gemm" and (q == 0 or stage[rows[q - 1]] != "qkv_gemm")
     ]
-    # a quantized linear's input quantization (STR049, STR053) sits between the norm and its GEMM:
-    # the norm's shape is read up to the quantization's first kernel
+    # a quantized linear's input quantization (STR049, STR053) sits between the norm and its GEMM,
+    # and so may a mixer's own input work (its padding mask, STR052) and a residual's cast to fp32:
+    # the norm's shape is read up to the first of them
+    span = codes_at(ks.why, ks.seq) == MIXER_SPAN
     gemm_inputs = []
     for q in qkv_starts:
-        while q > 0 and stage[rows[q - 1]] == "quantize":
+        while q > 0 and (stage[rows[q - 1]] == "quantize" or _before_norm_tail(ks, q - 1, span)):
             q -= 1
         gemm_inputs.append(q)
     shape = _norm_shape(rows, ks.names, ks.op_names, ks.normish, was_generic, gemm_inputs, ks.th, stage)
@@ -638,7 +662,7 @@ def _label_regions(
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     for d in _label_generic(
         ks.seq, ks.decide, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,
-        ks.th, rows, kv, ks.inputs,
+        ks.th, rows, kv, ks.inputs, ks.widen, ks.module_copy,
     ):  # fmt: skip
         ks.apply(d)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)
@@ -650,6 +674,14 @@ def _label_regions(
     )
     ks.apply(d)
     ks.count(PROLOGUE_SHIFT, _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts))
+
+
+def _before_norm_tail(ks: KernelSequence, q: int, span: np.ndarray) -> bool:
+    """Position ``q`` (right before a QKV GEMM, or before another such kernel) is no norm's tail: a
+    mixer span's own generic work or a copy into a wider float."""
+    return bool(span[q] and ks.stage[ks.rows[q]] == "linear_attention") or widens_activation(
+        ks.widen, ks.inputs, ks.rows[q]
+    )
 
 
 def _positions_where(at: np.ndarray, rows: Sequence[int], stage: list[str], stages: Any) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.walk.positions import _cluster_bounds, _fused_norm, numel
+from analyzer.analyses.walk.positions import _cluster_bounds, _fused_norm, numel, widens_activation
 from analyzer.analyses.walk.registry import (
     _COPY_OPS,
     _ID,
@@ -190,6 +190,7 @@ def _label_first_norm(
     why: Any,
     th: Thresholds = DEFAULT_THRESHOLDS,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
+    widen: np.ndarray | None = None,
 ) -> None:
     """Before the first layer: the generic kernels of each norm there (the input norm of layer 0,
     and an embedding's own norm before it), each run of norm kernels (at most ``norm_cluster_gap``
@@ -200,7 +201,9 @@ def _label_first_norm(
     A norm composed of ATen kernels (pow, mean, rsqrt, mul) opens with one cast to fp32 and its
     generic kernels reach up to the next norm (``max_norm_tail`` of them at most) or, for the last
     norm, up to layer 0's projections; a fused norm kernel has no prologue and no tail but its casts
-    back (Bloom's ALiBi slopes and mask after its embedding LayerNorm are not the norm's).
+    back (Bloom's ALiBi slopes and mask after its embedding LayerNorm are not the norm's). A
+    composed norm's tail ends before a copy into a wider float (``widen``, per kernel row: the
+    residual cast to fp32 after layer 0's input norm, Mamba's).
     """
     norms = [i for i in range(lo, hi) if stage[rows[i]] == "norm"]
     if not norms:
@@ -222,6 +225,8 @@ def _label_first_norm(
                 end += 1
         else:
             end = hi if k == len(firsts) - 1 else min(b + 1 + int(th.max_norm_tail), firsts[k + 1])
+            if widen is not None:
+                end = next((i for i in range(b + 1, end) if widens_activation(widen, inputs, rows[i])), end)
         spans.append((start, end))
     starts = [a for a, _ in spans]
     for i in run:

@@ -16,11 +16,13 @@ from analyzer.analyses.walk.registry import (
     _ID,
     _V,
     GEMM_STAGES,
+    GENERIC,
     KNOWLEDGE,
     MOE_BLOCK,
     MOE_ROUTER,
     SAMPLING_LIKE,
 )
+from analyzer.knowledge.taxonomy import MEMORY_STAGES
 from analyzer.tables.dictionaries import dict_isin
 from analyzer.tables.positions import row_array
 
@@ -188,6 +190,9 @@ def _label_moe_block(
         if last < i < (first_norm if first_norm is not None else -1) and _is_add(rows[i], op_names)
     ]
     add = adds[-1] if adds else None
+    # a parallel block (the router right after the O projection: attention and experts read one
+    # normed input) adds both branches to the residual: its last two adds are residual adds
+    residual = set(adds[-2:]) if len(adds) > 1 and _parallel_block(rows, lo, stage) else {add}
     # post-norm (OLMo's, FlexOlmo's): no add before the norm; the norm of the experts' output (from
     # its leading cast) comes first, then the residual add: the first add after it but the norm's
     # own epsilon add (right after its mean)
@@ -223,13 +228,25 @@ def _label_moe_block(
             stage[rows[i]] = "residual_add" if i == post_add else "norm"
         elif i in scaled:
             stage[rows[i]] = "elementwise"
+        elif i in residual:
+            stage[rows[i]] = "residual_add"
         elif add is None or i < add:
             stage[rows[i]] = "moe_accumulate"
-        elif i == add:
-            stage[rows[i]] = "residual_add"
         else:
             stage[rows[i]] = "norm"
         why[rows[i]] = MOE_BLOCK
+
+
+def _parallel_block(rows: list[int], lo: int, stage: list[str]) -> bool:
+    """The expert block whose first expert GEMM is at ``lo`` follows its layer's O projection with
+    only its router's and dispatch's kernels (and copies) between: no norm, so no residual add
+    before it (Cohere's parallel attention and MoE)."""
+    k = lo - 1
+    while k >= 0 and (
+        stage[rows[k]].startswith("moe_") or stage[rows[k]] in MEMORY_STAGES or stage[rows[k]] in GENERIC
+    ):
+        k -= 1
+    return k >= 0 and stage[rows[k]] == "o_gemm"
 
 
 def _residual_scaling(

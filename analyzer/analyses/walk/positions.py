@@ -5,7 +5,8 @@ GEMM ops (a split-K GEMM's kernels as one op), norm-like names, casts and adds, 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,16 +83,28 @@ def _norm_windows(
     shape: dict[str, tuple[int, int]],
     rows: list[int],
     norm: Sequence[str],
+    op_names: Sequence[str | None] | None = None,
 ) -> set[int]:
     """Positions in [lo, hi) covered by a norm of its learned shape around each norm-like cluster
-    (``clusters``: the first and last positions of every cluster, from :func:`_cluster_bounds`)."""
+    (``clusters``: the first and last positions of every cluster, from :func:`_cluster_bounds`).
+    With ``op_names``: where the shape opens with a cast (to fp32) but this norm has none before it
+    (its input is fp32 already: a residual kept in fp32), it has no cast back either; a cast at its
+    window's end is the next op's (the LM head input's cast, Mamba's)."""
     first, last = clusters
     out: set[int] = set()
     for k in range(bisect.bisect_left(last, lo), bisect.bisect_left(first, hi)):
         c0, c1 = first[k], last[k]
         got = shape.get(norm[rows[c0]])
         if got is not None:
-            out.update(range(max(c0 - got[0], lo), min(c1 + got[1], hi - 1) + 1))
+            end = min(c1 + got[1], hi - 1)
+            if (
+                op_names is not None
+                and got[0]
+                and end > c1
+                and not (c0 and _is_cast(rows[c0 - 1], norm, op_names))
+            ):
+                end -= _is_cast(rows[end], norm, op_names)
+            out.update(range(max(c0 - got[0], lo), end + 1))
     return out
 
 
@@ -105,6 +118,16 @@ def _cluster_bounds(
         return [], []
     cut = np.flatnonzero(np.diff(pos) > gap) + 1
     return pos[np.concatenate([[0], cut])].tolist(), pos[np.concatenate([cut - 1, [len(pos) - 1]])].tolist()
+
+
+def widens_activation(widen: Any, inputs: Callable[[int], list[list[int]] | None] | None, r: int) -> bool:
+    """Kernel row ``r`` copies an activation (more than one dimension; unknown shapes: any) into a
+    wider float (``widen``, per kernel row; None: unknown): a residual kept in fp32, not a norm's
+    weight cast to fp32 (Gemma's ``1 + weight.float()``)."""
+    if widen is None or not widen[r]:
+        return False
+    got = inputs(r) if inputs is not None else None
+    return not got or not got[0] or len(got[0]) > 1
 
 
 def _is_add(r: int, op_names: Sequence[str | None]) -> bool:

@@ -22,7 +22,7 @@ from analyzer.analyses.walk.kv_cache import (
 )
 from analyzer.analyses.walk.model_code import _label_first_norm, _label_rotary_module
 from analyzer.analyses.walk.moe import _label_moe_block
-from analyzer.analyses.walk.positions import _cluster_bounds, _is_add, _norm_windows
+from analyzer.analyses.walk.positions import _cluster_bounds, _is_add, _norm_windows, gemm_shape, numel
 from analyzer.analyses.walk.registry import (
     _ADD_OPS,
     _COPY_OPS,
@@ -78,6 +78,8 @@ def _label_generic(
     rows: Sequence[int] | None = None,  # seq as Python ints, where the caller holds them
     kv: bool = True,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
+    widen: np.ndarray | None = None,
+    module_copy: np.ndarray | None = None,
 ) -> Iterator[Decisions]:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
@@ -86,7 +88,8 @@ def _label_generic(
     the kernels as the caller has applied the sets before): a 10 GB trace never holds them all. A
     generic kernel no specific rule took keeps the region's rule code, whether or not the region's
     default stage reached it. ``kv``: the KV-cache update rules run (their group's precondition
-    held)."""
+    held). ``widen`` (per kernel row, optional): a copy into a wider float (no norm's tail);
+    ``module_copy`` (per kernel row, optional): a copy of a module's own op, no attention input copy."""
     d = decide()
     stage, why = d.stage, d.why
     rows = seq.tolist() if rows is None else rows
@@ -108,7 +111,7 @@ def _label_generic(
         reg = region_of[p]
         run = generic_at[cut[k] : cut[k + 1]].tolist()  # one region's positions as ints at a time
         if run and reg == "pre":
-            _label_first_norm(rows, run, p, q, stage, norm, op_names, why, th, inputs)
+            _label_first_norm(rows, run, p, q, stage, norm, op_names, why, th, inputs, widen)
             _label_rotary_module(rows, p, q, stage, op_names, why, th)
         if not run or reg not in _REGION_STAGE:
             continue
@@ -120,7 +123,9 @@ def _label_generic(
             continue
         if reg in ("attn_out", "mlp_out"):
             inside = (
-                _norm_windows(clusters, p, q, shape, rows, norm) if shape and clusters is not None else None
+                _norm_windows(clusters, p, q, shape, rows, norm, op_names)
+                if shape and clusters is not None
+                else None
             )
             if inside:
                 _label_sandwich(rows, run, p, q, inside, stage, op_names, norm, why)
@@ -130,7 +135,7 @@ def _label_generic(
             if reg == "mlp_out":
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
         if reg == "tail":
-            run = _label_lm_head_epilogue(rows, run, p, q, stage, op_names, why)
+            run = _label_lm_head_epilogue(rows, run, p, q, stage, op_names, why, inputs)
             if q < n and stage[rows[q]] == "embedding":
                 run = _label_next_forward_prologue(rows, run, p, q, stage, norm, why)
         if reg == "attn_in" and kv:
@@ -139,6 +144,8 @@ def _label_generic(
             # (a cat or a store the shape's tail reaches is a write still)
             inner = _inner_norms(clusters, p, q, shape, rows, norm, op_names)
             seen = [i for i in run if i not in inner] if inner else run
+            if module_copy is not None:  # a module's own copies: the region's default (STR033)
+                seen = [i for i in seen if not module_copy[rows[i]]]
             left = _label_attention_input(rows, seen, p, q, stage, op_names, norm, why, th)
             run = sorted({*left, *(i for i in run if i in inner)}) if inner else left
         d.label(seq[np.asarray(run, np.int64)], target, _REGION_RULE.get(reg, MOE_BLOCK))
@@ -164,7 +171,7 @@ def _label_module_work(
     after the attention kernel (STR035), a router's selection without a top-k (STR071), the expert
     block (STR025, which labels all of its kernels); returns the kernels left for the default."""
     if reg == "attn":
-        return _label_attention_module_work(rows, run, stage, op_names, why)
+        return _label_attention_module_work(rows, run, stage, op_names, why, inputs)
     if reg == "moe":
         return _label_selection_router(rows, run, p, q, stage, op_names, why)
     if reg == "moe_experts":
@@ -209,16 +216,27 @@ _ATTENTION_OUTPUT_OPS = KNOWLEDGE.set_of("attention_output_ops")
 
 
 def _label_attention_module_work(
-    rows: Sequence[int], run: list[int], stage: list[str], op_names: Sequence[str | None], why: Any
+    rows: Sequence[int],
+    run: list[int],
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> list[int]:
     """STR035: between the attention kernel and the O GEMM, a generic kernel whose op is no part of the
-    interface's output work (a copy, a cast, dropout) is the attention module's own arithmetic
+    interface's output work (a copy, a cast, dropout), or one that works on a scalar (no dimension,
+    ``inputs``: recorded shapes; DiffLlama's lambda cast), is the attention module's own arithmetic
     (DiffLlama's difference of two attention maps): elementwise; returns the kernels left for the
     region's default (attention). A kernel with no launching op stays attention."""
 
     def own(i: int) -> bool:
         op = op_names[rows[i]]
-        return op is not None and op not in _ATTENTION_OUTPUT_OPS
+        if op is None:
+            return False
+        if op not in _ATTENTION_OUTPUT_OPS:
+            return True
+        got = inputs(rows[i]) if inputs is not None else None
+        return bool(got) and got[0] == []  # a scalar's cast: no attention output
 
     return _label_where(rows, run, own, stage, why, "elementwise", _REGION_RULE["attn"])
 
@@ -257,15 +275,20 @@ def _label_lm_head_epilogue(
     stage: list[str],
     op_names: Sequence[str | None],
     why: Any,
+    inputs: Callable[[int], list[list[int]] | None] | None = None,
 ) -> list[int]:
-    """STR063: right after the LM head GEMM (just before the tail [p, q)), its bias add, or a logit
-    softcap (divide, tanh, multiply), is the model's own output work; returns the generic kernels
-    left for the tail's default."""
+    """STR063: right after the LM head GEMM (just before the tail [p, q)), its bias add, a logit
+    softcap (divide, tanh, multiply), or the scales and casts of all its logits that the sampler
+    copies again later (``inputs``: recorded shapes), are the model's own output work; returns the
+    generic kernels left for the tail's default."""
     h = p - 1 if p > 0 and stage[rows[p - 1]] == "lm_head_gemm" else p
     if h >= q or stage[rows[h]] != "lm_head_gemm" or h + 1 >= q:
         return run
     first = h + 1
-    if op_names[rows[first]] in _ADD_OPS and stage[rows[first]] in GENERIC:
+    rescaled = _logit_epilogue(rows, h, q, stage, op_names, inputs)
+    if rescaled:
+        picked = rescaled
+    elif op_names[rows[first]] in _ADD_OPS and stage[rows[first]] in GENERIC:
         picked = [first]
     else:
         # (a cast of the logits to fp32 may come first: divide, tanh, multiply after it)
@@ -280,6 +303,49 @@ def _label_lm_head_epilogue(
         why[rows[i]] = LM_HEAD_EPILOGUE
     done = set(picked)
     return [i for i in run if i not in done]
+
+
+_EPILOGUE_OPS = KNOWLEDGE.set_of("logit_epilogue_ops") | _SOFTCAP_OPS  # (a softcap's tanh between them)
+
+
+def _logit_epilogue(
+    rows: Sequence[int],
+    h: int,
+    q: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    inputs: Callable[[int], list[list[int]] | None] | None,
+) -> list[int]:
+    """The positions right after the LM head GEMM at ``h`` of scales, casts and softcaps that read
+    all its logits, where a later copy before ``q``, after other work, reads them again (the
+    sampler's own copy, after the generation loop's bookkeeping); none without recorded shapes."""
+    if inputs is None:
+        return []
+    dims = inputs(rows[h])
+    kn = gemm_shape(op_names[rows[h]], dims)
+    if not dims or kn is None or not kn[0]:
+        return []
+    at = 1 if op_names[rows[h]] == "aten::addmm" else 0
+    logits = numel(dims[at]) // kn[0] * kn[1] if len(dims) > at else 0
+
+    def reads_logits(i: int) -> bool:
+        got = inputs(rows[i])
+        return bool(got) and bool(got[0]) and numel(got[0]) == logits > 0
+
+    picked = []
+    i = h + 1
+    while (
+        i < q
+        and op_names[rows[i]] in _EPILOGUE_OPS
+        and (stage[rows[i]] in GENERIC or op_names[rows[i]] in _SOFTCAP_OPS)  # (the tanh: an activation)
+        and reads_logits(i)
+    ):
+        picked.append(i)
+        i += 1
+    # the sampler's copy comes after the generation loop's own work (a copy right after the run:
+    # the sampler's cast then its copy, assisted decoding's)
+    again = any(op_names[rows[j]] in _COPY_OPS and reads_logits(j) for j in range(i + 1, q))
+    return picked if again and not reads_logits(i) else []
 
 
 def _label_next_forward_prologue(

@@ -42,6 +42,8 @@ class KernelSequence:
     code: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     normish: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     inputs: Any = None  # kernel row -> its launching op's input dims, on demand (None: unknown)
+    widen: Any = None  # per kernel row: a copy into a wider float (None: unknown)
+    module_copy: Any = None  # per kernel row: launched inside a module's own copying op (None: none)
 
     @property
     def n(self) -> int:
