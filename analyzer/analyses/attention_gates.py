@@ -29,11 +29,17 @@ INPUT_GATE_OPS = frozenset(KNOWLEDGE.set_of("attention_input_gate_ops"))
 GEMM_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops")) | frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))
 GATE_OPS = frozenset(KNOWLEDGE.set_of("gate_activation_ops"))
 SCALE_OPS = frozenset(KNOWLEDGE.set_of("scale_ops"))
+CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))
 _SOFTMAX = ATTENTION - {"linear_attention"}
 
 
-def mark_output_gates(seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any) -> int:
-    """STR054 over one segment (kernel rows in launch order); returns the kernels relabelled."""
+def mark_output_gates(
+    seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any, widen: Any = None
+) -> int:
+    """STR054 over one segment (kernel rows in launch order); returns the kernels relabelled.
+    ``widen`` (per kernel row, optional): a copy into a wider float; one right before the gate
+    activation is the gate's input cast to fp32, and then a cast right after its multiply casts the
+    gated output back: both the gate's."""
     rows = seq.tolist()
     done = 0
     attn = -1  # the position of the last softmax attention kernel with no GEMM op after it
@@ -43,20 +49,32 @@ def mark_output_gates(seq: np.ndarray, stage: list[str], op_names: Sequence[str 
             attn = p
         elif s in GEMM_STAGES:
             if s == "o_gemm" and attn >= 0:
-                done += _label(rows, attn, p, stage, op_names, why)
+                done += _label(rows, attn, p, stage, op_names, why, widen)
             attn = -1
     return done
 
 
 def _label(
-    rows: list[int], attn: int, o_gemm: int, stage: list[str], op_names: Sequence[str | None], why: Any
+    rows: list[int],
+    attn: int,
+    o_gemm: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    why: Any,
+    widen: Any = None,
 ) -> int:
     done = 0
     p = attn + 1
     while p < o_gemm:
         if op_names[rows[p]] in GATE_OPS:
             mul = next((q for q in range(p + 1, o_gemm) if op_names[rows[q]] in SCALE_OPS), None)
-            for q in (p, mul):
+            gate = [p, mul]
+            if widen is not None and mul is not None and p - 1 > attn and widen[rows[p - 1]]:
+                # the gate computed in fp32 (AXK2: sigmoid(gate.float()), cast back after the multiply)
+                gate.append(p - 1)
+                if mul + 1 < o_gemm and op_names[rows[mul + 1]] in CAST_OPS:
+                    gate.append(mul + 1)
+            for q in gate:
                 # (a gate the region's default already made elementwise is still the gate's)
                 if q is not None and (
                     stage[rows[q]] != "elementwise" or int(why[rows[q]]) in REGION_RULE_CODES

@@ -269,7 +269,10 @@ def _short_convolutions(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
 
 
 def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
-    d.count(attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, d.stage, r.op_names, d.why))
+    widen = r.widen if len(r.widen) else None
+    d.count(
+        attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, d.stage, r.op_names, d.why, widen)
+    )
 
 
 def _input_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:

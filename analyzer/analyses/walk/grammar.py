@@ -36,6 +36,7 @@ from analyzer.analyses.walk.between_ops import (
     _reads_gate_up,
     _same_shape,
 )
+from analyzer.analyses.walk.block_tests import after_combine, before_norm_tail, block_follows, norm_gate
 from analyzer.analyses.walk.decisions import Decisions, codes_at
 from analyzer.analyses.walk.eager_ops import (
     _demote_lone_pow,
@@ -87,6 +88,8 @@ MOE_SAMPLING_TOPK = _ID("moe-sampling-topk")
 TAIL_NEG = _ID("tail-neg")
 HOST_INPUTS = _ID("host-input-boundary")
 PROLOGUE_SHIFT = _ID("prologue-shift")
+MLP_AFTER_EXPERTS = _ID("mlp-after-experts")
+NORM_GATE = _ID("norm-gate")
 _MOE_ROUTING = _V("moe_routing_stages")
 _ROUTING_LEADS = ("moe_topk", "moe_sort", "sampling", "moe_expert_gemm")
 
@@ -110,7 +113,7 @@ WALK_STEPS = (
     ("moe-router",),
     ("role-o", "role-qkv", "role-qkv-more", "role-post-norm-qkv", "block-output-projection",
      "attention-gate-projection", "role-moe-gate", "host-input-boundary",
-     "layer-side-block", "role-gate-up", "role-down", "mlp-sub-norm", "role-expert", "role-lm-head", "narrow-head", "second-head", "role-none",
+     "layer-side-block", "norm-gate", "role-gate-up", "role-down", "mlp-sub-norm", "mlp-after-experts", "role-expert", "role-lm-head", "narrow-head", "second-head", "role-none",
      "block-without-mlp", "down-by-shape", "moe-sampling-topk"),
     ("embedding-projection",),
     ("pre-layer-sampling",),
@@ -168,12 +171,17 @@ def walk_sequence(
     runs = runs if runs is not None else _every_rule
     gemm, op_first, op_last, picked = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], runs)
     ahead = _look_ahead(ks, gemm, op_first, op_last)
-    region_of, layer_of, opened = _walk(ks, ahead, gemm_kn)
+    region_of, layer_of, mem = _walk(ks, ahead, gemm_kn)
     d = ks.decide()
-    _demote_embedding_projection(ks.rows, d.stage, region_of, layer_of, op_first, op_last, opened, d.why)
-    ks.apply(d)
+    _demote_embedding_projection(ks.rows, d.stage, region_of, layer_of, op_first, op_last, mem.opened, d.why)
+    gates = np.zeros(ks.n, bool)  # a norm gate's kernels: no norm's tail (the norm ends before)
+    for p, tail in mem.gate_tails:  # its sigmoid, multiply and casts are the norm's (STR075)
+        gates[p : tail.stop] = True
+        for q in tail:
+            d.stage[ks.rows[q]], d.why[ks.rows[q]] = "norm", NORM_GATE
+    ks.apply(d, refresh=bool(mem.gate_tails))
     marks = _fix_ups(ks, region_of, runs)
-    _label_regions(ks, region_of, layer_of, op_first, marks, runs("kv-update"), picked, suspect)
+    _label_regions(ks, region_of, layer_of, op_first, marks, runs("kv-update"), picked, suspect, gates)
     layer[seq] = layer_of
 
 
@@ -302,14 +310,17 @@ class _Memory:
     gate_up_row: int = -1
     last_head: int = -1
     side_next: int = -1  # the GEMM op that ends a layer's side block (STR070)
+    gate_next: int = -1  # the GEMM op that ends a norm's gate (STR075)
+    gate_tails: list[tuple[int, range]] = field(default_factory=list)  # norm gates: first GEMM, tail
     opened: list[int] = field(default_factory=list)
 
 
 def _walk(
     ks: KernelSequence, ahead: _Ahead, gemm_kn: GemmShapes | None
-) -> tuple[list[str], list[int], list[int]]:
+) -> tuple[list[str], list[int], _Memory]:
     """The region state machine along the positions: per position its region and layer number (-1
-    before the first layer and after the LM head), and the GEMM ops that opened a forward."""
+    before the first layer and after the LM head), and what the walk remembers at its end (the GEMM
+    ops that opened a forward, the norm gates' tails)."""
     n, st, rows, stage = ks.n, ks.st, ks.rows, ks.stage
     normish, boundary, op_index, op_last = ks.normish, ahead.boundary, ahead.op_index, ahead.op_last
     # the decisions, one per GEMM kernel: a role's index and its rule's code per position
@@ -348,7 +359,7 @@ def _walk(
                 which = index[role] = len(roles)
                 roles.append(role)
             fresh = fresh and bool(ahead.rotary_next[k])  # the rotary module's product opens nothing
-            norm_seen = False
+            norm_seen = norm_seen and rid == NORM_GATE  # (a norm's gate: its norm still opens)
             for q in range(p, b + 1):
                 if stage[rows[q]] in GEMM_STAGES:  # (this op's kernels: no decision of this walk yet)
                     role_at[q] = which
@@ -380,7 +391,7 @@ def _walk(
     d = ks.decide()
     d.label_table(ks.seq, role_at, roles, rid_at)
     ks.apply(d)
-    return region_of, layer_of, mem.opened
+    return region_of, layer_of, mem
 
 
 def _gemm_op(
@@ -437,7 +448,7 @@ def _gemm_op(
             ATTENTION_GATE_PROJECTION, _take_back(decided, ahead, k - 1, "o_gemm", ATTENTION_GATE_PROJECTION)
         )
         role, rid = "o_gemm", ROLE_O
-    elif region == "mlp_out" and not norm_seen and mem.after_down and _block_follows(ahead, k):
+    elif region == "mlp_out" and not norm_seen and mem.after_down and block_follows(ahead, k):
         if ahead.norm_ahead[k] and k > 0 and int(ahead.op_last[k - 1]) + 1 == p:
             # right after the down projection, nothing between, and a norm before the attention: it
             # projects the block's output (Zamba's shared block's output linear), the next layer
@@ -497,6 +508,26 @@ def _by_position(
     """(role, new region, layer number, deciding rule's code) of GEMM op ``k`` from where the walk
     is and what comes next (:func:`_role`), but for the up projection before an MLP's inner norm."""
     p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
+    if (
+        region == "moe_experts"
+        and not norm_seen
+        and k
+        and ahead.gemm_ahead[k]
+        and after_combine(ks, int(ahead.op_last[k - 1]) + 1, p)
+    ):
+        # the experts' outputs were put back in token order and no tokens were gathered since,
+        # another GEMM follows: a dense MLP after the expert block (LongCat-Flash's), not the next
+        # expert nor a shared expert's gate (STR074)
+        return "gate_up_gemm", "mlp_in", layer_no, MLP_AFTER_EXPERTS
+    if mem.gate_next == k:  # the norm gate's second GEMM (STR075)
+        return "down_gemm", region, layer_no, NORM_GATE
+    tail = norm_gate(ks, ahead, k, gemm_kn) if norm_seen else None
+    if tail is not None:
+        # right after a norm, a low-rank MLP whose output gates the normed input through a sigmoid:
+        # the norm's gate (AXK2's gated RMSNorm), not the layer's projections (STR075)
+        mem.gate_next = k + 1
+        mem.gate_tails.append((p, tail))
+        return "gate_up_gemm", region, layer_no, NORM_GATE
     if mem.side_next == k:  # the side block's second GEMM (STR070)
         return "gemm", region, layer_no, SIDE_BLOCK
     if region == "mlp_out" and norm_seen and _side_block(ks, ahead, k):
@@ -536,13 +567,6 @@ def _by_position(
     if opens and role == "qkv_gemm":
         mem.opened.append(k)
     return role, new_region, layer_no, rid
-
-
-def _block_follows(ahead: _Ahead, k: int) -> bool:
-    """After GEMM op ``k`` comes an attention or token mixer, or the forward's end (the last layer's
-    block output, then the final norm: RWKV's receptance)."""
-    follow = ahead.follow[k]
-    return follow in ATTENTION or (follow in _FORWARD_END and bool(ahead.norm_ahead[k]))
 
 
 def _side_block(ks: KernelSequence, ahead: _Ahead, k: int) -> bool:
@@ -626,10 +650,12 @@ def _label_regions(
     kv: bool = True,
     keep: Sequence[int] = (),
     suspect: list[int] | None = None,
+    gates: np.ndarray | None = None,
 ) -> None:
     """The region defaults for the generic kernels (but those at the positions ``keep``: a rule's
-    own, STR057), with the model's learned norm shape; the q / k norms inside the attention input;
-    the prologue of the next layer moved to it."""
+    own, STR057), with the model's learned norm shape (read before a norm's gate, ``gates`` per
+    position: STR075); the q / k norms inside the attention input; the prologue of the next layer
+    moved to it."""
     rows, stage, n = ks.rows, ks.stage, ks.n
     was_generic = ks.stages(GENERIC)
     # where each run of QKV GEMMs begins (a run begins where a GEMM op does); the labelling below
@@ -645,7 +671,11 @@ def _label_regions(
     span = codes_at(ks.why, ks.seq) == MIXER_SPAN
     gemm_inputs = []
     for q in qkv_starts:
-        while q > 0 and (stage[rows[q - 1]] == "quantize" or _before_norm_tail(ks, q - 1, span)):
+        while q > 0 and (
+            stage[rows[q - 1]] == "quantize"
+            or before_norm_tail(ks, q - 1, span)
+            or (gates is not None and gates[q - 1])
+        ):
             q -= 1
         gemm_inputs.append(q)
     shape = _norm_shape(rows, ks.names, ks.op_names, ks.normish, was_generic, gemm_inputs, ks.th, stage)
@@ -674,14 +704,6 @@ def _label_regions(
     )
     ks.apply(d)
     ks.count(PROLOGUE_SHIFT, _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts))
-
-
-def _before_norm_tail(ks: KernelSequence, q: int, span: np.ndarray) -> bool:
-    """Position ``q`` (right before a QKV GEMM, or before another such kernel) is no norm's tail: a
-    mixer span's own generic work or a copy into a wider float."""
-    return bool(span[q] and ks.stage[ks.rows[q]] == "linear_attention") or widens_activation(
-        ks.widen, ks.inputs, ks.rows[q]
-    )
 
 
 def _positions_where(at: np.ndarray, rows: Sequence[int], stage: list[str], stages: Any) -> np.ndarray:
