@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from analyzer.analyses.attention_gates import OUTPUT_GATE, mark_output_gates
-from analyzer.analyses.walk import grammar, registry
+from analyzer.analyses.walk import block_tests, grammar, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBS = ROOT / "fixtures" / "libraries"
@@ -260,4 +260,4 @@ def test_a_gate_projected_after_the_attention_is_found_with_a_named_sigmoid() ->
 )
 def test_a_narrow_gemm_is_no_lm_head_but_a_vocabulary_shard_is(kn, narrow) -> None:
     # GIVEN a GEMM the walk would take for the LM head WHEN its N is far below its K THEN it is none
-    assert grammar._narrowing({0: kn}.get, 0, registry.DEFAULT_THRESHOLDS) is narrow
+    assert block_tests.narrowing({0: kn}.get, 0, registry.DEFAULT_THRESHOLDS) is narrow

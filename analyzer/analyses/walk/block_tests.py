@@ -76,3 +76,28 @@ def norm_gate(ks: KernelSequence, ahead: Any, k: int, gemm_kn: Any = None) -> ra
     mul = next(i for i, o in zip(tail, ops, strict=True) if o in _SCALE_OPS)
     end = mul + 2 if mul + 1 < tail.stop and ks.op_names[rows[mul + 1]] in _CAST_OPS else mul + 1
     return range(tail.start, end)
+
+
+def side_block(ks: KernelSequence, ahead: Any, k: int) -> bool:
+    """Whether GEMM op ``k`` opens a side block: attention (or the forward's end) follows, but first an
+    activation, the next GEMM op (before any norm) and a norm after that one, before any other GEMM."""
+    follow = ahead.follow[k]
+    if not (
+        (follow in ATTENTION or follow in _FORWARD_END)
+        and ahead.gemm_ahead[k]
+        and k + 1 < len(ahead.op_first)
+    ):
+        return False
+    nxt = int(ahead.op_first[k + 1])
+    return (
+        ahead.norm_ahead[k + 1]
+        and not ahead.gemm_ahead[k + 1]
+        and any(ks.st[q] == "activation" for q in range(int(ahead.op_last[k]) + 1, nxt))
+    )
+
+
+def narrowing(gemm_kn: Any, r: int, th: Any) -> bool:
+    """Whether the GEMM op at kernel row ``r`` has a recorded N at most ``narrow_head_ratio`` of its
+    K: far narrower than any vocabulary, a tensor-parallel rank's vocabulary shard included."""
+    kn = gemm_kn(r) if gemm_kn is not None else None
+    return kn is not None and kn[1] <= th.narrow_head_ratio * kn[0]

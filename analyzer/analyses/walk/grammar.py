@@ -36,7 +36,14 @@ from analyzer.analyses.walk.between_ops import (
     _reads_gate_up,
     _same_shape,
 )
-from analyzer.analyses.walk.block_tests import after_combine, before_norm_tail, block_follows, norm_gate
+from analyzer.analyses.walk.block_tests import (
+    after_combine,
+    before_norm_tail,
+    block_follows,
+    narrowing,
+    norm_gate,
+    side_block,
+)
 from analyzer.analyses.walk.decisions import Decisions, codes_at
 from analyzer.analyses.walk.eager_ops import (
     _demote_lone_pow,
@@ -52,8 +59,8 @@ from analyzer.analyses.walk.model_code import (
     _label_position_ids,
     _shift_prologue_to_next_layer,
 )
-from analyzer.analyses.walk.moe import _mark_routers
-from analyzer.analyses.walk.positions import _gemm_ops, _next_where, _norm_like, widens_activation
+from analyzer.analyses.walk.moe import _mark_routers, expert_block_writes
+from analyzer.analyses.walk.positions import _gemm_ops, _next_where, _norm_like
 from analyzer.analyses.walk.regions import _label_generic
 from analyzer.analyses.walk.registry import (
     _ID,
@@ -74,7 +81,7 @@ from analyzer.analyses.walk.registry import (
     SAMPLING_LIKE,
     SIDE_BLOCK,
 )
-from analyzer.analyses.walk.roles import _FORWARD_END, NO_MLP, _role
+from analyzer.analyses.walk.roles import NO_MLP, _role
 from analyzer.analyses.walk.sequence import KernelSequence
 from analyzer.analyses.walk.sparse_attention import _demote_attention_index_topk
 from analyzer.knowledge.structure_rules import Thresholds
@@ -82,7 +89,6 @@ from analyzer.tables.positions import row_sequence
 
 SECOND_HEAD = _ID("second-head")
 NARROW_HEAD = _ID("narrow-head")
-_MOE_OPS = _V("region_ops_moe")  # an expert block's own ops (STR025's index writes among them)
 DOWN_BY_SHAPE = _ID("down-by-shape")
 MOE_SAMPLING_TOPK = _ID("moe-sampling-topk")
 TAIL_NEG = _ID("tail-neg")
@@ -314,6 +320,16 @@ class _Memory:
     gate_tails: list[tuple[int, range]] = field(default_factory=list)  # norm gates: first GEMM, tail
     opened: list[int] = field(default_factory=list)
 
+    def remember(self, k: int, role: str, rid: int, row: int) -> None:
+        """After GEMM op ``k`` (its first kernel row ``row``) took ``role`` by rule ``rid``."""
+        if rid != MIXER_SPAN:
+            self.after_mixer = False
+        self.after_down = role == "down_gemm"
+        self.last_o = k if role == "o_gemm" else -1
+        if role == "gate_up_gemm":
+            self.gate_up_row = row
+        self.last_head = k if role == "lm_head_gemm" else -1
+
 
 def _walk(
     ks: KernelSequence, ahead: _Ahead, gemm_kn: GemmShapes | None
@@ -411,6 +427,7 @@ def _gemm_op(
     output projection is taken back from the head)."""
     rows, why = ks.rows, ks.why
     p, b = int(ahead.op_first[k]), int(ahead.op_last[k])
+    right_after = k > 0 and int(ahead.op_last[k - 1]) + 1 == p  # nothing since the GEMM op before
     if ahead.router[p]:  # found by _mark_routers
         role, region, rid = "moe_gate_gemm", "moe", MOE_ROUTER
     elif why[rows[p]] == MIXER_SPAN:
@@ -448,50 +465,28 @@ def _gemm_op(
             ATTENTION_GATE_PROJECTION, _take_back(decided, ahead, k - 1, "o_gemm", ATTENTION_GATE_PROJECTION)
         )
         role, rid = "o_gemm", ROLE_O
-    elif region == "mlp_out" and not norm_seen and mem.after_down and block_follows(ahead, k):
-        if ahead.norm_ahead[k] and k > 0 and int(ahead.op_last[k - 1]) + 1 == p:
-            # right after the down projection, nothing between, and a norm before the attention: it
-            # projects the block's output (Zamba's shared block's output linear), the next layer
-            # opens after it
+    elif (
+        region == "mlp_out"
+        and not norm_seen
+        and mem.after_down
+        and (ahead.follow[k] in ATTENTION or (block_follows(ahead, k) and right_after))
+    ):
+        if ahead.norm_ahead[k] and right_after:
+            # right after the down projection, nothing between, and a norm before the attention (or
+            # the forward's end): it projects the block's output (Zamba's shared block's output
+            # linear, RWKV's receptance), the next layer opens after it
             role, rid = "gemm", BLOCK_OUTPUT_PROJECTION
-        elif ahead.follow[k] in ATTENTION:
+        else:
             # right after an MLP's down projection, no norm between: a post-norm layer's QKV
             role, region, layer_no, rid = "qkv_gemm", "attn_in", layer_no + 1, ROLE_POST_NORM_QKV
-        else:
-            role, region, layer_no, rid = _by_position(
-                ks, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
-            )
     else:
         role, region, layer_no, rid = _by_position(
             ks, ahead, k, region, layer_no, norm_seen, fresh, mem, gemm_kn
         )
     if rid in (NO_MLP, DOWN_BY_SHAPE, MLP_SUB_NORM):
         ks.count(rid, b - p + 1)  # shape roles may restate the stage: the rule still decided
-    if rid != MIXER_SPAN:
-        mem.after_mixer = False
-    mem.after_down = role == "down_gemm"
-    mem.last_o = k if role == "o_gemm" else -1
-    if role == "gate_up_gemm":
-        mem.gate_up_row = rows[p]
-    mem.last_head = k if role == "lm_head_gemm" else -1
+    mem.remember(k, role, rid, rows[p])
     return role, rid, region, layer_no
-
-
-def _expert_block_writes(ks: KernelSequence, region_of: list[str]) -> list[int]:
-    """STR025: the positions of index writes the op hints called a KV-cache store inside an expert
-    block (``index_copy_`` putting the experts' outputs back in token order): no attention reads a
-    cache there, so they are generic again and the block labels them (its combine)."""
-    at = [
-        q
-        for q in np.flatnonzero(ks.stages(("kv_cache_store",))).tolist()
-        if region_of[q] == "moe_experts" and ks.op_names[ks.rows[q]] in _MOE_OPS
-    ]
-    if at:
-        d = ks.decide()
-        for q in at:
-            d.stage[ks.rows[q]] = "elementwise"
-        ks.apply(d)
-    return at
 
 
 def _by_position(
@@ -530,7 +525,7 @@ def _by_position(
         return "gate_up_gemm", region, layer_no, NORM_GATE
     if mem.side_next == k:  # the side block's second GEMM (STR070)
         return "gemm", region, layer_no, SIDE_BLOCK
-    if region == "mlp_out" and norm_seen and _side_block(ks, ahead, k):
+    if region == "mlp_out" and norm_seen and side_block(ks, ahead, k):
         # after the MLP and a norm, a GEMM, an activation and a GEMM, a norm before the attention:
         # a side block of this layer (Gemma 4's per-layer input), not the next layer's QKV (STR070)
         mem.side_next = k + 1
@@ -556,7 +551,7 @@ def _by_position(
         # the gate projection's own K and N, a norm and then a GEMM next: the up projection before
         # an MLP's inner norm (STR066)
         role, new_region, rid = "gate_up_gemm", "mlp_in", MLP_SUB_NORM
-    if role == "lm_head_gemm" and _narrowing(gemm_kn, ks.rows[p], ks.th):
+    if role == "lm_head_gemm" and narrowing(gemm_kn, ks.rows[p], ks.th):
         # far fewer outputs than inputs, whatever follows: no vocabulary (a mixing of the hidden
         # state into a few values, DeepSeek-V4's hyper-connections; its hash router's scores before
         # the experts), the walk stays where it was (STR069)
@@ -567,31 +562,6 @@ def _by_position(
     if opens and role == "qkv_gemm":
         mem.opened.append(k)
     return role, new_region, layer_no, rid
-
-
-def _side_block(ks: KernelSequence, ahead: _Ahead, k: int) -> bool:
-    """Whether GEMM op ``k`` opens a side block: attention (or the forward's end) follows, but first an
-    activation, the next GEMM op (before any norm) and a norm after that one, before any other GEMM."""
-    follow = ahead.follow[k]
-    if not (
-        (follow in ATTENTION or follow in _FORWARD_END)
-        and ahead.gemm_ahead[k]
-        and k + 1 < len(ahead.op_first)
-    ):
-        return False
-    nxt = int(ahead.op_first[k + 1])
-    return (
-        ahead.norm_ahead[k + 1]
-        and not ahead.gemm_ahead[k + 1]
-        and any(ks.st[q] == "activation" for q in range(int(ahead.op_last[k]) + 1, nxt))
-    )
-
-
-def _narrowing(gemm_kn: GemmShapes | None, r: int, th: Thresholds) -> bool:
-    """Whether the GEMM op at kernel row ``r`` has a recorded N at most ``narrow_head_ratio`` of its
-    K: far narrower than any vocabulary, a tensor-parallel rank's vocabulary shard included."""
-    kn = gemm_kn(r) if gemm_kn is not None else None
-    return kn is not None and kn[1] <= th.narrow_head_ratio * kn[0]
 
 
 def _take_back(decided: tuple[np.ndarray, np.ndarray], ahead: _Ahead, k: int, role: str, rid: int) -> int:
@@ -688,11 +658,11 @@ def _label_regions(
     candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
     # a mixer span's own generic kernels (STR052): not the region's
     candidates &= codes_at(ks.why, ks.seq) != MIXER_SPAN
-    candidates[_expert_block_writes(ks, region_of)] = True
+    candidates[expert_block_writes(ks, region_of)] = True
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     for d in _label_generic(
         ks.seq, ks.decide, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,
-        ks.th, rows, kv, ks.inputs, ks.widen, ks.module_copy,
+        ks.th, rows, kv, ks.inputs, (ks.widen, ks.module_copy),
     ):  # fmt: skip
         ks.apply(d)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)

@@ -48,6 +48,7 @@ def _in_routing_tail(op_names: Sequence[str | None], rows: Sequence[int], q: int
 
 
 _CAST_OPS = _V("cast_ops")
+_MOE_BLOCK_OPS = _V("region_ops_moe")  # an expert block's own ops (STR025's index writes among them)
 _REDUCE_OPS = _V("reduce_ops")  # a composed norm's mean: the add right after it is its epsilon
 
 
@@ -281,3 +282,20 @@ def _glu_product(rows: list[int], i: int, lo: int, stage: list[str]) -> bool:
 
 
 _EXPERT_OR_DENSE_GEMM = GEMM_STAGES | {"moe_expert_gemm"}
+
+
+def expert_block_writes(ks: Any, region_of: list[str]) -> list[int]:
+    """STR025: the positions of index writes the op hints called a KV-cache store inside an expert
+    block (``index_copy_`` putting the experts' outputs back in token order): no attention reads a
+    cache there, so they are generic again and the block labels them (its combine)."""
+    at = [
+        q
+        for q in np.flatnonzero(ks.stages(("kv_cache_store",))).tolist()
+        if region_of[q] == "moe_experts" and ks.op_names[ks.rows[q]] in _MOE_BLOCK_OPS
+    ]
+    if at:
+        d = ks.decide()
+        for q in at:
+            d.stage[ks.rows[q]] = "elementwise"
+        ks.apply(d)
+    return at

@@ -78,8 +78,7 @@ def _label_generic(
     rows: Sequence[int] | None = None,  # seq as Python ints, where the caller holds them
     kv: bool = True,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
-    widen: np.ndarray | None = None,
-    module_copy: np.ndarray | None = None,
+    copies: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
 ) -> Iterator[Decisions]:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
@@ -88,8 +87,9 @@ def _label_generic(
     the kernels as the caller has applied the sets before): a 10 GB trace never holds them all. A
     generic kernel no specific rule took keeps the region's rule code, whether or not the region's
     default stage reached it. ``kv``: the KV-cache update rules run (their group's precondition
-    held). ``widen`` (per kernel row, optional): a copy into a wider float (no norm's tail);
-    ``module_copy`` (per kernel row, optional): a copy of a module's own op, no attention input copy."""
+    held). ``copies`` (per kernel row, each optional): a copy into a wider float (no norm's tail),
+    a copy of a module's own op (no attention input copy)."""
+    widen, module_copy = copies
     d = decide()
     stage, why = d.stage, d.why
     rows = seq.tolist() if rows is None else rows
@@ -135,19 +135,12 @@ def _label_generic(
             if reg == "mlp_out":
                 target = "norm" if _has_norm_signal(rows, run, op_names, stage, p, q) else "elementwise"
         if reg == "tail":
-            run = _label_lm_head_epilogue(rows, run, p, q, stage, op_names, why, inputs)
-            if q < n and stage[rows[q]] == "embedding":
-                run = _label_next_forward_prologue(rows, run, p, q, stage, norm, why)
+            run = _label_tail(rows, run, p, q, stage, op_names, norm, why, inputs)
         if reg == "attn_in" and kv:
-            # a q / k norm's kernels (the learned norm shape around a norm cluster, STR041's) are
-            # neither RoPE's repeated sequence nor the cache's writes: the update does not see them
-            # (a cat or a store the shape's tail reaches is a write still)
             inner = _inner_norms(clusters, p, q, shape, rows, norm, op_names)
-            seen = [i for i in run if i not in inner] if inner else run
-            if module_copy is not None:  # a module's own copies: the region's default (STR033)
-                seen = [i for i in seen if not module_copy[rows[i]]]
-            left = _label_attention_input(rows, seen, p, q, stage, op_names, norm, why, th)
-            run = sorted({*left, *(i for i in run if i in inner)}) if inner else left
+            run = _label_attention_input_outside(
+                rows, run, p, q, inner, stage, op_names, norm, why, th, module_copy
+            )
         d.label(seq[np.asarray(run, np.int64)], target, _REGION_RULE.get(reg, MOE_BLOCK))
     _region_codes(d, seq, region_of, region_code, generic_at[first:])
     yield d
@@ -346,6 +339,26 @@ def _logit_epilogue(
     # the sampler's cast then its copy, assisted decoding's)
     again = any(op_names[rows[j]] in _COPY_OPS and reads_logits(j) for j in range(i + 1, q))
     return picked if again and not reads_logits(i) else []
+
+
+def _label_tail(
+    rows: Sequence[int],
+    run: list[int],
+    p: int,
+    q: int,
+    stage: list[str],
+    op_names: Sequence[str | None],
+    norm: Sequence[str],
+    why: Any,
+    inputs: Callable[[int], list[list[int]] | None] | None,
+) -> list[int]:
+    """After the LM head: the model's own output work (STR063), then, where a later forward's
+    embedding lookup ends the tail, the next forward's input preparation (STR062); returns the
+    generic kernels left for the tail's default (sampling)."""
+    run = _label_lm_head_epilogue(rows, run, p, q, stage, op_names, why, inputs)
+    if q < len(rows) and stage[rows[q]] == "embedding":
+        run = _label_next_forward_prologue(rows, run, p, q, stage, norm, why)
+    return run
 
 
 def _label_next_forward_prologue(
@@ -548,6 +561,31 @@ def _label_attention_input(
         stage[rows[i]] = COMPOSED_ATTENTION
         why[rows[i]] = reads_rule
     return [i for i in run if i not in kv_rows and i not in reads]
+
+
+def _label_attention_input_outside(
+    rows: Sequence[int],
+    run: list[int],
+    p: int,
+    q: int,
+    inner: set[int],
+    stage: list[str],
+    op_names: Sequence[str | None],
+    norm: Sequence[str],
+    why: Any,
+    th: Thresholds,
+    module_copy: np.ndarray | None,
+) -> list[int]:
+    """The attention input's KV-cache update and input copies (:func:`_label_attention_input`) over
+    the kernels of ``run`` outside ``inner``: a q / k norm's kernels (the learned norm shape around
+    a norm cluster, STR041's) are neither RoPE's repeated sequence nor the cache's writes (a cat or a
+    store the shape's tail reaches is a write still), and a module's own copies (``module_copy``,
+    per kernel row) are no input copies (STR033); returns the kernels left for the region default."""
+    seen = [i for i in run if i not in inner] if inner else run
+    if module_copy is not None:
+        seen = [i for i in seen if not module_copy[rows[i]]]
+    left = _label_attention_input(rows, seen, p, q, stage, op_names, norm, why, th)
+    return sorted({*left, *(i for i in run if i in inner)}) if inner else left
 
 
 def _region_codes(
