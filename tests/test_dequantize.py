@@ -91,3 +91,41 @@ def test_quantized_and_liger_captures_reach_the_targets(case: str) -> None:
     assert r["stage"]["agreement"] >= 0.99
     assert r["category"]["agreement"] >= 0.995
     assert r["phase"]["decided_agreement"] >= 0.995
+
+
+def test_operand_facts_tell_an_fp32_residual_cast_and_a_mask_multiply(tmp_path: Path) -> None:
+    # GIVEN the Mamba sweep capture (a residual kept in fp32, a padding mask on the mixer's input)
+    import lzma
+    import shutil
+
+    from analyzer.analyses.classify import launching_ops
+    from analyzer.analyses.dequantize import operand_facts
+    from analyzer.runtime.driver import load_inputs
+
+    src = ROOT / "fixtures" / "sweep" / "mamba" / "trace.json.xz"
+    if not src.exists():
+        pytest.skip("the sweep's Mamba capture is not in this checkout")
+    path = tmp_path / "trace.json"
+    with lzma.open(src, "rb") as f, open(path, "wb") as g:
+        shutil.copyfileobj(f, g)
+    trace = load_inputs([str(path)])
+    _, _, column = launching_ops(trace.kernels, trace.host_ops)
+    facts = operand_facts(trace.kernels, trace.host_ops, column)
+    # WHEN the host ops' recorded types are read independently
+    ho = trace.host_ops
+    by_id = {
+        e: (n, t)
+        for e, n, t, c in zip(
+            ho["external_id"].to_pylist(), ho["name"].to_pylist(), ho["input_types"].to_pylist(),
+            ho["category"].to_pylist(), strict=True,
+        )
+        if c == "cpu_op"
+    }  # fmt: skip
+    ops = [by_id.get(e, (None, None)) for e in trace.kernels["launch_op_id"].to_pylist()]
+    widen = [n == "aten::copy_" and t[1] == "c10::BFloat16" and t[0] == "float" for n, t in ops]
+    masked = [n == "aten::mul" and "long int" in t[:2] for n, t in ops]
+    # THEN the widening copies and the mask multiplies are exactly those
+    assert any(widen) and any(masked)
+    assert facts.widen.tolist() == widen
+    assert facts.masked.tolist() == masked
+    assert not (facts.widen & facts.int_cast).any()

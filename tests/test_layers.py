@@ -515,3 +515,110 @@ def test_after_a_regions_last_norm_only_an_add_right_after_it_is_a_residual_add(
     ops = ["aten::native_layer_norm", "aten::add", "aten::mul", "aten::copy_"]
     _label_sandwich(list(range(4)), [1, 2, 3], 0, 4, {0}, stage, ops, ["layer_norm_kernel"] * 4, why)
     assert stage[1] == "residual_add" and stage[2:] == ["elementwise", "elementwise"]
+
+
+def test_a_low_rank_sigmoid_gate_after_a_norm_is_the_norms():
+    # GIVEN layers whose input norm is gated (AXK2): after the norm a GEMM, an activation, a GEMM,
+    # then the gate's sigmoid and its multiply with the normed input, then the attention
+    sigmoid: Kernel = ("activation", "vectorized_elementwise_kernel<sigmoid>", "aten::sigmoid")
+    mul: Kernel = ("elementwise", "vectorized_elementwise_kernel<mul>", "aten::mul")
+    gate = [GEMM, ("activation", "silu_kernel", None), GEMM, sigmoid, mul]
+    gated = [NORM, *gate, *LAYER[1:]]
+    stage, layer = walk(HEAD + gated * 2 + TAIL)
+    # THEN the gate's GEMMs are its low-rank MLP (STR075), its sigmoid and multiply the norm's
+    assert stage[2:7] == ["gate_up_gemm", "activation", "down_gemm", "norm", "norm"]
+    # AND the layer's own projections open after it, in the same layer as its norm
+    assert stage[7] == "qkv_gemm" and layer[1] == layer[2] == layer[7] == 0
+    assert stage.count("qkv_gemm") == 2 and stage.count("lm_head_gemm") == 1
+
+
+def test_a_gemm_and_an_activation_with_no_sigmoid_after_them_are_no_norm_gate():
+    # GIVEN the same GEMM, activation, GEMM after a norm but no sigmoid before the next GEMM (an MLP)
+    stage, _ = walk(HEAD + [*LAYER[:7], NORM, GEMM, ACT, GEMM, ADD] + TAIL)
+    # THEN they stay the MLP's projections, the norm's nothing
+    assert stage[9:12] == ["gate_up_gemm", "activation", "down_gemm"]
+
+
+def test_a_gemm_after_an_expert_loops_combine_is_a_dense_mlp():
+    # GIVEN an expert block as a loop (token gather, expert GEMMs, index_add_ per expert), then with
+    # no norm between a dense MLP (LongCat-Flash's first MLP after its MoE block)
+    router: Kernel = ("moe_gate_gemm", "nvjet_sm90_tst_64x8", None)
+    topk: Kernel = ("moe_topk", "gatherTopK", "aten::topk")
+    gather: Kernel = ("elementwise", "index_elementwise_kernel", "aten::index")
+    combine: Kernel = ("elementwise", "index_elementwise_kernel<add>", "aten::index_add_")
+    expert = [gather, GEMM, ACT, GEMM, combine]
+    moe = [NORM, router, topk, *expert, *expert]
+    dense = [GEMM, ACT, GEMM]
+    attn = LAYER[:7]
+    stage, _ = walk(HEAD + attn + moe + dense + [ADD] + TAIL)
+    first = 1 + len(attn) + len(moe)
+    # THEN the loop's GEMMs are the experts', the MLP after the last combine is dense (STR074)
+    assert stage.count("moe_expert_gemm") == 4
+    assert stage[first : first + 3] == ["gate_up_gemm", "activation", "down_gemm"]
+
+
+def test_a_lone_gemm_after_an_expert_loops_combine_stays_the_blocks():
+    # GIVEN the same loop, then one GEMM (a shared expert's gate: hidden to one) and its sigmoid
+    router: Kernel = ("moe_gate_gemm", "nvjet_sm90_tst_64x8", None)
+    topk: Kernel = ("moe_topk", "gatherTopK", "aten::topk")
+    gather: Kernel = ("elementwise", "index_elementwise_kernel", "aten::index")
+    combine: Kernel = ("elementwise", "index_elementwise_kernel<add>", "aten::index_add_")
+    sigmoid: Kernel = ("activation", "vectorized_elementwise_kernel<sigmoid>", "aten::sigmoid")
+    moe = [NORM, router, topk, gather, GEMM, ACT, GEMM, combine]
+    stage, _ = walk(HEAD + LAYER[:7] + moe + [GEMM, sigmoid, ADD] + TAIL)
+    # THEN no dense MLP is found there (STR074 needs another GEMM after it)
+    assert "gate_up_gemm" not in stage and "down_gemm" not in stage
+
+
+def _epilogue(ops: list[str | None], dims: list[list[list[int]]]) -> list[int]:
+    """STR063 over an LM head (position 0, ``aten::mm``) and the generic tail after it: the
+    positions it took as the model's output work."""
+    from analyzer.analyses.walk.regions import _label_lm_head_epilogue
+
+    n = len(ops)
+    stage = ["lm_head_gemm"] + ["elementwise"] * (n - 1)
+    left = _label_lm_head_epilogue(
+        list(range(n)), list(range(1, n)), 1, n, stage, ops, [0] * n, dims.__getitem__
+    )
+    return sorted(set(range(1, n)) - set(left))
+
+
+def test_the_models_cast_of_all_its_logits_before_the_samplers_copy_is_its_output_work():
+    # GIVEN an LM head writing [2, 50] logits, the model's .float() of them, generate's bookkeeping
+    # (a fill, a cat of small tensors), then generate's own copy of the logits and its argmax
+    head = [[2, 8], [8, 50]]
+    ops = ["aten::mm", "aten::copy_", "aten::fill_", "aten::cat", "aten::copy_", "aten::argmax"]
+    dims = [head, [[2, 1, 50], [2, 1, 50]], [[2, 1]], [[2, 3]], [[2, 50], [2, 50]], [[2, 50]]]
+    # THEN the model's cast is its output work (STR063), the rest is left to sampling
+    assert _epilogue(ops, dims) == [1]
+    # AND without the sampler's later copy of the logits, nothing is taken
+    assert _epilogue(ops[:4], dims[:4]) == []
+
+
+def test_a_cast_right_before_another_copy_of_the_logits_is_the_samplers():
+    # GIVEN the sampler's own cast of the logits and its second copy right after (assisted decoding)
+    head = [[2, 8], [8, 50]]
+    ops = ["aten::mm", "aten::copy_", "aten::copy_", "aten::argmax"]
+    dims = [head, [[1, 2, 50], [1, 2, 50]], [[1, 2, 50], [1, 2, 50]], [[1, 2, 50]]]
+    # THEN nothing there is the model's
+    assert _epilogue(ops, dims) == []
+
+
+def test_a_parallel_blocks_two_adds_after_its_experts_are_residual_adds():
+    from analyzer.analyses.walk.moe import _label_moe_block
+
+    # GIVEN an O projection, the router right after it (no norm: a parallel block), the experts,
+    # their combine (a sum), then two adds (attention's and the experts' outputs) and the next norm
+    stage = ["o_gemm", "moe_gate_gemm", "moe_topk", "elementwise", "moe_expert_gemm", "elementwise"]
+    stage += ["elementwise", "elementwise", "norm"]
+    ops = [None, None, "aten::topk", "aten::index", None, "aten::sum", "aten::add", "aten::add", None]
+    rows = list(range(len(stage)))
+    _label_moe_block(rows, [3, 5, 6, 7], 4, 9, stage, ops, [0] * len(stage))
+    # THEN both adds are residual adds (STR025), the sum the combine
+    assert stage[5:8] == ["moe_accumulate", "residual_add", "residual_add"]
+    # AND with a norm between the O projection and the router, the first add combines
+    stage = ["o_gemm", "norm", "moe_gate_gemm", "moe_topk", "elementwise", "moe_expert_gemm"]
+    stage += ["elementwise", "elementwise", "elementwise", "norm"]
+    ops = [None, None, None, "aten::topk", "aten::index", None, "aten::sum", "aten::add", "aten::add", None]
+    _label_moe_block(list(range(len(stage))), [4, 6, 7, 8], 5, 10, stage, ops, [0] * len(stage))
+    assert stage[6:9] == ["moe_accumulate", "moe_accumulate", "residual_add"]

@@ -405,3 +405,12 @@ def test_grid_and_block_triples_split_into_columns(vals: list) -> None:
     for i, col in enumerate(cols):
         assert col.type == "int64"
         assert col.to_pylist() == [want(v, i) for v in vals]
+
+
+def test_the_reader_keeps_the_module_ops_the_structure_rules_read() -> None:
+    # the Kineto reader keeps a few cpu_ops that launch nothing themselves; the rules that read
+    # an enclosing op (STR033's module copies) must find theirs among them
+    from analyzer.analyses.walk.registry import KNOWLEDGE
+    from analyzer.readers.kineto import CONTEXT_OPS
+
+    assert set(KNOWLEDGE.set_of("module_copy_ops")) <= set(CONTEXT_OPS)

@@ -673,7 +673,7 @@ def _label_regions(
         rows, d.stage, attn_in, ks.normish, was_generic, shape, ks.names, d.why, ks.th, ks.op_names
     )
     ks.apply(d)
-    ks.count(PROLOGUE_SHIFT, _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts))
+    ks.count(PROLOGUE_SHIFT, _shift_prologue_to_next_layer(rows, stage, layer_of, qkv_starts, gates))
 
 
 def _positions_where(at: np.ndarray, rows: Sequence[int], stage: list[str], stages: Any) -> np.ndarray:

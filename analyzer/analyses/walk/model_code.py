@@ -291,16 +291,21 @@ def _label_rotary_module(
 
 
 def _shift_prologue_to_next_layer(
-    rows: list[int], stage: list[str], layer_of: list[int], qkv_starts: list[int]
+    rows: list[int],
+    stage: list[str],
+    layer_of: list[int],
+    qkv_starts: list[int],
+    gates: np.ndarray | None = None,
 ) -> int:
     """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one
     (``qkv_starts``: the positions where a run of QKV GEMMs begins; ``layer_of``: each
-    position's layer). Returns how many kernels changed layer."""
+    position's layer), and so does a norm's gate between them (``gates``, per position: STR075).
+    Returns how many kernels changed layer."""
     moved = 0
     for q in qkv_starts:
         v = layer_of[q]
         k = q - 1
-        while k >= 0 and stage[rows[k]] in _PROLOGUE_STAGES:
+        while k >= 0 and (stage[rows[k]] in _PROLOGUE_STAGES or (gates is not None and gates[k])):
             moved += layer_of[k] != v
             layer_of[k] = v
             k -= 1
