@@ -83,6 +83,24 @@ def test_without_embedding_a_forward_starts_after_lm_head() -> None:
     assert got.tolist() == [0, n, 2 * n]
 
 
+def test_an_lm_head_misread_inside_a_forward_opens_no_forward() -> None:
+    # GIVEN three forwards, each opening with a lookup and ending in its LM head, where the walk
+    # misread a GEMM inside the first forward's layers as an LM head (DeepSeek-V4's)
+    one = forward(2)
+    n, mid = len(one), len(forward(1)) - 1
+    first = list(one)
+    first[mid] = "lm_head_gemm"
+    stages = np.array(first + one * 2)
+    # WHEN the forward starts are found
+    got = forward_starts(stages)
+    # THEN only the lookups start forwards: the misread head is not the forward's last
+    assert got.tolist() == [0, n, 2 * n]
+    # AND where the forwards run without lookups of their own (graph replays), every LM head still
+    # ends one
+    bare = np.array(forward(2, embedding=False) * 3)
+    assert len(forward_starts(bare)) == 3
+
+
 def test_a_lookup_inside_the_layers_starts_no_forward() -> None:
     # GIVEN three forwards whose second layer gathers its tokens with an op the hints call an
     # embedding lookup (a MoE block's index_select), each forward ending in its LM head

@@ -69,11 +69,29 @@ def forward_starts(stages: Any, dropped: list[int] | None = None) -> np.ndarray:
         starts = kept
     if not starts:
         starts = [0]
-    for p in lm.tolist():
+    inside = _heads_inside_forwards(np.asarray(starts, np.int64), lm)
+    for j, p in enumerate(lm.tolist()):
+        if inside[j]:
+            continue
         k = int(np.searchsorted(opens, p + 1))
         if k < len(opens) and not is_emb[opens[k]]:
             starts.append(int(opens[k]))
     return np.unique(np.asarray(starts, np.int64))
+
+
+def _heads_inside_forwards(lookups: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """Per LM head (positions ``lm``): it is a misread inside a forward, not that forward's end. Where
+    most forwards between two lookups (``lookups``: the forward starts kept) hold exactly one LM
+    head, a forward that holds more ends at its last one: the others open no forward (PHS003)."""
+    out = np.zeros(len(lm), bool)
+    if len(lookups) < 2 or len(lm) < 2:
+        return out
+    seg = np.searchsorted(lookups, lm, side="right")  # 0: before the first lookup
+    counts = np.bincount(seg, minlength=len(lookups) + 1)[1:]
+    if (counts == 1).sum() * 2 <= len(counts):
+        return out  # (forwards replayed from graphs run without a lookup of their own)
+    out[:-1] = (seg[:-1] == seg[1:]) & (seg[:-1] > 0)
+    return out
 
 
 def _after_lm_heads(starts: list[int], lm: np.ndarray, attn: np.ndarray) -> list[int]:
