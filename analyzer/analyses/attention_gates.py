@@ -29,17 +29,16 @@ INPUT_GATE_OPS = frozenset(KNOWLEDGE.set_of("attention_input_gate_ops"))
 GEMM_OPS = frozenset(KNOWLEDGE.set_of("linear_gemm_ops")) | frozenset(KNOWLEDGE.set_of("batched_gemm_ops"))
 GATE_OPS = frozenset(KNOWLEDGE.set_of("gate_activation_ops"))
 SCALE_OPS = frozenset(KNOWLEDGE.set_of("scale_ops"))
-CAST_OPS = frozenset(KNOWLEDGE.set_of("cast_ops"))
 _SOFTMAX = ATTENTION - {"linear_attention"}
 
 
 def mark_output_gates(
-    seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any, widen: Any = None
+    seq: np.ndarray, stage: list[str], op_names: Sequence[str | None], why: Any, copies: Any = None
 ) -> int:
     """STR054 over one segment (kernel rows in launch order); returns the kernels relabelled.
-    ``widen`` (per kernel row, optional): a copy into a wider float; one right before the gate
-    activation is the gate's input cast to fp32, and then a cast right after its multiply casts the
-    gated output back: both the gate's."""
+    ``copies`` (optional, :class:`~analyzer.analyses.walk.sequence.CopyFacts`): a copy into a wider
+    float right before the gate activation is the gate's input cast to fp32, and then a copy back
+    into a 16-bit float right after its multiply casts the gated output back: both the gate's."""
     rows = seq.tolist()
     done = 0
     attn = -1  # the position of the last softmax attention kernel with no GEMM op after it
@@ -49,7 +48,7 @@ def mark_output_gates(
             attn = p
         elif s in GEMM_STAGES:
             if s == "o_gemm" and attn >= 0:
-                done += _label(rows, attn, p, stage, op_names, why, widen)
+                done += _label(rows, attn, p, stage, op_names, why, copies)
             attn = -1
     return done
 
@@ -61,7 +60,7 @@ def _label(
     stage: list[str],
     op_names: Sequence[str | None],
     why: Any,
-    widen: Any = None,
+    copies: Any = None,
 ) -> int:
     done = 0
     p = attn + 1
@@ -69,10 +68,12 @@ def _label(
         if op_names[rows[p]] in GATE_OPS:
             mul = next((q for q in range(p + 1, o_gemm) if op_names[rows[q]] in SCALE_OPS), None)
             gate = [p, mul]
+            widen = copies.widen if copies is not None else None
             if widen is not None and mul is not None and p - 1 > attn and widen[rows[p - 1]]:
                 # the gate computed in fp32 (AXK2: sigmoid(gate.float()), cast back after the multiply)
                 gate.append(p - 1)
-                if mul + 1 < o_gemm and op_names[rows[mul + 1]] in CAST_OPS:
+                narrow = copies.narrow
+                if mul + 1 < o_gemm and narrow is not None and narrow[rows[mul + 1]]:
                     gate.append(mul + 1)
             for q in gate:
                 # (a gate the region's default already made elementwise is still the gate's)

@@ -51,6 +51,8 @@ class OperandFacts(NamedTuple):
     vec_scale: np.ndarray  # a multiply or add by a vector ([N] or [N, 1]: a per-channel scale, a bias)
     widen: np.ndarray  # a copy from a 16-bit float into a wider float (a residual kept in fp32)
     masked: np.ndarray  # a multiply by an integer or boolean tensor (a mask)
+    narrow: np.ndarray  # a copy from a wider float into a 16-bit one (a cast back)
+    scalar: np.ndarray  # a cast of a tensor with no dimension (a scalar's)
 
 
 def operand_facts(
@@ -60,7 +62,7 @@ def operand_facts(
     (``classify.launching_ops``). Only the casts' and multiplies' input types and the multiplies'
     and adds' input shapes are read, vectorised; all False without host ops."""
     n = kernels.num_rows
-    facts = OperandFacts(*(np.zeros(n, bool) for _ in range(4)))
+    facts = OperandFacts(*(np.zeros(n, bool) for _ in range(6)))
     found = launches.joined(kernels, host_ops, join)
     if found is None or n == 0:
         return facts
@@ -79,11 +81,12 @@ def operand_facts(
         copy = dict_isin(op_column.take(pa.array(casts)), ["aten::copy_"])
         src = pc.if_else(pa.array(copy), _element(types, 1), _element(types, 0))
         facts.int_cast[casts] = where(pc.is_in(src, pa.array(sorted(INTEGER_TYPES))))
-        wider = pc.and_(
-            pc.is_in(src, pa.array(sorted(NARROW_FLOATS))),
-            pc.is_in(_element(types, 0), pa.array(sorted(WIDE_FLOATS))),
-        )
-        facts.widen[casts] = copy & where(wider)
+        narrow, wide = pa.array(sorted(NARROW_FLOATS)), pa.array(sorted(WIDE_FLOATS))
+        dst = _element(types, 0)
+        facts.widen[casts] = copy & where(pc.and_(pc.is_in(src, narrow), pc.is_in(dst, wide)))
+        facts.narrow[casts] = copy & where(pc.and_(pc.is_in(src, wide), pc.is_in(dst, narrow)))
+        first = _element(inputs(casts, "input_dims"), 0)
+        facts.scalar[casts] = where(pc.equal(pc.list_value_length(first), 0))
     scales = np.flatnonzero(dict_isin(op_column, sorted(SCALE_OPS | ADD_OPS)))
     if len(scales):
         second = _element(inputs(scales, "input_dims"), 1)

@@ -27,6 +27,7 @@ from analyzer.analyses import attention_gates, convolutions, dequantize, mixers,
 from analyzer.analyses.walk import eager_ops, grammar, moe, positions, registry, selfcheck
 from analyzer.analyses.walk.decisions import Decisions, codes_at
 from analyzer.analyses.walk.registry import ATTENTION, REGION_RULE_CODES
+from analyzer.analyses.walk.sequence import NO_COPY_FACTS, CopyFacts
 from analyzer.knowledge.structure_rules import StructureKnowledge
 from analyzer.tables import launches
 from analyzer.tables.dictionaries import dict_isin, pylist
@@ -60,10 +61,8 @@ class StructureRun:
     select: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     anchors: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     convs: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    # a copy into a wider float (a residual kept in fp32); a multiply by an integer or boolean mask
-    widen: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    masked: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    module_copy: np.ndarray | None = None  # launched inside a module's own copying op (STR033)
+    masked: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # a multiply by a mask
+    copies: CopyFacts = NO_COPY_FACTS  # what recorded types and shapes say of each copy
     counts: Counter = field(default_factory=Counter)
     groups: dict[str, bool] = field(default_factory=dict)  # rule group -> its precondition held
     suspects: list[int] = field(default_factory=list)  # kernel rows the layer grammar has no place for
@@ -101,8 +100,10 @@ class StructureRun:
         run.anchors = dict_isin(op_column, list(mixers.ANCHOR_CANDIDATE_OPS))
         run.convs = dict_isin(op_column, list(convolutions.CONV_OPS))
         run.inputs = inputs
-        run.widen, run.masked = facts.widen, facts.masked
-        run.module_copy = module_copies(kernels, host_ops, join)
+        run.masked = facts.masked
+        run.copies = CopyFacts(
+            facts.widen, facts.narrow, facts.scalar, module_copies(kernels, host_ops, join)
+        )
         return run
 
     def count(self, rule: int, kernels: int) -> None:
@@ -164,7 +165,7 @@ class StructureRun:
         grammar.walk_sequence(
             seg, self.stage, self.norm, self.op_names, self.launch, self.layer, self.topk, self.pow_rows,
             self.reduce_rows, self.why, self.th, self.counts, self.gemm_kn, self.runs, suspect, self.inputs,
-            self.widen if len(self.widen) else None, self.module_copy,
+            self.copies,
         )  # fmt: skip
         problem = selfcheck.structure_problem(seg, self.stage, self.layer, self.th)
         if problem:
@@ -269,9 +270,9 @@ def _short_convolutions(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
 
 
 def _output_gates(r: StructureRun, seg: np.ndarray, d: Decisions) -> None:
-    widen = r.widen if len(r.widen) else None
     d.count(
-        attention_gates.OUTPUT_GATE, attention_gates.mark_output_gates(seg, d.stage, r.op_names, d.why, widen)
+        attention_gates.OUTPUT_GATE,
+        attention_gates.mark_output_gates(seg, d.stage, r.op_names, d.why, r.copies),
     )
 
 
@@ -326,19 +327,18 @@ def module_copies(
 ) -> np.ndarray | None:
     """Per kernel row: launched inside an op of a module's own code that copies
     (``module_copy_ops``: ``Tensor.repeat``); None where no such op ran (the usual trace)."""
-    if host_ops.num_rows == 0 or not dict_isin(host_ops["name"], _MODULE_COPY_OPS).any():
+    if host_ops.num_rows == 0:
         return None
-    found = launches.joined(kernels, host_ops, join)
-    if found is None:
-        return None
-    ops, pos = found
-    valid = pos.is_valid().to_numpy(zero_copy_only=False)
-    out = np.zeros(kernels.num_rows, bool)
-    at = np.flatnonzero(valid)
-    op_rows = ops["row"].take(pos.take(pa.array(at))).to_numpy(zero_copy_only=False)
     outer = np.flatnonzero(
         dict_isin(host_ops["name"], _MODULE_COPY_OPS) & dict_isin(host_ops["category"], ["cpu_op"])
     )
+    found = launches.joined(kernels, host_ops, join) if len(outer) else None
+    if found is None:
+        return None
+    ops, pos = found
+    out = np.zeros(kernels.num_rows, bool)
+    at = np.flatnonzero(pos.is_valid().to_numpy(zero_copy_only=False))
+    op_rows = ops["row"].take(pos.take(pa.array(at))).to_numpy(zero_copy_only=False)
     out[at] = launches.enclosing_op(host_ops, outer, op_rows) >= 0
     return out
 

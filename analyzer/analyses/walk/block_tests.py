@@ -44,7 +44,7 @@ def before_norm_tail(ks: KernelSequence, q: int, span: np.ndarray) -> bool:
     """Position ``q`` (right before a QKV GEMM, or before another such kernel) is no norm's tail: a
     mixer span's own generic work or a copy into a wider float."""
     return bool(span[q] and ks.stage[ks.rows[q]] == "linear_attention") or widens_activation(
-        ks.widen, ks.inputs, ks.rows[q]
+        ks.copies.widen, ks.inputs, ks.rows[q]
     )
 
 
@@ -63,7 +63,11 @@ def norm_gate(ks: KernelSequence, ahead: Any, k: int, gemm_kn: Any = None) -> ra
         return None
     tail = range(int(last[k + 1]) + 1, int(first[k + 2]) if k + 2 < len(first) else ks.n)
     ops = [ks.op_names[rows[i]] for i in tail]
-    if not any(o in _GATE_OPS for o in ops) or not any(o in _SCALE_OPS for o in ops):
+    act = next((j for j, o in enumerate(ops) if o in _GATE_OPS), None)
+    mul = (
+        next((j for j in range(act + 1, len(ops)) if ops[j] in _SCALE_OPS), None) if act is not None else None
+    )
+    if mul is None:
         return None
     if any(ks.normish[i] or st[rows[i]] not in _GATE_TAIL for i in tail):
         return None
@@ -73,8 +77,8 @@ def norm_gate(ks: KernelSequence, ahead: Any, k: int, gemm_kn: Any = None) -> ra
             return None
     # the tail ends at the gate's multiply and the cast back right after it (what follows is the
     # next block's: a router's input casts)
-    mul = next(i for i, o in zip(tail, ops, strict=True) if o in _SCALE_OPS)
-    end = mul + 2 if mul + 1 < tail.stop and ks.op_names[rows[mul + 1]] in _CAST_OPS else mul + 1
+    at = tail.start + mul
+    end = at + 2 if at + 1 < tail.stop and ks.op_names[rows[at + 1]] in _CAST_OPS else at + 1
     return range(tail.start, end)
 
 

@@ -82,7 +82,7 @@ from analyzer.analyses.walk.registry import (
     SIDE_BLOCK,
 )
 from analyzer.analyses.walk.roles import NO_MLP, _role
-from analyzer.analyses.walk.sequence import KernelSequence
+from analyzer.analyses.walk.sequence import CopyFacts, KernelSequence
 from analyzer.analyses.walk.sparse_attention import _demote_attention_index_topk
 from analyzer.knowledge.structure_rules import Thresholds
 from analyzer.tables.positions import row_sequence
@@ -153,8 +153,7 @@ def walk_sequence(
     runs: Callable[[str], bool] | None = None,
     suspect: list[int] | None = None,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
-    widen: np.ndarray | None = None,
-    module_copy: np.ndarray | None = None,
+    copies: CopyFacts | None = None,
 ) -> None:
     """Assign GEMM roles, layers and region stages along one device's time-ordered kernels ``seq``.
     Per kernel row: ``stage`` (read and written), ``norm`` (normalised names), ``op_names`` /
@@ -169,11 +168,13 @@ def walk_sequence(
     routing / expert stage there is no router to find, without host ops no model code's host op,
     without a KV write op or store kernel no KV-cache update. ``suspect`` (optional): filled with the
     kernel rows the layer grammar has no place for (an activation inside an attention input,
-    STR058). ``widen`` (per kernel row, optional): a copy into a wider float, never a norm's tail;
-    ``module_copy`` (per kernel row, optional): launched inside a module's own copying op (STR033)."""
+    STR058). ``copies`` (optional): what recorded types and shapes say of each copy (a widening one
+    is no norm's tail, a module's own is no attention input copy ...)."""
     why = defaultdict(int) if why is None else why  # (read for the marks of the passes before)
     ks = KernelSequence(seq, row_sequence(seq), stage, why, norm, op_names, launch, th, fired)
-    ks.inputs, ks.widen, ks.module_copy = inputs, widen, module_copy
+    ks.inputs = inputs
+    if copies is not None:
+        ks.copies = copies
     runs = runs if runs is not None else _every_rule
     gemm, op_first, op_last, picked = _prepare(ks, topk_rows, pow_rows[seq], reduce_rows[seq], runs)
     ahead = _look_ahead(ks, gemm, op_first, op_last)
@@ -469,7 +470,8 @@ def _gemm_op(
         region == "mlp_out"
         and not norm_seen
         and mem.after_down
-        and (ahead.follow[k] in ATTENTION or (block_follows(ahead, k) and right_after))
+        and block_follows(ahead, k)
+        and (ahead.follow[k] in ATTENTION or right_after)
     ):
         if ahead.norm_ahead[k] and right_after:
             # right after the down projection, nothing between, and a norm before the attention (or
@@ -657,12 +659,12 @@ def _label_regions(
     candidates[marks] = True
     candidates[list(keep)] = False  # a sparse attention's key selection (STR057): not the region's
     # a mixer span's own generic kernels (STR052): not the region's
-    candidates &= codes_at(ks.why, ks.seq) != MIXER_SPAN
+    candidates &= ~span
     candidates[expert_block_writes(ks, region_of)] = True
     generic_at = _positions_where(np.flatnonzero(candidates), rows, stage, GENERIC)
     for d in _label_generic(
         ks.seq, ks.decide, ks.op_names, region_of, region_code, generic_at, ks.names, ks.normish, shape,
-        ks.th, rows, kv, ks.inputs, (ks.widen, ks.module_copy),
+        ks.th, rows, kv, ks.inputs, ks.copies,
     ):  # fmt: skip
         ks.apply(d)
     attn_in = region_code == regions["attn_in"] if "attn_in" in regions else np.zeros(n, bool)

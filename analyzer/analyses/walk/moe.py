@@ -193,7 +193,7 @@ def _label_moe_block(
     add = adds[-1] if adds else None
     # a parallel block (the router right after the O projection: attention and experts read one
     # normed input) adds both branches to the residual: its last two adds are residual adds
-    residual = set(adds[-2:]) if len(adds) > 1 and _parallel_block(rows, lo, stage) else {add}
+    residual = set(adds[-2:]) if len(adds) > 1 and _parallel_block(rows, lo, stage, op_names) else {add}
     # post-norm (OLMo's, FlexOlmo's): no add before the norm; the norm of the experts' output (from
     # its leading cast) comes first, then the residual add: the first add after it but the norm's
     # own epsilon add (right after its mean)
@@ -238,13 +238,15 @@ def _label_moe_block(
         why[rows[i]] = MOE_BLOCK
 
 
-def _parallel_block(rows: list[int], lo: int, stage: list[str]) -> bool:
+def _parallel_block(rows: list[int], lo: int, stage: list[str], op_names: Sequence[str | None]) -> bool:
     """The expert block whose first expert GEMM is at ``lo`` follows its layer's O projection with
-    only its router's and dispatch's kernels (and copies) between: no norm, so no residual add
-    before it (Cohere's parallel attention and MoE)."""
+    only its router's and dispatch's kernels (and copies) between: no norm and no add, so no
+    residual add before it (Cohere's parallel attention and MoE)."""
     k = lo - 1
     while k >= 0 and (
-        stage[rows[k]].startswith("moe_") or stage[rows[k]] in MEMORY_STAGES or stage[rows[k]] in GENERIC
+        stage[rows[k]].startswith("moe_")
+        or stage[rows[k]] in MEMORY_STAGES
+        or (stage[rows[k]] in GENERIC and not _is_add(rows[k], op_names))
     ):
         k -= 1
     return k >= 0 and stage[rows[k]] == "o_gemm"

@@ -35,6 +35,7 @@ from analyzer.analyses.walk.registry import (
     KNOWLEDGE,
     MOE_BLOCK,
 )
+from analyzer.analyses.walk.sequence import NO_COPY_FACTS, CopyFacts
 from analyzer.knowledge.structure_rules import Thresholds
 
 SANDWICH_NORM = _ID("sandwich-norm")
@@ -78,7 +79,7 @@ def _label_generic(
     rows: Sequence[int] | None = None,  # seq as Python ints, where the caller holds them
     kv: bool = True,
     inputs: Callable[[int], list[list[int]] | None] | None = None,
-    copies: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
+    copies: CopyFacts = NO_COPY_FACTS,
 ) -> Iterator[Decisions]:
     """Generic kernels (at the increasing positions ``generic_at``) take the stage of the region they
     sit in (``region_code``: ``region_of`` as one integer per region name, so the runs of one region
@@ -87,9 +88,8 @@ def _label_generic(
     the kernels as the caller has applied the sets before): a 10 GB trace never holds them all. A
     generic kernel no specific rule took keeps the region's rule code, whether or not the region's
     default stage reached it. ``kv``: the KV-cache update rules run (their group's precondition
-    held). ``copies`` (per kernel row, each optional): a copy into a wider float (no norm's tail),
-    a copy of a module's own op (no attention input copy)."""
-    widen, module_copy = copies
+    held). ``copies``: what recorded types and shapes say of each copy (a widening one is no
+    norm's tail, a module's own no attention input copy, a scalar's cast no attention output)."""
     d = decide()
     stage, why = d.stage, d.why
     rows = seq.tolist() if rows is None else rows
@@ -111,14 +111,14 @@ def _label_generic(
         reg = region_of[p]
         run = generic_at[cut[k] : cut[k + 1]].tolist()  # one region's positions as ints at a time
         if run and reg == "pre":
-            _label_first_norm(rows, run, p, q, stage, norm, op_names, why, th, inputs, widen)
+            _label_first_norm(rows, run, p, q, stage, norm, op_names, why, th, inputs, copies.widen)
             _label_rotary_module(rows, p, q, stage, op_names, why, th)
         if not run or reg not in _REGION_STAGE:
             continue
         if reg in ("attn", "mlp_in") and shape and clusters is not None:
             run = _label_block_inner_norms(rows, run, p, q, clusters, shape, norm, stage, why)
         target = _REGION_STAGE[reg]
-        run = _label_module_work(reg, rows, run, p, q, stage, op_names, why, inputs)
+        run = _label_module_work(reg, rows, run, p, q, stage, op_names, why, inputs, copies.scalar)
         if reg == "moe_experts":
             continue
         if reg in ("attn_out", "mlp_out"):
@@ -139,7 +139,7 @@ def _label_generic(
         if reg == "attn_in" and kv:
             inner = _inner_norms(clusters, p, q, shape, rows, norm, op_names)
             run = _label_attention_input_outside(
-                rows, run, p, q, inner, stage, op_names, norm, why, th, module_copy
+                rows, run, p, q, inner, stage, op_names, norm, why, th, copies.module
             )
         d.label(seq[np.asarray(run, np.int64)], target, _REGION_RULE.get(reg, MOE_BLOCK))
     _region_codes(d, seq, region_of, region_code, generic_at[first:])
@@ -159,12 +159,14 @@ def _label_module_work(
     op_names: Sequence[str | None],
     why: Any,
     inputs: Callable[[int], list[list[int]] | None] | None,
+    scalar: np.ndarray | None = None,
 ) -> list[int]:
     """The named rules of one region [p, q) before its default: the attention module's arithmetic
-    after the attention kernel (STR035), a router's selection without a top-k (STR071), the expert
-    block (STR025, which labels all of its kernels); returns the kernels left for the default."""
+    after the attention kernel (STR035; ``scalar``, per kernel row: a scalar's cast), a router's
+    selection without a top-k (STR071), the expert block (STR025, which labels all of its kernels);
+    returns the kernels left for the default."""
     if reg == "attn":
-        return _label_attention_module_work(rows, run, stage, op_names, why, inputs)
+        return _label_attention_module_work(rows, run, stage, op_names, why, scalar)
     if reg == "moe":
         return _label_selection_router(rows, run, p, q, stage, op_names, why)
     if reg == "moe_experts":
@@ -214,11 +216,11 @@ def _label_attention_module_work(
     stage: list[str],
     op_names: Sequence[str | None],
     why: Any,
-    inputs: Callable[[int], list[list[int]] | None] | None = None,
+    scalar: np.ndarray | None = None,
 ) -> list[int]:
     """STR035: between the attention kernel and the O GEMM, a generic kernel whose op is no part of the
-    interface's output work (a copy, a cast, dropout), or one that works on a scalar (no dimension,
-    ``inputs``: recorded shapes; DiffLlama's lambda cast), is the attention module's own arithmetic
+    interface's output work (a copy, a cast, dropout), or a cast of a scalar (``scalar``, per kernel
+    row, recorded shapes: DiffLlama's lambda cast), is the attention module's own arithmetic
     (DiffLlama's difference of two attention maps): elementwise; returns the kernels left for the
     region's default (attention). A kernel with no launching op stays attention."""
 
@@ -226,10 +228,7 @@ def _label_attention_module_work(
         op = op_names[rows[i]]
         if op is None:
             return False
-        if op not in _ATTENTION_OUTPUT_OPS:
-            return True
-        got = inputs(rows[i]) if inputs is not None else None
-        return bool(got) and got[0] == []  # a scalar's cast: no attention output
+        return op not in _ATTENTION_OUTPUT_OPS or (scalar is not None and bool(scalar[rows[i]]))
 
     return _label_where(rows, run, own, stage, why, "elementwise", _REGION_RULE["attn"])
 
@@ -312,7 +311,7 @@ def _logit_epilogue(
     """The positions right after the LM head GEMM at ``h`` of scales, casts and softcaps that read
     all its logits, where a later copy before ``q``, after other work, reads them again (the
     sampler's own copy, after the generation loop's bookkeeping); none without recorded shapes."""
-    if inputs is None:
+    if inputs is None or h + 1 >= q or op_names[rows[h + 1]] not in _EPILOGUE_OPS:
         return []
     dims = inputs(rows[h])
     kn = gemm_shape(op_names[rows[h]], dims)
@@ -337,6 +336,8 @@ def _logit_epilogue(
         i += 1
     # the sampler's copy comes after the generation loop's own work (a copy right after the run:
     # the sampler's cast then its copy, assisted decoding's)
+    if not picked:
+        return []
     again = any(op_names[rows[j]] in _COPY_OPS and reads_logits(j) for j in range(i + 1, q))
     return picked if again and not reads_logits(i) else []
 
@@ -519,9 +520,11 @@ def _label_attention_input(
     norm: Sequence[str],
     why: Any,
     th: Thresholds,
+    module_copy: np.ndarray | None = None,
 ) -> list[int]:
     """The KV-cache update and the attention's own input copies in the attention input (STR031-STR033,
-    STR045); returns the generic kernels left for the region default."""
+    STR045; a copy of a module's own op, ``module_copy`` per kernel row, is none of its input copies);
+    returns the generic kernels left for the region default."""
     parts, named = _attention_input_parts(rows, run, p, q, stage)
     kv_rows: set[int] = set()
     reads: set[int] = set()
@@ -552,6 +555,8 @@ def _label_attention_input(
         if kv and not last:
             kv_rule = KV_UPDATE_BEFORE_GEMM
     kv_rows -= named
+    if module_copy is not None:
+        reads = {i for i in reads if not module_copy[rows[i]]}
     if not kv_rows and not reads:
         return run
     for i in kv_rows:
@@ -582,9 +587,7 @@ def _label_attention_input_outside(
     store the shape's tail reaches is a write still), and a module's own copies (``module_copy``,
     per kernel row) are no input copies (STR033); returns the kernels left for the region default."""
     seen = [i for i in run if i not in inner] if inner else run
-    if module_copy is not None:
-        seen = [i for i in seen if not module_copy[rows[i]]]
-    left = _label_attention_input(rows, seen, p, q, stage, op_names, norm, why, th)
+    left = _label_attention_input(rows, seen, p, q, stage, op_names, norm, why, th, module_copy)
     return sorted({*left, *(i for i in run if i in inner)}) if inner else left
 
 

@@ -12,12 +12,24 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from analyzer.analyses.walk.decisions import Decisions
 from analyzer.knowledge.structure_rules import Thresholds
+
+
+class CopyFacts(NamedTuple):
+    """Per kernel row, what recorded types and shapes say of its copies (each None where unknown)."""
+
+    widen: np.ndarray | None = None  # a copy from a 16-bit float into a wider float
+    narrow: np.ndarray | None = None  # a copy from a wider float into a 16-bit one
+    scalar: np.ndarray | None = None  # a cast of a tensor with no dimension
+    module: np.ndarray | None = None  # launched inside a module's own copying op (Tensor.repeat)
+
+
+NO_COPY_FACTS = CopyFacts()  # nothing known of the copies (no host ops or no recorded types)
 
 
 @dataclass
@@ -42,8 +54,7 @@ class KernelSequence:
     code: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     normish: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     inputs: Any = None  # kernel row -> its launching op's input dims, on demand (None: unknown)
-    widen: Any = None  # per kernel row: a copy into a wider float (None: unknown)
-    module_copy: Any = None  # per kernel row: launched inside a module's own copying op (None: none)
+    copies: CopyFacts = NO_COPY_FACTS  # per kernel row: what its copy is (STR023, STR033, STR035 ...)
 
     @property
     def n(self) -> int:
