@@ -264,3 +264,28 @@ def test_items_of_a_list_of_attentions_are_that_attention() -> None:
     assert by_name["model.layers.0.self_attn.1.o_proj"] == "o_proj"
     # AND the layer itself is still a layer
     assert by_name["model.layers.0"] == "layer"
+
+
+def test_a_mixture_of_attention_heads_and_experts_held_as_modules() -> None:
+    import transformers
+
+    # GIVEN JetMoE: its attention keeps a mixture of attention heads as `experts` (a router and two
+    # parallel-experts projections), its MoE block keeps its experts as two parallel-experts modules
+    cfg = transformers.AutoConfig.for_model(
+        "jetmoe", hidden_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=128,
+        intermediate_size=64, kv_channels=16, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    regions = module_regions(model)
+    by_name = {n: regions.get(m) for n, m in model.named_modules()}
+    # THEN the attention is the attention module, its mixture an MoE block with its router and experts
+    assert by_name["model.layers.0.self_attention"] == "attention_module"
+    assert by_name["model.layers.0.self_attention.experts"] == "moe_block"
+    assert by_name["model.layers.0.self_attention.experts.router"] == "moe_router"
+    assert by_name["model.layers.0.self_attention.experts.input_linear"] == "experts"
+    assert by_name["model.layers.0.self_attention.kv_proj"] == "qkv_proj"
+    # AND the MLP with expert modules of its own is an MoE block, not a dense MLP
+    assert by_name["model.layers.0.mlp"] == "moe_block"
+    assert by_name["model.layers.0.mlp.output_linear"] == "experts"
+    assert by_name["model.layers.0.mlp.router"] == "moe_router"

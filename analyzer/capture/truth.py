@@ -68,6 +68,7 @@ REGIONS = (
 _QKV = {
     "q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "c_attn", "wqkv", "qkv", "query",
     "key", "value", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_proj", "kv_b_proj", "q_attn",
+    "kv_proj",
 }  # fmt: skip
 _O = {"o_proj", "out_proj", "wo", "attn_out"}
 _O_IN_ATTENTION = {"dense", "c_proj", "proj"}
@@ -183,6 +184,9 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...], parent: str = ""
         return None  # an attention's softmax as a module (CPM-Ant's): the attention's own, no activation
     if _is_activation(mod, lname):
         return "activation"
+    if _holds_experts(mod):
+        # a block of its own experts and router (JetMoE's mixture of attention heads, its `experts`)
+        return "moe_block"
     if lname == "experts" or low.endswith("experts"):
         return "experts"
     if lname.startswith("shared_expert") and lname != "shared_expert_gate":
@@ -213,10 +217,12 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...], parent: str = ""
         return "layer"  # BERT-style: the attention's output projection, the residual add and the norm
     if _MIXER_CLS.search(cls) and not name.isdigit():
         return "mixer"
+    if low.endswith("attention") or lname in ("self_attn", "attn", "attention", "self_attention"):
+        # (before the MoE test: a mixture of attention heads keeps its experts inside the
+        # attention, JetMoE's `experts` MoA: the attention is still the attention module)
+        return "attention_module"
     if hasattr(mod, "experts"):
         return "moe_block"
-    if low.endswith("attention") or lname in ("self_attn", "attn", "attention", "self_attention"):
-        return "attention_module"
     if "mlp" in low or "feedforward" in low or lname in ("mlp", "feed_forward", "ffn", "ff"):
         return "mlp"
     if name.isdigit() and inner in ("attention_module", "mlp"):
@@ -228,6 +234,13 @@ def _region_of(mod: nn.Module, name: str, ctx: tuple[str, ...], parent: str = ""
     if low.endswith("model") and any(isinstance(c, nn.ModuleList) for c in mod.children()):
         return "model"
     return None
+
+
+def _holds_experts(mod: nn.Module) -> bool:
+    """An MoE block that keeps its experts as expert modules of its own, not one ``experts``
+    attribute (JetMoE's MoE and mixture of attention heads: ``input_linear`` and ``output_linear``,
+    both parallel experts)."""
+    return any(_cls(c).lower().endswith("experts") for c in mod.children())
 
 
 def module_regions(model: nn.Module) -> dict[nn.Module, str]:
