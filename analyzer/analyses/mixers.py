@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.analyses.walk.positions import _cluster_bounds, numel
+from analyzer.analyses.walk.positions import _cluster_bounds, gemm_elements, numel
 from analyzer.analyses.walk.registry import ATTENTION, GENERIC, KNOWLEDGE, MIXER_SPAN, REGION_RULE_CODES
 from analyzer.analyses.weight_gathers import BATCHED_GEMM_OPS
 from analyzer.knowledge.taxonomy import MEMORY_STAGES
@@ -338,10 +338,9 @@ def _projection_input_copy(
         nxt <= out and _linear(rows[nxt], op_names) and op_names[rows[i]] in CAST_OPS and layout(rows[i])
     ):
         return False
-    copied, read = (inputs(rows[i]), inputs(rows[nxt])) if inputs is not None else (None, None)
-    # the GEMM's activation input: addmm's second (its first is the bias), the others' first
-    at = 1 if op_names[rows[nxt]] == "aten::addmm" else 0
-    return bool(copied and read and len(read) > at) and numel(copied[0]) == numel(read[at]) > 0
+    copied = inputs(rows[i]) if inputs is not None else None
+    io = gemm_elements(op_names[rows[nxt]], inputs(rows[nxt])) if copied else None
+    return bool(copied and copied[0] and io) and numel(copied[0]) == io[0] > 0
 
 
 def _label(

@@ -140,6 +140,17 @@ def gemm_shape(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, 
     return WORK_OPS.dense_shape(op_name, dims)
 
 
+def gemm_elements(op_name: str | None, dims: list[list[int]] | None) -> tuple[int, int] | None:
+    """Elements of a recorded dense GEMM op's activation input and of its output (rows x K, rows x
+    N, by the op's layout in ``rules/work_ops.toml``: addmm's bias is no input); None where the
+    shapes do not say."""
+    kn = WORK_OPS.dense_shape(op_name, dims)
+    m = WORK_OPS.rows(op_name, dims)
+    if kn is None or m <= 0:
+        return None
+    return m * kn[0], m * kn[1]
+
+
 def numel(dims: Sequence[int]) -> int:
     """The element count of a tensor of ``dims`` (0 for no dims recorded)."""
     n = 1

@@ -22,7 +22,7 @@ from analyzer.analyses.walk.kv_cache import (
 )
 from analyzer.analyses.walk.model_code import _label_first_norm, _label_rotary_module
 from analyzer.analyses.walk.moe import _label_moe_block
-from analyzer.analyses.walk.positions import _cluster_bounds, _is_add, _norm_windows, gemm_shape, numel
+from analyzer.analyses.walk.positions import _cluster_bounds, _is_add, _norm_windows, gemm_elements, numel
 from analyzer.analyses.walk.registry import (
     _ADD_OPS,
     _COPY_OPS,
@@ -313,12 +313,10 @@ def _logit_epilogue(
     sampler's own copy, after the generation loop's bookkeeping); none without recorded shapes."""
     if inputs is None or h + 1 >= q or op_names[rows[h + 1]] not in _EPILOGUE_OPS:
         return []
-    dims = inputs(rows[h])
-    kn = gemm_shape(op_names[rows[h]], dims)
-    if not dims or kn is None or not kn[0]:
+    io = gemm_elements(op_names[rows[h]], inputs(rows[h]))
+    if io is None:
         return []
-    at = 1 if op_names[rows[h]] == "aten::addmm" else 0
-    logits = numel(dims[at]) // kn[0] * kn[1] if len(dims) > at else 0
+    logits = io[1]
 
     def reads_logits(i: int) -> bool:
         got = inputs(rows[i])
