@@ -436,7 +436,9 @@ def launching_ops(
         op_rows = ops["row"].take(pos.take(pa.array(rows)))
         got = host_ops["input_dims"].take(op_rows).to_pylist()
         dims = dict(zip(rows.tolist(), got, strict=True))
-        inside = inside_ops(host_ops, op_rows.to_numpy(zero_copy_only=False), _EMBEDDING_OPS)
+        # F.embedding dispatches to aten::index_select on CUDA: the op around it says the gather is
+        # a lookup, with or without recorded shapes (the Kineto reader keeps these ops)
+        inside = launches.inside_ops(host_ops, op_rows.to_numpy(zero_copy_only=False), _EMBEDDING_OPS)
         for r in rows[inside].tolist():
             dims[r] = EMBEDDING_OP  # launched inside nn.Embedding's op: a lookup, whatever the table size
     return pylist(names), dims, names
@@ -465,7 +467,7 @@ def in_attention_front_end(
     out = np.zeros(n, bool)
     if len(rows):
         op_rows = ops["row"].take(pos.take(pa.array(rows))).to_numpy(zero_copy_only=False)
-        out[rows] = inside_ops(host_ops, op_rows, _ATTENTION_FRONT_ENDS)
+        out[rows] = launches.inside_ops(host_ops, op_rows, _ATTENTION_FRONT_ENDS)
     return out
 
 
@@ -481,17 +483,6 @@ _ATTENTION_FRONT_ENDS = registry.KNOWLEDGE.words("attention_front_end_ops")
 # work, a GEMM (the math backend's matmuls), its softmax (an op hint says sampling)
 _FRONT_END_PARTS = registry.KNOWLEDGE.set_of("front_end_parts") | registry.GEMM_STAGES
 EMBEDDING_OP = "inside aten::embedding"  # an op_dims value: the gather runs inside an embedding op
-
-
-def inside_ops(host_ops: pa.Table, op_rows: np.ndarray, outer: Sequence[str]) -> np.ndarray:
-    """Per op row: whether a cpu_op named in ``outer`` on the same thread encloses it (or it is one).
-
-    ``F.embedding`` dispatches to ``aten::index_select`` on CUDA; the op around it says the gather
-    is an embedding lookup, with or without recorded shapes (the Kineto reader keeps these ops)."""
-    outer_rows = np.flatnonzero(
-        dict_isin(host_ops["name"], list(outer)) & dict_isin(host_ops["category"], ["cpu_op"])
-    )
-    return launches.enclosing_op(host_ops, outer_rows, op_rows) >= 0
 
 
 def _is_embedding_lookup(op: str, dims: Any, th: Any = registry.DEFAULT_THRESHOLDS) -> bool:

@@ -327,19 +327,16 @@ def module_copies(
 ) -> np.ndarray | None:
     """Per kernel row: launched inside an op of a module's own code that copies
     (``module_copy_ops``: ``Tensor.repeat``); None where no such op ran (the usual trace)."""
-    if host_ops.num_rows == 0:
+    if host_ops.num_rows == 0 or not dict_isin(host_ops["name"], _MODULE_COPY_OPS).any():
         return None
-    outer = np.flatnonzero(
-        dict_isin(host_ops["name"], _MODULE_COPY_OPS) & dict_isin(host_ops["category"], ["cpu_op"])
-    )
-    found = launches.joined(kernels, host_ops, join) if len(outer) else None
+    found = launches.joined(kernels, host_ops, join)
     if found is None:
         return None
     ops, pos = found
     out = np.zeros(kernels.num_rows, bool)
     at = np.flatnonzero(pos.is_valid().to_numpy(zero_copy_only=False))
     op_rows = ops["row"].take(pos.take(pa.array(at))).to_numpy(zero_copy_only=False)
-    out[at] = launches.enclosing_op(host_ops, outer, op_rows) >= 0
+    out[at] = launches.inside_ops(host_ops, op_rows, _MODULE_COPY_OPS)
     return out
 
 

@@ -165,6 +165,15 @@ def _dense_key(columns: list[np.ndarray]) -> np.ndarray:
     return key
 
 
+def inside_ops(host_ops: pa.Table, op_rows: np.ndarray, outer: Sequence[str]) -> np.ndarray:
+    """Per op row of ``op_rows``: whether a cpu_op named in ``outer`` on the same thread encloses it
+    (or it is one)."""
+    outer_rows = np.flatnonzero(
+        dict_isin(host_ops["name"], list(outer)) & dict_isin(host_ops["category"], ["cpu_op"])
+    )
+    return enclosing_op(host_ops, outer_rows, op_rows) >= 0
+
+
 def enclosing_op(host_ops: pa.Table, outer_rows: np.ndarray, op_rows: np.ndarray) -> np.ndarray:
     """Per op of ``op_rows``: the position in ``outer_rows`` of the host op that encloses it on
     the same thread (the latest to start at or before it, ending at or after it; an op encloses
