@@ -50,10 +50,11 @@ def before_norm_tail(ks: KernelSequence, q: int, span: np.ndarray) -> bool:
 
 def norm_gate(ks: KernelSequence, ahead: Any, k: int, gemm_kn: Any = None) -> range | None:
     """Where GEMM op ``k`` (right after a norm) opens a norm's gate, the positions of the gate's
-    tail (up to its multiply and the cast back after it); else None. A gate: only activations between GEMM op ``k`` and the next one, then before
-    the GEMM op after that a gate activation (``gate_activation_ops``) and a multiply, no norm, only
-    generic kernels and activations; with recorded shapes ``k`` narrows the hidden size and the next
-    one widens it back (a low-rank bottleneck: AXK2's gated RMSNorm)."""
+    tail (up to its multiply and the cast back after it); else None. A gate: only activations
+    between GEMM op ``k`` and the next one, then before the GEMM op after that a gate activation
+    (``gate_activation_ops``) and a multiply after it, no norm, only generic kernels and
+    activations; with recorded shapes ``k`` narrows the hidden size and the next one widens it back
+    (a low-rank bottleneck: AXK2's gated RMSNorm)."""
     first, last = ahead.op_first, ahead.op_last
     if k + 1 >= len(first):
         return None
@@ -64,9 +65,9 @@ def norm_gate(ks: KernelSequence, ahead: Any, k: int, gemm_kn: Any = None) -> ra
     tail = range(int(last[k + 1]) + 1, int(first[k + 2]) if k + 2 < len(first) else ks.n)
     ops = [ks.op_names[rows[i]] for i in tail]
     act = next((j for j, o in enumerate(ops) if o in _GATE_OPS), None)
-    mul = (
-        next((j for j in range(act + 1, len(ops)) if ops[j] in _SCALE_OPS), None) if act is not None else None
-    )
+    if act is None:
+        return None
+    mul = next((j for j in range(act + 1, len(ops)) if ops[j] in _SCALE_OPS), None)
     if mul is None:
         return None
     if any(ks.normish[i] or st[rows[i]] not in _GATE_TAIL for i in tail):

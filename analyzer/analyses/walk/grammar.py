@@ -350,10 +350,6 @@ def _walk(
     fresh = False  # no GEMM op since an embedding lookup (a trace may begin mid-forward)
     region_of = [""] * n
     layer_of = [-1] * n  # lists: numpy item assignment per kernel is slower
-
-    def why_at(q: int) -> int:
-        return int(ks.why[rows[q]])
-
     p = 0
     for e in ahead.events:
         if e < p:
@@ -387,7 +383,7 @@ def _walk(
             continue
         if s == "embedding" or boundary[p]:
             region, layer_no, norm_seen, fresh = "pre", -1, False, True
-        elif s in ATTENTION and why_at(p) == MIXER_SPAN and region not in ("attn_in", "attn"):
+        elif s in ATTENTION and ks.why[rows[p]] == MIXER_SPAN and region not in ("attn_in", "attn"):
             # a token mixer's own work before its input projection (a token shift, a padding
             # mask: STR052) opens its layer, as the projection would
             region, layer_no, norm_seen = "attn_in", layer_no + 1, False

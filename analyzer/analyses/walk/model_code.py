@@ -300,14 +300,16 @@ def _shift_prologue_to_next_layer(
     """Norm kernels that precede a layer's QKV GEMM belong to that layer, not the previous one
     (``qkv_starts``: the positions where a run of QKV GEMMs begins; ``layer_of``: each
     position's layer), and so does a norm's gate between them (``gates``, per position: STR075);
-    the walk past kernels the layer holds already (a token mixer's own work before its input
-    projection opened it, STR052). Returns how many kernels changed layer."""
+    the walk passes a token mixer's own work that the layer holds already (before its input
+    projection, it opened the layer: STR052). Returns how many kernels changed layer."""
     moved = 0
     for q in qkv_starts:
         v = layer_of[q]
         k = q - 1
         while k >= 0 and (
-            stage[rows[k]] in _PROLOGUE_STAGES or (gates is not None and gates[k]) or layer_of[k] == v
+            stage[rows[k]] in _PROLOGUE_STAGES
+            or (gates is not None and gates[k])
+            or (layer_of[k] == v and stage[rows[k]] == "linear_attention")
         ):
             moved += layer_of[k] != v
             layer_of[k] = v
